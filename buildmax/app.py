@@ -1,0 +1,211 @@
+"""The app factory: a Quart app wired to plugins, database and services."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from quart import Quart, Response, current_app, g, request
+from werkzeug.exceptions import HTTPException
+
+from buildmax_hookspecs import BlobStore
+
+from .audit import AuditLog
+from .auth import TokenToucher
+from .bodies import json_response
+from .clock import Clock, SystemClock
+from .config import Config, load_config
+from .database import Database, open_database
+from .events import EventHub
+from .ids import new_id
+from .idempotency import Idempotency
+from .migrations import MigrationError, migrate, migration_status, refuse_if_ahead
+from .plugins import Plugins, create_plugins
+from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_for_status
+from .services import Services
+
+log = logging.getLogger("buildmax")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class BuildMax(Quart):
+    """The Quart app with the kernel's parts attached."""
+
+    settings: Config
+    clock: Clock
+    plugins: Plugins
+    db: Database
+    services: Services
+    audit: AuditLog
+    events: EventHub
+    idempotency: Idempotency
+    token_toucher: TokenToucher
+    auto_migrate: bool
+
+    def migrations(self) -> list[Any]:
+        """Every migration the loaded plugins contribute."""
+        found: list[Any] = []
+        for result in self.plugins.call("buildmax_migrations"):
+            found.extend(result)
+        return found
+
+
+def current_buildmax() -> BuildMax:
+    """The app of the current request, typed."""
+    return cast(BuildMax, current_app._get_current_object())  # type: ignore[attr-defined]
+
+
+def problem_response(problem: Problem) -> Response:
+    """Render a problem as ``application/problem+json``."""
+    body = problem.to_dict(instance=request.path, request_id=g.get("request_id"))
+    response = json_response(body, problem.status)
+    response.content_type = PROBLEM_CONTENT_TYPE
+    if problem.status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="buildmax"'
+    return response
+
+
+def create_app(
+    settings: Config | None = None,
+    *,
+    clock: Clock | None = None,
+    extra_plugins: Iterable[tuple[str, object]] = (),
+    auto_migrate: bool = False,
+) -> BuildMax:
+    """Build a BuildMax app.
+
+    ``auto_migrate`` applies pending migrations at start-up (the embedded
+    default); otherwise pending migrations refuse start-up with a message
+    pointing at ``buildmax db migrate``.
+    """
+    settings = settings or load_config()
+    app = BuildMax("buildmax")
+    app.settings = settings
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = 60
+    app.clock = clock or SystemClock()
+    app.auto_migrate = auto_migrate
+    app.plugins = create_plugins(
+        allow=settings.plugin_allow_list,
+        strict=settings.strict_plugins,
+        trace=settings.trace_plugins,
+        extra=extra_plugins,
+    )
+    app.db = open_database(
+        settings.effective_database_url,
+        sqlite_readers=settings.sqlite_readers,
+        pg_pool=(settings.pg_pool_min, settings.pg_pool_max),
+    )
+    app.services = Services()
+    app.events = EventHub(app)
+    app.idempotency = Idempotency(app)
+    app.token_toucher = TokenToucher(app, settings.token_touch_interval_seconds * 1000)
+    app.audit = AuditLog(
+        app, [a for result in app.plugins.call("buildmax_audit_actions") for a in result]
+    )
+    _provide_blob_store(app)
+    _provide_services(app)
+    for blueprints in app.plugins.call("buildmax_blueprints", app=app):
+        for blueprint in blueprints:
+            app.register_blueprint(blueprint)
+    _install_conventions(app)
+
+    @app.before_serving
+    async def startup() -> None:
+        await _startup(app)
+
+    @app.after_serving
+    async def shutdown() -> None:
+        await _shutdown(app)
+
+    return app
+
+
+def _provide_blob_store(app: BuildMax) -> None:
+    factories: dict[str, Any] = {}
+    for impl in app.plugins.pm.hook.buildmax_blob_stores.get_hookimpls():
+        result = impl.function()
+        for scheme, factory in (result or {}).items():
+            factories.setdefault(scheme, (impl.plugin_name, factory))
+    url = app.settings.effective_blob_store_url
+    scheme = urlsplit(url).scheme
+    if scheme not in factories:
+        raise ValueError(
+            f"no loaded plugin provides a blob store for {scheme!r} URLs "
+            f"(known: {', '.join(sorted(factories))})"
+        )
+    provider, factory = factories[scheme]
+    app.services.provide(BlobStore, factory(url, app.settings), provider)
+
+
+def _provide_services(app: BuildMax) -> None:
+    for impl in app.plugins.pm.hook.buildmax_services.get_hookimpls():
+        kwargs = {name: app for name in impl.argnames}
+        result = impl.function(**kwargs)
+        if result:
+            app.services.provide_all(result, impl.plugin_name)
+
+
+def _install_conventions(app: BuildMax) -> None:
+    @app.before_request
+    async def assign_request_id() -> None:
+        incoming = request.headers.get("X-Request-Id", "")
+        g.request_id = incoming if _REQUEST_ID.match(incoming) else new_id("rq")
+
+    @app.after_request
+    async def echo_request_id(response: Response) -> Response:
+        if "request_id" in g:
+            response.headers["X-Request-Id"] = g.request_id
+        return response
+
+    @app.errorhandler(Problem)
+    async def on_problem(problem: Problem) -> Response:
+        return problem_response(problem)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_exception(exc: HTTPException) -> Response:
+        return problem_response(problem_for_status(exc.code or 500, exc.description))
+
+    @app.errorhandler(Exception)
+    async def on_exception(exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return problem_response(Problem("an internal error occurred; see the server log"))
+
+
+async def _startup(app: BuildMax) -> None:
+    await app.db.connect()
+    try:
+        migrations = app.migrations()
+        statuses = await migration_status(app.db, migrations)
+        refuse_if_ahead(statuses)
+        if any(s.pending for s in statuses):
+            if not app.auto_migrate:
+                pending = ", ".join(f"{s.plugin} ({len(s.pending)})" for s in statuses if s.pending)
+                raise MigrationError(
+                    f"the database has pending migrations: {pending}; run `buildmax db migrate`"
+                )
+            await migrate(app.db, migrations, app.clock)
+        await app.events.start()
+        await app.plugins.acall("buildmax_startup", app=app)
+    except BaseException:
+        await app.events.stop()
+        await app.db.close()
+        raise
+
+
+async def _shutdown(app: BuildMax) -> None:
+    for impl in app.plugins.pm.hook.buildmax_shutdown.get_hookimpls():
+        try:
+            result = impl.function(**{name: app for name in impl.argnames})
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("plugin %r failed to shut down", impl.plugin_name)
+    await app.token_toucher.drain()
+    await app.events.stop()
+    await app.db.close()

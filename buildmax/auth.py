@@ -1,0 +1,149 @@
+"""Who is calling: bearer tokens to :class:`Caller`, and scope checks.
+
+Every route that needs a principal calls :func:`authenticate`, naming the
+token scopes it accepts; a scoped token is refused everywhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from quart import g, request
+
+from buildmax_hookspecs import Actor
+
+from .problems import TokenScopeRefused, Unauthenticated
+from .schema import tokens
+from .tokens import SECRET_PREFIX, lookup_token
+
+log = logging.getLogger("buildmax.auth")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated request's principal and token."""
+
+    actor: Actor
+    principal_pk: int
+    token_pk: int
+
+    @property
+    def is_admin(self) -> bool:
+        """System admin: acts in every space (each such action audited as an override)."""
+        return self.actor.system_role == "admin"
+
+    @property
+    def is_operator(self) -> bool:
+        """System operator: reads every space."""
+        return self.actor.system_role == "operator"
+
+
+def _unauthenticated(detail: str) -> Unauthenticated:
+    return Unauthenticated(detail)
+
+
+async def authenticate(accept_scopes: Iterable[str] = ()) -> Caller:
+    """The caller of the current request, or 401/403.
+
+    ``accept_scopes`` names the scope types this route accepts in addition
+    to unscoped tokens.
+    """
+    cached: Caller | None = g.get("buildmax_caller")
+    if cached is None:
+        cached = await _load_caller()
+        g.buildmax_caller = cached
+    scope = cached.actor.scope_type
+    if scope is not None and scope not in set(accept_scopes):
+        raise TokenScopeRefused(
+            f"this token is scoped to {scope} {cached.actor.scope_id} and this route does not "
+            "accept that scope"
+        )
+    return cached
+
+
+async def _load_caller() -> Caller:
+    from .app import current_buildmax
+
+    app = current_buildmax()
+    header = request.headers.get("Authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise _unauthenticated("send an API token as 'Authorization: Bearer <token>'")
+    secret = secret.strip()
+    if not secret.startswith(SECRET_PREFIX) or len(secret) > 100:
+        raise _unauthenticated("the token is not valid")
+    async with app.db.read() as conn:
+        row = await lookup_token(conn, secret)
+    now = app.clock.now_ms()
+    if row is None:
+        raise _unauthenticated("the token is not valid")
+    if row["revoked_at"] is not None:
+        raise _unauthenticated("the token was revoked")
+    if row["expires_at"] is not None and row["expires_at"] <= now:
+        raise _unauthenticated("the token has expired")
+    if row["disabled_at"] is not None:
+        raise _unauthenticated("the principal is disabled")
+    app.token_toucher.touch(row["token_pk"], row["last_used_at"], now)
+    actor = Actor(
+        principal_id=row["principal_id"],
+        kind=row["kind"],
+        name=row["name"],
+        system_role=row["system_role"],
+        token_id=row["token_id"],
+        scope_type=row["scope_type"],
+        scope_id=row["scope_id"],
+    )
+    return Caller(actor=actor, principal_pk=row["principal_pk"], token_pk=row["token_pk"])
+
+
+class TokenToucher:
+    """Writes a token's last-used time at most once per interval.
+
+    The write happens in the background after the request, so an
+    authenticated read stays a read.
+    """
+
+    def __init__(self, app: object, interval_ms: int) -> None:
+        self._app = app
+        self._interval = interval_ms
+        self._pending: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def touch(self, token_pk: int, last_used_at: int | None, now: int) -> None:
+        """Schedule a write if the stored time is older than the interval."""
+        if last_used_at is not None and now - last_used_at < self._interval:
+            return
+        if token_pk in self._pending:
+            return
+        self._pending.add(token_pk)
+        task = asyncio.get_running_loop().create_task(self._write(token_pk, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, token_pk: int, now: int) -> None:
+        try:
+            async with self._app.db.write() as tx:  # type: ignore[attr-defined]
+                await tx.execute(
+                    sa.update(tokens)
+                    .where(
+                        tokens.c.id == token_pk,
+                        sa.or_(
+                            tokens.c.last_used_at.is_(None),
+                            tokens.c.last_used_at < now - self._interval,
+                        ),
+                    )
+                    .values(last_used_at=now)
+                )
+        except Exception:
+            log.exception("could not record a token's last use")
+        finally:
+            self._pending.discard(token_pk)
+
+    async def drain(self) -> None:
+        """Wait for pending writes (at shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

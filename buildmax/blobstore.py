@@ -1,0 +1,153 @@
+"""The ``file`` blob store: content-addressed blobs on the local disk.
+
+Layout: ``<root>/<prefix>/sha256/<digest>``, written first to
+``<root>/.tmp/<random>`` and renamed into place only when complete (rename
+is atomic on one filesystem), so a reader never sees half a blob and a
+failed upload leaves nothing under the prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from buildmax_hookspecs import BlobNotFound, BlobRef, BlobTooLarge
+
+CHUNK = 256 * 1024
+TMP_DIR = ".tmp"
+
+
+class BlobKeyError(ValueError):
+    """A key or prefix that would leave the store's root."""
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise BlobKeyError(f"invalid blob key {key!r}")
+    if parts[0] == TMP_DIR or "\\" in key or "\x00" in key:
+        raise BlobKeyError(f"invalid blob key {key!r}")
+    return key
+
+
+class FileBlobStore:
+    """A :class:`~buildmax_hookspecs.BlobStore` on a local directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def from_url(cls, url: str, config: Any = None) -> FileBlobStore:
+        """``file:///var/lib/buildmax/blobs`` -> a store rooted there."""
+        parts = urlsplit(url)
+        if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+            raise ValueError(f"not a local file URL: {url!r}")
+        return cls(unquote(parts.path))
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    async def put(
+        self, prefix: str, stream: AsyncIterator[bytes], *, max_bytes: int | None = None
+    ) -> BlobRef:
+        """Stream to a temporary file, hashing; move to ``<prefix>/sha256/<digest>``."""
+        _check_key(prefix)
+        tmp_dir = self.root / TMP_DIR
+        await asyncio.to_thread(tmp_dir.mkdir, parents=True, exist_ok=True)
+        tmp = tmp_dir / secrets.token_hex(16)
+        digest = hashlib.sha256()
+        size = 0
+        fh = await asyncio.to_thread(open, tmp, "xb")
+        try:
+            try:
+                async for chunk in stream:
+                    size += len(chunk)
+                    if max_bytes is not None and size > max_bytes:
+                        raise BlobTooLarge(max_bytes)
+                    digest.update(chunk)
+                    await asyncio.to_thread(fh.write, chunk)
+                await asyncio.to_thread(fh.flush)
+                await asyncio.to_thread(os.fsync, fh.fileno())
+            finally:
+                await asyncio.to_thread(fh.close)
+            key = f"{prefix}/sha256/{digest.hexdigest()}"
+            final = self._path(key)
+            await asyncio.to_thread(final.parent.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(os.replace, tmp, final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        return BlobRef(key=key, size=size, sha256=digest.hexdigest())
+
+    async def open(
+        self, key: str, byte_range: tuple[int, int] | None = None
+    ) -> AsyncIterator[bytes]:
+        """Stream the blob (optionally bytes ``start..end`` inclusive)."""
+        path = self._path(key)
+        try:
+            fh = await asyncio.to_thread(open, path, "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise BlobNotFound(key) from None
+        try:
+            remaining: int | None = None
+            if byte_range is not None:
+                start, end = byte_range
+                if start < 0 or end < start:
+                    raise ValueError(f"invalid byte range {byte_range}")
+                await asyncio.to_thread(fh.seek, start)
+                remaining = end - start + 1
+            while remaining is None or remaining > 0:
+                want = CHUNK if remaining is None else min(CHUNK, remaining)
+                chunk = await asyncio.to_thread(fh.read, want)
+                if not chunk:
+                    break
+                if remaining is not None:
+                    remaining -= len(chunk)
+                yield chunk
+        finally:
+            await asyncio.to_thread(fh.close)
+
+    async def head(self, key: str) -> BlobRef | None:
+        """The blob's size and digest (from its key), or ``None``."""
+        path = self._path(key)
+        try:
+            stat = await asyncio.to_thread(path.stat)
+        except FileNotFoundError:
+            return None
+        if not path.is_file():
+            return None
+        return BlobRef(key=key, size=stat.st_size, sha256=key.rsplit("/", 1)[-1])
+
+    async def delete(self, key: str) -> bool:
+        """Remove the blob; ``True`` if it existed."""
+        path = self._path(key)
+        try:
+            await asyncio.to_thread(path.unlink)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def list(self, prefix: str) -> AsyncIterator[BlobRef]:
+        """Every blob under ``prefix`` (a key prefix ending at a ``/`` boundary)."""
+        base = self._path(prefix.rstrip("/"))
+
+        def walk() -> list[tuple[str, int]]:
+            found = []
+            if not base.is_dir():
+                return found
+            for dirpath, _dirs, files in os.walk(base):
+                for name in files:
+                    full = Path(dirpath) / name
+                    found.append((full.relative_to(self.root).as_posix(), full.stat().st_size))
+            return sorted(found)
+
+        for key, size in await asyncio.to_thread(walk):
+            yield BlobRef(key=key, size=size, sha256=key.rsplit("/", 1)[-1])

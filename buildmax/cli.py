@@ -1,0 +1,49 @@
+"""The ``buildmax`` command line: the root group and plugin commands."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from . import __version__
+from .config import ConfigError, load_config
+from .plugins import PluginLoadError, create_plugins
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="buildmax")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug output to stderr.")
+def cli(verbose: bool) -> None:
+    """BuildMax: a coordination server for AI coding agents.
+
+    Start a server with `buildmax serve`; manage it over HTTP with the other
+    commands (`buildmax login` first). Settings come from --config /
+    BUILDMAX_CONFIG, BUILDMAX_* variables and flags.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _register_commands() -> None:
+    from .commands import identity, server
+
+    server.register(cli)
+    identity.register(cli)
+    try:
+        settings = load_config()
+        plugins = create_plugins(allow=settings.plugin_allow_list, strict=settings.strict_plugins)
+    except (ConfigError, PluginLoadError) as exc:
+        click.echo(f"buildmax: {exc}", err=True)
+        return
+    plugins.call("buildmax_register_commands", cli=cli)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register_commands()
+    cli()

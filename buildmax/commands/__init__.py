@@ -1,0 +1,1 @@
+"""The kernel's commands, grouped by what they manage."""

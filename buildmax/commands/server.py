@@ -1,0 +1,271 @@
+"""Commands that run on the server's machine: serve, db, admin, plugins."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from ..config import Config, ConfigError, load_config
+
+T = TypeVar("T")
+
+
+def _settings(config_path: str | None, **overrides: Any) -> Config:
+    try:
+        return load_config(config_path, **overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _run(factory: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return asyncio.run(factory())  # type: ignore[arg-type]
+    except Exception as exc:
+        from ..database import DatabaseError
+        from ..migrations import MigrationError
+        from ..plugins import PluginLoadError
+
+        if isinstance(exc, (DatabaseError, MigrationError, PluginLoadError, ConfigError)):
+            raise click.ClickException(str(exc)) from None
+        raise
+
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), envvar="BUILDMAX_CONFIG",
+    help="TOML configuration file.",
+)
+data_dir_option = click.option(
+    "--data-dir", type=click.Path(file_okay=False), help="Data directory (SQLite database, blobs)."
+)
+database_option = click.option(
+    "--database-url", help="postgresql://... to use PostgreSQL instead of SQLite."
+)
+
+
+async def _open_app(settings: Config) -> Any:
+    from ..app import create_app
+
+    app = create_app(settings)
+    await app.db.connect()
+    return app
+
+
+def _settings_to_env(settings: Config) -> None:
+    """Hand the resolved settings to Hypercorn's worker processes."""
+    import dataclasses
+
+    for field in dataclasses.fields(Config):
+        value = getattr(settings, field.name)
+        if field.name == "plugins" or value is None:
+            continue
+        os.environ["BUILDMAX_" + field.name.upper()] = (
+            ("1" if value else "0") if isinstance(value, bool) else str(value)
+        )
+
+
+async def _prepare(settings: Config) -> str | None:
+    """Migrate (SQLite) or check (PostgreSQL); bootstrap an admin on a fresh database.
+
+    Returns the one-time admin token when one was minted."""
+    from ..bootstrap import bootstrap_admin
+    from ..migrations import MigrationError, migrate, migration_status, refuse_if_ahead
+    from ..principals import count_admins
+
+    app = await _open_app(settings)
+    try:
+        migrations = app.migrations()
+        statuses = await migration_status(app.db, migrations)
+        refuse_if_ahead(statuses)
+        if settings.engine == "sqlite":
+            await migrate(app.db, migrations, app.clock)
+        elif any(s.pending for s in statuses):
+            raise MigrationError("the database has pending migrations; run `buildmax db migrate`")
+        async with app.db.read() as conn:
+            admins = await count_admins(conn)
+        if admins == 0:
+            issued = await bootstrap_admin(app)
+            return issued.secret
+        return None
+    finally:
+        await app.db.close()
+
+
+@click.command()
+@config_option
+@data_dir_option
+@database_option
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port to listen on (default 8420).")
+@click.option("--workers", type=int, help="Server processes (PostgreSQL only for more than 1).")
+def serve(config_path: str | None, data_dir: str | None, database_url: str | None,
+          host: str | None, port: int | None, workers: int | None) -> None:
+    """Run the server (Hypercorn with uvloop).
+
+    On an empty data directory it creates the database, bootstraps the
+    first admin and prints a one-time admin token. SIGTERM stops accepting
+    connections and lets in-flight requests finish.
+    """
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.run import run
+
+    settings = _settings(config_path, data_dir=data_dir, database_url=database_url,
+                         host=host, port=port, workers=workers)
+    if settings.engine == "sqlite" and settings.workers > 1:
+        raise click.ClickException(
+            "SQLite runs in one server process; for --workers > 1 use PostgreSQL "
+            "(--database-url postgresql://...)"
+        )
+    token = _run(lambda: _prepare(settings))
+    if token:
+        click.echo(
+            "\n  A first admin was created. Its API token (shown once, keep it safe):\n\n"
+            f"      {token}\n\n"
+            f"  Use it with:  buildmax login --url http://{settings.host}:{settings.port} "
+            "--token <token>\n",
+            err=True,
+        )
+    _settings_to_env(settings)
+    config = HypercornConfig()
+    config.application_path = "buildmax.asgi:served_app()"
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.workers = 0 if settings.workers == 1 else settings.workers
+    config.worker_class = "uvloop"
+    config.graceful_timeout = float(settings.shutdown_grace_seconds)
+    config.accesslog = None
+    config.errorlog = "-"
+    click.echo(
+        f"BuildMax serving on http://{settings.host}:{settings.port} "
+        f"({settings.engine}, {settings.workers} worker(s))",
+        err=True,
+    )
+    sys.exit(run(config))
+
+
+@click.group()
+def db() -> None:
+    """Database schema: apply and inspect migrations."""
+
+
+@db.command("migrate")
+@config_option
+@data_dir_option
+@database_option
+def db_migrate(config_path: str | None, data_dir: str | None, database_url: str | None) -> None:
+    """Apply every pending migration of the loaded plugins (a no-op when current)."""
+    from ..migrations import migrate
+
+    settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
+
+    async def go() -> list[Any]:
+        app = await _open_app(settings)
+        try:
+            return await migrate(app.db, app.migrations(), app.clock)
+        finally:
+            await app.db.close()
+
+    applied = _run(go)
+    if not applied:
+        click.echo("Nothing to migrate: the database is current.")
+    for migration in applied:
+        click.echo(f"applied {migration.plugin} {migration.version}: {migration.name}")
+
+
+@db.command("status")
+@config_option
+@data_dir_option
+@database_option
+def db_status(config_path: str | None, data_dir: str | None, database_url: str | None) -> None:
+    """Show each plugin's migrations: current, pending, ahead, or not loaded."""
+    from ..migrations import migration_status
+
+    settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
+
+    async def go() -> list[Any]:
+        app = await _open_app(settings)
+        try:
+            return await migration_status(app.db, app.migrations())
+        finally:
+            await app.db.close()
+
+    statuses = _run(go)
+    click.echo(f"{'plugin':<24} {'database':>8} {'code':>6}  state")
+    for s in statuses:
+        code = "-" if s.code_version is None else str(s.code_version)
+        click.echo(f"{s.plugin:<24} {s.db_version:>8} {code:>6}  {s.state}")
+    if any(s.ahead for s in statuses):
+        sys.exit(2)
+
+
+@click.group()
+def admin() -> None:
+    """Administration on the server's machine."""
+
+
+@admin.command("bootstrap")
+@config_option
+@data_dir_option
+@database_option
+@click.option("--name", default="admin", show_default=True, help="Name of the first admin.")
+@click.option("--password", prompt=False, hide_input=True, default=None,
+              help="Optional password for signing in (you are prompted if you pass '-').")
+def admin_bootstrap(config_path: str | None, data_dir: str | None, database_url: str | None,
+                    name: str, password: str | None) -> None:
+    """Create the first admin and print its API token (once).
+
+    Refused when an enabled admin exists already."""
+    from ..bootstrap import AlreadyBootstrapped, bootstrap_admin
+    from ..migrations import migrate
+
+    settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
+    if password == "-":
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+
+    async def go() -> str:
+        app = await _open_app(settings)
+        try:
+            if settings.engine == "sqlite":
+                await migrate(app.db, app.migrations(), app.clock)
+            return (await bootstrap_admin(app, name=name, password=password)).secret
+        finally:
+            await app.db.close()
+
+    try:
+        token = _run(go)
+    except AlreadyBootstrapped as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(token)
+
+
+@click.command()
+@click.option("--requirements", is_flag=True, help="Print name==version lines for pinning.")
+def plugins(requirements: bool) -> None:
+    """The server's Python plugins: name, version, source, hooks implemented."""
+    from ..plugins import create_plugins
+
+    settings = _settings(None)
+    infos = create_plugins(allow=settings.plugin_allow_list).infos()
+    if requirements:
+        from importlib.metadata import entry_points
+
+        dists = {ep.name: ep.dist for ep in entry_points(group="buildmax")}
+        for info in infos:
+            dist = dists.get(info.name)
+            if dist is not None and info.loaded:
+                click.echo(f"{dist.name}=={dist.version}")
+        return
+    for info in infos:
+        state = "loaded" if info.loaded else f"FAILED: {info.error}"
+        click.echo(f"{info.name} {info.version or '-'}  [{info.source}]  {state}")
+        if info.hooks:
+            click.echo("    hooks: " + ", ".join(info.hooks))
+
+
+def register(cli: click.Group) -> None:
+    """Add these commands to the root group."""
+    for command in (serve, db, admin, plugins):
+        cli.add_command(command)

@@ -1,0 +1,205 @@
+"""Server configuration: defaults, a TOML file, ``BUILDMAX_*`` variables.
+
+Precedence, lowest first: built-in defaults, the TOML file (``--config`` or
+``BUILDMAX_CONFIG``), environment variables, command-line flags. Every key
+is documented in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+ENV_PREFIX = "BUILDMAX_"
+
+
+class ConfigError(Exception):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a BuildMax server, with its default."""
+
+    #: Folder of the embedded default: ``buildmax.db`` and ``blobs/``.
+    data_dir: str = "./buildmax-data"
+    #: ``postgresql://...`` switches to PostgreSQL; empty means SQLite in data_dir.
+    database_url: str = ""
+    #: Where blobs live; empty means ``file://<data_dir>/blobs``.
+    blob_store_url: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8420
+    workers: int = 1
+    #: Largest JSON request body, in bytes; refused with 413 before it is read.
+    max_body_bytes: int = 1024 * 1024
+    page_size_default: int = 50
+    page_size_max: int = 200
+    #: How long an idempotency receipt answers a repeated request.
+    idempotency_ttl_seconds: int = 24 * 3600
+    #: A token's last-used time is written at most this often.
+    token_touch_interval_seconds: int = 60
+    #: Lifetime of a token minted by password sign-in.
+    session_ttl_seconds: int = 7 * 24 * 3600
+    #: Failed sign-ins allowed per principal name, and per client address, per window.
+    sign_in_max_failures_per_name: int = 5
+    sign_in_max_failures_per_address: int = 20
+    sign_in_window_seconds: int = 15 * 60
+    #: Reader connections of the SQLite engine (the writer is always one).
+    sqlite_readers: int = 4
+    #: Pool bounds of the PostgreSQL engine.
+    pg_pool_min: int = 2
+    pg_pool_max: int = 10
+    #: Seconds in-flight requests get to finish after SIGTERM.
+    shutdown_grace_seconds: int = 10
+    #: Seconds between keep-alive comments on an idle event stream.
+    events_keepalive_seconds: int = 15
+    #: A broken plugin aborts start-up instead of being skipped.
+    strict_plugins: bool = False
+    #: Comma-separated allow-list of entry-point plugins; ``None`` loads all, "" none.
+    load_plugins: str | None = None
+    #: Log every hook call.
+    trace_plugins: bool = False
+    log_level: str = "info"
+    #: Per-plugin settings, from ``[plugins.<name>]`` tables in the TOML file.
+    plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def data_path(self) -> Path:
+        """The data directory as an absolute path."""
+        return Path(self.data_dir).expanduser().resolve()
+
+    @property
+    def engine(self) -> str:
+        """``"postgresql"`` or ``"sqlite"``."""
+        url = self.database_url
+        return "postgresql" if url.startswith(("postgresql:", "postgres:")) else "sqlite"
+
+    @property
+    def effective_database_url(self) -> str:
+        """The database URL, defaulting to ``sqlite:///<data_dir>/buildmax.db``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_path / 'buildmax.db'}"
+
+    @property
+    def effective_blob_store_url(self) -> str:
+        """The blob store URL, defaulting to ``file://<data_dir>/blobs``."""
+        return self.blob_store_url or f"file://{self.data_path / 'blobs'}"
+
+    @property
+    def plugin_allow_list(self) -> set[str] | None:
+        """Names from ``load_plugins``, or ``None`` when every plugin loads."""
+        if self.load_plugins is None:
+            return None
+        return {name.strip() for name in self.load_plugins.split(",") if name.strip()}
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with ``changes`` applied (``None`` values are ignored)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _coerce(name: str, kind: Any, raw: Any) -> Any:
+    """Turn a TOML or environment value into the field's type."""
+    if kind in (bool, "bool"):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+    if kind in (int, "int"):
+        if isinstance(raw, bool):
+            raise ConfigError(f"{name}: expected an integer, got {raw!r}")
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if isinstance(raw, (dict, list)):
+        raise ConfigError(f"{name}: expected a string, got {type(raw).__name__}")
+    return str(raw)
+
+
+def _field_types() -> dict[str, Any]:
+    hints = get_type_hints(Config)
+    types: dict[str, Any] = {}
+    for f in dataclasses.fields(Config):
+        hint = hints[f.name]
+        if hint is bool:
+            types[f.name] = bool
+        elif hint is int:
+            types[f.name] = int
+        else:
+            types[f.name] = str
+    return types
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Config:
+    """Build the configuration from the TOML file, the environment and overrides.
+
+    ``path`` defaults to ``$BUILDMAX_CONFIG``; a missing named file is an
+    error. Unknown keys in the file are an error, so a typo is not ignored.
+    """
+    env = os.environ if environ is None else environ
+    types = _field_types()
+    values: dict[str, Any] = {}
+    config_path = path or env.get(f"{ENV_PREFIX}CONFIG")
+    if config_path:
+        try:
+            with open(config_path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file not found: {config_path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
+        for key, raw in data.items():
+            if key == "plugins":
+                if not isinstance(raw, dict):
+                    raise ConfigError("plugins: expected a table of [plugins.<name>] tables")
+                values["plugins"] = raw
+                continue
+            if key not in types:
+                raise ConfigError(f"{config_path}: unknown setting {key!r}")
+            values[key] = _coerce(key, types[key], raw)
+    for key, kind in types.items():
+        if key == "plugins":
+            continue
+        env_name = ENV_PREFIX + key.upper()
+        if env_name in env:
+            values[key] = _coerce(env_name, kind, env[env_name])
+    for key, raw in overrides.items():
+        if raw is None:
+            continue
+        if key not in types:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = raw if key == "plugins" else _coerce(key, types[key], raw)
+    config = Config(**values)
+    _validate(config)
+    return config
+
+
+def _validate(config: Config) -> None:
+    if config.workers < 1:
+        raise ConfigError("workers must be at least 1")
+    if config.max_body_bytes < 1024:
+        raise ConfigError("max_body_bytes must be at least 1024")
+    if not 1 <= config.page_size_default <= config.page_size_max:
+        raise ConfigError("page_size_default must be between 1 and page_size_max")
+    if config.sqlite_readers < 1:
+        raise ConfigError("sqlite_readers must be at least 1")
+    if config.database_url and config.engine == "sqlite":
+        if not config.database_url.startswith("sqlite:///"):
+            raise ConfigError(
+                "database_url must be postgresql://... or sqlite:///<path>, "
+                f"got {config.database_url!r}"
+            )

@@ -1,0 +1,184 @@
+"""What both engines share: the transaction object, cancellation safety."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol, TypeVar
+
+from buildmax_hookspecs import Row
+
+log = logging.getLogger("buildmax.database")
+
+T = TypeVar("T")
+
+#: Set while the current task is inside a write transaction.
+_in_write: contextvars.ContextVar[bool] = contextvars.ContextVar("buildmax_in_write", default=False)
+
+
+class DatabaseError(Exception):
+    """The database refused or failed an operation."""
+
+
+class NestedTransactionError(RuntimeError):
+    """A task opened a write transaction inside its own write transaction."""
+
+
+async def uncancellable(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to completion even if the caller is cancelled.
+
+    A transaction's BEGIN, COMMIT and ROLLBACK must never be cut half-way
+    (Hypercorn cancels a handler whose client disconnects); a cancellation
+    that arrives meanwhile is re-raised once the operation has finished.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError()
+    return result
+
+
+class Executor(Protocol):
+    """The engine-specific statement runner behind a :class:`Tx`."""
+
+    async def execute(self, statement: Any) -> None: ...
+
+    async def fetch_all(self, statement: Any) -> list[Row]: ...
+
+
+class Tx:
+    """A transaction (or read connection) handed to kernel and plugin code."""
+
+    def __init__(self, dialect: str, executor: Executor) -> None:
+        self.dialect = dialect
+        self._executor = executor
+        self._after_commit: list[Callable[[], Any]] = []
+
+    async def execute(self, statement: Any) -> None:
+        """Run a statement that returns no rows."""
+        await self._executor.execute(statement)
+
+    async def fetch_all(self, statement: Any) -> Sequence[Row]:
+        """Every row of ``statement`` as mappings."""
+        return await self._executor.fetch_all(statement)
+
+    async def fetch_one(self, statement: Any) -> Row | None:
+        """The first row of ``statement``, or ``None``."""
+        rows = await self._executor.fetch_all(statement)
+        return rows[0] if rows else None
+
+    async def fetch_val(self, statement: Any) -> Any:
+        """The first column of the first row, or ``None``."""
+        rows = await self._executor.fetch_all(statement)
+        if not rows:
+            return None
+        return next(iter(rows[0].values()))
+
+    def after_commit(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` once this transaction has committed."""
+        self._after_commit.append(callback)
+
+    async def run_after_commit(self) -> None:
+        """Run the registered callbacks; a failing one is logged, not raised."""
+        for callback in self._after_commit:
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("after-commit callback failed")
+
+
+class Database(Protocol):
+    """The engine-independent database interface."""
+
+    dialect: str
+    url: str
+
+    async def connect(self) -> None:
+        """Open connections (and create the SQLite file)."""
+
+    async def close(self) -> None:
+        """Close every connection; safe to call twice."""
+
+    def write(self) -> AbstractAsyncContextManager[Tx]:
+        """A write transaction: committed on success, rolled back on any exception."""
+
+    def read(self) -> AbstractAsyncContextManager[Tx]:
+        """A read connection (autocommit; no multi-statement snapshot)."""
+
+
+def enter_write() -> contextvars.Token[bool]:
+    """Mark the current task as inside a write transaction."""
+    if _in_write.get():
+        raise NestedTransactionError(
+            "a write transaction is already open in this task; pass its tx down instead"
+        )
+    return _in_write.set(True)
+
+
+def leave_write(token: contextvars.Token[bool]) -> None:
+    """Undo :func:`enter_write`."""
+    _in_write.reset(token)
+
+
+@asynccontextmanager
+async def transaction(
+    begin: Callable[[], Awaitable[None]],
+    commit: Callable[[], Awaitable[None]],
+    rollback: Callable[[], Awaitable[None]],
+    tx: Tx,
+) -> AsyncIterator[Tx]:
+    """The shared life of a write transaction on either engine.
+
+    BEGIN, COMMIT and ROLLBACK run uncancellable; the body's failure, a
+    failed COMMIT or a cancellation all end in a complete ROLLBACK before the
+    connection is handed to anyone else.
+    """
+    token = enter_write()
+    try:
+        try:
+            await uncancellable(begin())
+        except asyncio.CancelledError:
+            await uncancellable(rollback())
+            raise
+        try:
+            yield tx
+        except BaseException:
+            await uncancellable(rollback())
+            raise
+        try:
+            await uncancellable(commit())
+        except asyncio.CancelledError:
+            # COMMIT finished (uncancellable); only the caller is gone.
+            raise
+        except BaseException:
+            await uncancellable(rollback())
+            raise
+    finally:
+        leave_write(token)
+
+
+def open_database(url: str, *, sqlite_readers: int = 4, pg_pool: tuple[int, int] = (2, 10)) -> Database:
+    """The engine for ``url``: ``sqlite:///path`` or ``postgresql://...``."""
+    if url.startswith(("postgresql:", "postgres:")):
+        from .postgres import PostgresDatabase
+
+        return PostgresDatabase(url, min_size=pg_pool[0], max_size=pg_pool[1])
+    if url.startswith("sqlite:///"):
+        from .sqlite import SQLiteDatabase
+
+        return SQLiteDatabase(url.removeprefix("sqlite:///"), readers=sqlite_readers)
+    raise DatabaseError(f"unsupported database URL {url!r}: use sqlite:///<path> or postgresql://")

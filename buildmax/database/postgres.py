@@ -1,0 +1,93 @@
+"""The scale-out engine: PostgreSQL through ``databases`` + ``asyncpg``.
+
+A pool of connections; write transactions use row locks
+(``SELECT ... FOR UPDATE``) rather than a process-wide lock, so several
+server processes share one database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import databases
+from databases.core import Connection
+
+from buildmax_hookspecs import Row
+
+from .base import DatabaseError, Tx, transaction
+
+
+class _Executor:
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, statement: Any) -> None:
+        if isinstance(statement, str):
+            raise TypeError("pass a SQLAlchemy statement (use sqlalchemy.text() for raw SQL)")
+        await self._conn.execute(statement)
+
+    async def fetch_all(self, statement: Any) -> list[Row]:
+        if isinstance(statement, str):
+            raise TypeError("pass a SQLAlchemy statement (use sqlalchemy.text() for raw SQL)")
+        records = await self._conn.fetch_all(statement)
+        return [dict(record._mapping.items()) for record in records]
+
+
+class PostgresDatabase:
+    """PostgreSQL with a connection pool."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10) -> None:
+        self.url = url.replace("postgres://", "postgresql://", 1)
+        self._database = databases.Database(self.url, min_size=min_size, max_size=max_size)
+
+    async def connect(self) -> None:
+        """Open the pool; fails with a one-line reason when no server answers."""
+        if self._database.is_connected:
+            return
+        try:
+            await self._database.connect()
+        except (OSError, Exception) as exc:
+            raise DatabaseError(f"cannot connect to PostgreSQL at {self.url}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the pool."""
+        if self._database.is_connected:
+            await self._database.disconnect()
+
+    def _connection(self) -> Connection:
+        if not self._database.is_connected:
+            raise DatabaseError("database is not connected")
+        return Connection(self._database, self._database._backend)
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[Tx]:
+        """A transaction on a pooled connection (READ COMMITTED + row locks)."""
+        conn = self._connection()
+        async with conn:
+            tx = Tx(self.dialect, _Executor(conn))
+            raw = conn.raw_connection
+
+            async def begin() -> None:
+                await raw.execute("BEGIN")
+
+            async def commit() -> None:
+                await raw.execute("COMMIT")
+
+            async def rollback() -> None:
+                if raw.is_in_transaction():
+                    await raw.execute("ROLLBACK")
+
+            async with transaction(begin, commit, rollback, tx):
+                yield tx
+        await tx.run_after_commit()
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[Tx]:
+        """A pooled connection in autocommit mode."""
+        conn = self._connection()
+        async with conn:
+            yield Tx(self.dialect, _Executor(conn))

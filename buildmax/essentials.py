@@ -1,0 +1,115 @@
+"""The kernel's essential internal plugin: it cannot be disabled.
+
+It serves the kernel's routes, contributes the kernel's schema migration,
+the ``file`` blob store and the kernel's audit actions, and runs the
+kernel's housekeeping (expired idempotency receipts, old sign-in failures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax_hookspecs import AuditAction, Migration, hookimpl
+
+from .blobstore import FileBlobStore
+from .migrations import create_tables
+from .schema import KERNEL_TABLES, sign_in_failures
+
+log = logging.getLogger("buildmax.essentials")
+
+KERNEL_NAMESPACE = "kernel"
+SWEEP_INTERVAL_SECONDS = 300
+_SWEEPER = "buildmax.sweeper"
+
+
+@hookimpl
+def buildmax_blueprints(app: Any) -> list[Any]:
+    from .routes import kernel_blueprints
+
+    return kernel_blueprints()
+
+
+@hookimpl
+def buildmax_migrations() -> list[Migration]:
+    return [
+        Migration(
+            KERNEL_NAMESPACE,
+            1,
+            "principals, tokens, spaces, members, receipts, events",
+            create_tables(*KERNEL_TABLES),
+        )
+    ]
+
+
+@hookimpl
+def buildmax_blob_stores() -> dict[str, Any]:
+    return {"file": FileBlobStore.from_url}
+
+
+def _action(name: str, description: str, *keys: str, target: str | None = None) -> AuditAction:
+    return AuditAction(name, description, frozenset(keys), target)
+
+
+@hookimpl
+def buildmax_audit_actions() -> list[AuditAction]:
+    return [
+        _action("admin.bootstrapped", "The first admin was created", "name", target="principal"),
+        _action("principal.created", "A principal was created", "kind", "name", "system_role",
+                target="principal"),
+        _action("principal.updated", "A principal's display name changed", "display_name",
+                target="principal"),
+        _action("principal.disabled", "A principal was disabled", target="principal"),
+        _action("principal.enabled", "A principal was enabled again", target="principal"),
+        _action("principal.role_changed", "A principal's system role changed", "system_role",
+                target="principal"),
+        _action("principal.password_set", "A principal's password was set", target="principal"),
+        _action("session.created", "A human signed in", target="token"),
+        _action("token.created", "A token was created", "principal_id", "name", target="token"),
+        _action("token.revoked", "A token was revoked", "principal_id", target="token"),
+        _action("token.rotated", "A token was replaced by a twin", "principal_id", "replaces",
+                target="token"),
+        _action("space.created", "A space was created", "slug", "name", "owner_id", target="space"),
+        _action("space.updated", "A space was renamed", "name", target="space"),
+        _action("space.member.added", "A member joined a space", "role", "previous_role",
+                target="principal"),
+        _action("space.member.role_changed", "A member's role changed", "role", "previous_role",
+                target="principal"),
+        _action("space.member.removed", "A member left a space", "previous_role",
+                target="principal"),
+    ]
+
+
+async def _sweep_forever(app: Any) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
+        try:
+            await sweep(app)
+        except Exception:
+            log.exception("housekeeping sweep failed")
+
+
+async def sweep(app: Any) -> None:
+    """Delete expired idempotency receipts and sign-in failures past their window."""
+    await app.idempotency.sweep()
+    horizon = app.clock.now_ms() - app.settings.sign_in_window_seconds * 1000
+    async with app.db.write() as tx:
+        await tx.execute(sa.delete(sign_in_failures).where(sign_in_failures.c.at < horizon))
+
+
+@hookimpl
+def buildmax_startup(app: Any) -> None:
+    app.extensions[_SWEEPER] = asyncio.get_running_loop().create_task(_sweep_forever(app))
+
+
+@hookimpl
+async def buildmax_shutdown(app: Any) -> None:
+    task = app.extensions.pop(_SWEEPER, None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

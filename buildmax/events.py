@@ -1,0 +1,166 @@
+"""The per-space event stream: a durable outbox and its fan-out.
+
+A mutation publishes events inside its own transaction: each takes the next
+sequence number of its space (the space row's lock orders concurrent
+publishers, so a space's events commit in sequence order with no gaps) and
+lands in the ``events`` table. After commit, subscribers are woken: on
+SQLite in-process, on PostgreSQL through ``LISTEN/NOTIFY`` on every server
+process. Subscribers read from the table, so a missed wake-up costs latency,
+never an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from buildmax_hookspecs import Transaction
+
+from .schema import events, spaces
+
+if TYPE_CHECKING:
+    from .app import BuildMax
+
+log = logging.getLogger("buildmax.events")
+
+CHANNEL = "buildmax_events"
+MAX_EVENT_BYTES = 64 * 1024
+
+
+class EventHub:
+    """Publishes events and wakes the subscribers of a space."""
+
+    def __init__(self, app: BuildMax) -> None:
+        self._app = app
+        self._waiters: defaultdict[int, set[asyncio.Event]] = defaultdict(set)
+        self._listener_task: asyncio.Task[None] | None = None
+
+    async def publish(
+        self, tx: Transaction, space_pk: int, type: str, data: Mapping[str, Any]
+    ) -> int:
+        """Append an event to the space's stream in ``tx``; returns its sequence number.
+
+        Call it late in the transaction: it locks the space row until commit.
+        """
+        payload = json.dumps(dict(data), separators=(",", ":"), sort_keys=True)
+        if len(payload) > MAX_EVENT_BYTES:
+            raise ValueError(f"event {type!r} data exceeds {MAX_EVENT_BYTES} bytes")
+        seq = await tx.fetch_val(
+            sa.update(spaces)
+            .where(spaces.c.id == space_pk)
+            .values(event_seq=spaces.c.event_seq + 1)
+            .returning(spaces.c.event_seq)
+        )
+        if seq is None:
+            raise LookupError(f"no space with key {space_pk}")
+        await tx.execute(
+            events.insert().values(
+                space_id=space_pk,
+                seq=seq,
+                type=type,
+                data=payload,
+                created_at=self._app.clock.now_ms(),
+            )
+        )
+        if tx.dialect == "postgresql":
+            # Delivered by PostgreSQL on commit, to every listening process.
+            await tx.execute(sa.select(sa.func.pg_notify(CHANNEL, str(space_pk))))
+        else:
+            tx.after_commit(lambda: self.wake(space_pk))
+        return int(seq)
+
+    def wake(self, space_pk: int) -> None:
+        """Wake every subscriber of a space in this process."""
+        for waiter in self._waiters.get(space_pk, ()):
+            waiter.set()
+
+    @contextlib.contextmanager
+    def subscription(self, space_pk: int) -> Any:
+        """An ``asyncio.Event`` set whenever the space may have new events."""
+        waiter = asyncio.Event()
+        self._waiters[space_pk].add(waiter)
+        try:
+            yield waiter
+        finally:
+            self._waiters[space_pk].discard(waiter)
+            if not self._waiters[space_pk]:
+                del self._waiters[space_pk]
+
+    async def read_after(self, space_pk: int, after: int, limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` events of a space with sequence above ``after``, in order."""
+        async with self._app.db.read() as conn:
+            rows = await conn.fetch_all(
+                sa.select(events.c.seq, events.c.type, events.c.data, events.c.created_at)
+                .where(events.c.space_id == space_pk, events.c.seq > after)
+                .order_by(events.c.seq)
+                .limit(limit)
+            )
+        return [dict(row) for row in rows]
+
+    async def start(self) -> None:
+        """On PostgreSQL, listen for notifications from every server process."""
+        if self._app.db.dialect == "postgresql":
+            self._listener_task = asyncio.create_task(self._listen(), name="buildmax-events")
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._listener_task is not None:
+            self._listener_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener_task
+            self._listener_task = None
+
+    async def _listen(self) -> None:
+        import asyncpg
+
+        def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            with contextlib.suppress(ValueError):
+                self.wake(int(payload))
+
+        while True:
+            conn = None
+            try:
+                conn = await asyncpg.connect(self._app.db.url)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c: closed.set())
+                await conn.add_listener(CHANNEL, on_notify)
+                # Anything published while we were not listening is picked
+                # up by the subscribers' periodic re-read.
+                for space_pk in list(self._waiters):
+                    self.wake(space_pk)
+                await closed.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("event listener lost its connection: %s; retrying", exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    await conn.close()
+            await asyncio.sleep(1)
+
+
+async def stream(
+    hub: EventHub, space_pk: int, after: int, keepalive_seconds: float
+) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+    """Yield ``("event", row)`` in sequence order, or ``("keepalive", None)``
+    when nothing happened for ``keepalive_seconds``; never ends by itself."""
+    with hub.subscription(space_pk) as waiter:
+        while True:
+            waiter.clear()
+            rows = await hub.read_after(space_pk, after)
+            for row in rows:
+                after = row["seq"]
+                yield "event", row
+            if rows:
+                continue
+            try:
+                await asyncio.wait_for(waiter.wait(), timeout=keepalive_seconds)
+            except TimeoutError:
+                yield "keepalive", None

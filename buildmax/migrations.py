@@ -1,0 +1,168 @@
+"""Schema migrations, contributed per plugin through ``buildmax_migrations``.
+
+The kernel records every applied ``(plugin, version)`` in
+``schema_migrations``. ``migrate`` applies pending migrations in order, each
+in its own write transaction; it refuses to touch a database whose recorded
+migrations of a *loaded* plugin are ahead of that plugin's code. Records of
+plugins that are not loaded are reported, never refused, so a plugin can be
+disabled after its migrations ran.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from buildmax_hookspecs import Migration, Transaction
+
+from .clock import Clock
+from .database import Database
+from .schema import schema_migrations
+
+
+class MigrationError(Exception):
+    """The migrations cannot be applied or the database is ahead of the code."""
+
+
+@dataclass
+class PluginMigrationStatus:
+    """How one migration namespace stands."""
+
+    plugin: str
+    code_version: int | None
+    db_version: int
+    pending: list[Migration] = field(default_factory=list)
+
+    @property
+    def loaded(self) -> bool:
+        """False when the database has records of a plugin that is not loaded."""
+        return self.code_version is not None
+
+    @property
+    def ahead(self) -> bool:
+        """True when the database ran migrations this code does not know."""
+        return self.code_version is not None and self.db_version > self.code_version
+
+    @property
+    def state(self) -> str:
+        """``current``, ``pending``, ``ahead`` or ``not loaded``."""
+        if not self.loaded:
+            return "not loaded"
+        if self.ahead:
+            return "ahead"
+        return "pending" if self.pending else "current"
+
+
+def create_tables(*tables: sa.Table) -> Callable[[Transaction], Awaitable[None]]:
+    """An ``apply`` function creating ``tables`` and their indexes."""
+
+    async def apply(tx: Transaction) -> None:
+        for table in tables:
+            await tx.execute(CreateTable(table))
+            for index in sorted(table.indexes, key=lambda i: str(i.name)):
+                await tx.execute(CreateIndex(index))
+
+    return apply
+
+
+def group_migrations(migrations: Iterable[Migration]) -> dict[str, list[Migration]]:
+    """Migrations by plugin, ordered, checked to be numbered 1..n without gaps."""
+    grouped: dict[str, list[Migration]] = defaultdict(list)
+    for migration in migrations:
+        grouped[migration.plugin].append(migration)
+    for plugin, items in grouped.items():
+        items.sort(key=lambda m: m.version)
+        versions = [m.version for m in items]
+        if versions != list(range(1, len(items) + 1)):
+            raise MigrationError(
+                f"plugin {plugin!r}: migrations must be numbered 1..{len(items)}, got {versions}"
+            )
+    return dict(grouped)
+
+
+async def _ensure_table(db: Database) -> None:
+    async with db.write() as tx:
+        await tx.execute(CreateTable(schema_migrations, if_not_exists=True))
+
+
+async def _applied(tx: Transaction) -> dict[str, int]:
+    rows = await tx.fetch_all(
+        sa.select(schema_migrations.c.plugin, sa.func.max(schema_migrations.c.version).label("v"))
+        .group_by(schema_migrations.c.plugin)
+    )
+    return {row["plugin"]: int(row["v"]) for row in rows}
+
+
+async def migration_status(
+    db: Database, migrations: Iterable[Migration]
+) -> list[PluginMigrationStatus]:
+    """Every namespace known to the code or the database, sorted by name."""
+    grouped = group_migrations(migrations)
+    await _ensure_table(db)
+    async with db.read() as conn:
+        applied = await _applied(conn)
+    result = []
+    for plugin in sorted(set(grouped) | set(applied)):
+        code = grouped.get(plugin)
+        db_version = applied.get(plugin, 0)
+        pending = [m for m in code or [] if m.version > db_version]
+        result.append(
+            PluginMigrationStatus(plugin, len(code) if code is not None else None, db_version, pending)
+        )
+    return result
+
+
+def refuse_if_ahead(statuses: Sequence[PluginMigrationStatus]) -> None:
+    """Raise when a loaded plugin's recorded migrations are ahead of its code."""
+    ahead = [s for s in statuses if s.ahead]
+    if ahead:
+        names = ", ".join(
+            f"{s.plugin} (database at {s.db_version}, code knows {s.code_version})" for s in ahead
+        )
+        raise MigrationError(
+            f"the database has migrations this code does not know: {names}. "
+            "Run the newer BuildMax release, or restore a backup taken before it ran."
+        )
+
+
+def _lock_key(plugin: str) -> int:
+    return zlib.crc32(f"buildmax-migrate:{plugin}".encode())
+
+
+async def migrate(db: Database, migrations: Iterable[Migration], clock: Clock) -> list[Migration]:
+    """Apply every pending migration; return the ones applied (empty = no-op)."""
+    statuses = await migration_status(db, migrations)
+    refuse_if_ahead(statuses)
+    applied: list[Migration] = []
+    for status in statuses:
+        for migration in status.pending:
+            async with db.write() as tx:
+                if tx.dialect == "postgresql":
+                    # Two servers starting at once must not both apply it.
+                    await tx.execute(
+                        sa.select(sa.func.pg_advisory_xact_lock(_lock_key(migration.plugin)))
+                    )
+                done = await tx.fetch_val(
+                    sa.select(schema_migrations.c.version).where(
+                        schema_migrations.c.plugin == migration.plugin,
+                        schema_migrations.c.version == migration.version,
+                    )
+                )
+                if done is not None:
+                    continue
+                await migration.apply(tx)
+                await tx.execute(
+                    schema_migrations.insert().values(
+                        plugin=migration.plugin,
+                        version=migration.version,
+                        name=migration.name,
+                        applied_at=clock.now_ms(),
+                    )
+                )
+            applied.append(migration)
+    return applied

@@ -1,0 +1,77 @@
+"""Cursor pagination: opaque cursors, a default and a maximum page size.
+
+A cursor encodes the sort key of the last item of the previous page
+(never a numeric database key). A client passes it back unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from quart import request
+
+from .problems import BadCursor, ValidationFailed
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """What the client asked for: how many, and after which key."""
+
+    limit: int
+    after: list[Any] | None
+
+
+def encode_cursor(key: list[Any]) -> str:
+    """An opaque cursor for a sort key."""
+    raw = json.dumps(key, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, arity: int) -> list[Any]:
+    """The sort key inside ``cursor``; :class:`BadCursor` if it is not one of ours."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        key = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+    except (ValueError, UnicodeError, binascii.Error):
+        raise BadCursor("the cursor is not one this server issued") from None
+    if not isinstance(key, list) or len(key) != arity:
+        raise BadCursor("the cursor is not one this server issued")
+    if not all(isinstance(part, (str, int)) and not isinstance(part, bool) for part in key):
+        raise BadCursor("the cursor is not one this server issued")
+    return key
+
+
+def page_request(default: int, maximum: int, arity: int = 2) -> PageRequest:
+    """Read ``limit`` and ``cursor`` from the query string."""
+    raw_limit = request.args.get("limit")
+    limit = default
+    if raw_limit is not None:
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            raise ValidationFailed(
+                "limit must be an integer", errors={"limit": ["Not a valid integer."]}
+            ) from None
+        if not 1 <= limit <= maximum:
+            raise ValidationFailed(
+                f"limit must be between 1 and {maximum}",
+                errors={"limit": [f"Must be between 1 and {maximum}."]},
+            )
+    cursor = request.args.get("cursor")
+    after = decode_cursor(cursor, arity) if cursor else None
+    return PageRequest(limit, after)
+
+
+def page_body(items: list[dict[str, Any]], rows: list[Any], limit: int, key: Any) -> dict[str, Any]:
+    """``{"items": [...], "next_cursor": ...}`` from ``limit + 1`` fetched rows.
+
+    ``key(row)`` gives the sort key of a row; ``next_cursor`` is ``None`` on
+    the last page.
+    """
+    has_more = len(rows) > limit
+    next_cursor = encode_cursor(list(key(rows[limit - 1]))) if has_more else None
+    return {"items": items[:limit], "next_cursor": next_cursor}

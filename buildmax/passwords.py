@@ -1,0 +1,47 @@
+"""Password hashing with Argon2id, for human sign-in only.
+
+Argon2 costs about 100 ms per verification at library defaults, so it is
+used at sign-in, never per request (API tokens use a SHA-256 verifier).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+_hasher = PasswordHasher()
+
+MIN_LENGTH = 12
+MAX_LENGTH = 1024
+
+#: Verified against when the principal does not exist, so timing does not
+#: reveal which names exist.
+_DUMMY_HASH = _hasher.hash("buildmax-dummy-password")
+
+
+def check_password_rules(password: str) -> str | None:
+    """Why ``password`` is unacceptable, or ``None`` if it is fine."""
+    if len(password) < MIN_LENGTH:
+        return f"a password needs at least {MIN_LENGTH} characters"
+    if len(password) > MAX_LENGTH:
+        return f"a password may have at most {MAX_LENGTH} characters"
+    return None
+
+
+async def hash_password(password: str) -> str:
+    """An Argon2id hash, computed off the event loop."""
+    return await asyncio.to_thread(_hasher.hash, password)
+
+
+async def verify_password(stored_hash: str | None, password: str) -> bool:
+    """True when ``password`` matches; constant work when there is no hash."""
+
+    def verify() -> bool:
+        try:
+            return _hasher.verify(stored_hash or _DUMMY_HASH, password) and stored_hash is not None
+        except (VerificationError, InvalidHashError):
+            return False
+
+    return await asyncio.to_thread(verify)

@@ -1,0 +1,75 @@
+"""Principals: the humans, agents and services that act in BuildMax."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax_hookspecs import Transaction
+
+from .conflicts import insert_ignoring_conflict
+from .ids import new_id
+from .problems import Conflict
+from .schema import principals
+
+PUBLIC_COLUMNS = (
+    principals.c.id,
+    principals.c.public_id,
+    principals.c.kind,
+    principals.c.name,
+    principals.c.display_name,
+    principals.c.system_role,
+    principals.c.created_at,
+    principals.c.disabled_at,
+)
+
+
+async def create_principal(
+    tx: Transaction,
+    *,
+    kind: str,
+    name: str,
+    now: int,
+    display_name: str = "",
+    system_role: str | None = None,
+    password_hash: str | None = None,
+) -> dict[str, Any]:
+    """Insert a principal; 409 when the name is taken."""
+    row = await tx.fetch_one(
+        insert_ignoring_conflict(tx.dialect, principals)
+        .values(
+            public_id=new_id("pr"),
+            kind=kind,
+            name=name,
+            display_name=display_name,
+            system_role=system_role,
+            password_hash=password_hash,
+            created_at=now,
+        )
+        .returning(*PUBLIC_COLUMNS)
+    )
+    if row is None:
+        raise Conflict(f"a principal named {name!r} already exists", slug="name-taken")
+    return dict(row)
+
+
+async def find_principal(conn: Transaction, ref: str) -> dict[str, Any] | None:
+    """A principal by public id or name."""
+    row = await conn.fetch_one(
+        sa.select(*PUBLIC_COLUMNS, principals.c.password_hash)
+        .where(sa.or_(principals.c.public_id == ref, principals.c.name == ref))
+        .limit(1)
+    )
+    return dict(row) if row is not None else None
+
+
+async def count_admins(tx: Transaction) -> int:
+    """How many enabled system admins exist."""
+    return int(
+        await tx.fetch_val(
+            sa.select(sa.func.count())
+            .select_from(principals)
+            .where(principals.c.system_role == "admin", principals.c.disabled_at.is_(None))
+        )
+    )

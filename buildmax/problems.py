@@ -1,0 +1,143 @@
+"""``application/problem+json`` errors (RFC 9457) with stable type slugs.
+
+Raise :class:`Problem` (or one of its subclasses) anywhere in a request;
+the app turns it into a response. Clients match on ``type``, whose slug
+never changes; ``title`` and ``detail`` are for people.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROBLEM_TYPE_PREFIX = "urn:buildmax:problem:"
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+class Problem(Exception):
+    """An HTTP error with a stable slug, a title and a human detail."""
+
+    status = 500
+    slug = "internal-error"
+    title = "Internal server error"
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        status: int | None = None,
+        slug: str | None = None,
+        title: str | None = None,
+        **extra: Any,
+    ) -> None:
+        self.status = status or self.status
+        self.slug = slug or self.slug
+        self.title = title or self.title
+        self.detail = detail or self.title
+        self.extra = extra
+        super().__init__(self.detail)
+
+    def to_dict(self, instance: str | None = None, request_id: str | None = None) -> dict[str, Any]:
+        """The problem document."""
+        body: dict[str, Any] = {
+            "type": PROBLEM_TYPE_PREFIX + self.slug,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            body["instance"] = instance
+        if request_id:
+            body["request_id"] = request_id
+        body.update(self.extra)
+        return body
+
+
+class BadRequest(Problem):
+    status, slug, title = 400, "bad-request", "Bad request"
+
+
+class MalformedJSON(Problem):
+    status, slug, title = 400, "malformed-json", "Request body is not valid JSON"
+
+
+class BadCursor(Problem):
+    status, slug, title = 400, "bad-cursor", "The paging cursor is not valid"
+
+
+class Unauthenticated(Problem):
+    status, slug, title = 401, "unauthenticated", "Authentication required"
+
+
+class Forbidden(Problem):
+    status, slug, title = 403, "forbidden", "Not allowed"
+
+
+class TokenScopeRefused(Problem):
+    status, slug, title = 403, "token-scope-refused", "This token's scope does not cover this route"
+
+
+class NotFound(Problem):
+    status, slug, title = 404, "not-found", "Not found"
+
+
+class MethodNotAllowed(Problem):
+    status, slug, title = 405, "method-not-allowed", "Method not allowed"
+
+
+class Conflict(Problem):
+    status, slug, title = 409, "conflict", "Conflict"
+
+
+class IdempotencyInProgress(Problem):
+    status, slug, title = 409, "idempotency-in-progress", "A request with this key is in progress"
+
+
+class PayloadTooLarge(Problem):
+    status, slug, title = 413, "payload-too-large", "Request body too large"
+
+
+class UnsupportedMediaType(Problem):
+    status, slug, title = 415, "unsupported-media-type", "Send the body as application/json"
+
+
+class ValidationFailed(Problem):
+    status, slug, title = 422, "validation-error", "The request did not validate"
+
+
+class IdempotencyKeyReused(Problem):
+    status, slug, title = (
+        422,
+        "idempotency-key-reused",
+        "This idempotency key was used with a different request body",
+    )
+
+
+class TooManyRequests(Problem):
+    status, slug, title = 429, "too-many-requests", "Too many requests"
+
+
+class ServiceUnavailable(Problem):
+    status, slug, title = 503, "service-unavailable", "Service unavailable"
+
+
+_BY_STATUS: dict[int, type[Problem]] = {
+    400: BadRequest,
+    401: Unauthenticated,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Conflict,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    422: ValidationFailed,
+    429: TooManyRequests,
+    503: ServiceUnavailable,
+}
+
+
+def problem_for_status(status: int, detail: str | None = None) -> Problem:
+    """The problem matching a plain HTTP status (for framework-raised errors)."""
+    cls = _BY_STATUS.get(status)
+    if cls is None:
+        return Problem(detail, status=status, slug=f"http-{status}", title=f"HTTP {status}")
+    return cls(detail)

@@ -1,0 +1,190 @@
+"""Principals: who may act. Admins create and disable; operators read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from quart import Blueprint, Response
+
+from buildmax_hookspecs import Transaction
+
+from ..apidoc import api
+from ..app import current_buildmax
+from ..auth import Caller, authenticate
+from ..bodies import json_response, load_body
+from ..idempotency import Reply
+from ..pagination import page_body, page_request
+from ..passwords import check_password_rules, hash_password
+from ..principals import PUBLIC_COLUMNS, count_admins, create_principal, find_principal
+from ..problems import Conflict, Forbidden, NotFound, ValidationFailed
+from ..schema import principals
+from ..schemas import PrincipalCreate, PrincipalOut, PrincipalPage, PrincipalUpdate
+
+blueprint = Blueprint("buildmax_principals", __name__)
+
+
+def _render(row: Any) -> dict[str, Any]:
+    return PrincipalOut().dump(row)  # type: ignore[no-any-return]
+
+
+def _require_reader(caller: Caller) -> None:
+    if not (caller.is_admin or caller.is_operator):
+        raise Forbidden("listing principals needs the admin or operator system role")
+
+
+async def _password_hash(kind: str, password: str | None) -> str | None:
+    if password is None:
+        return None
+    if kind != "human":
+        raise ValidationFailed(
+            "only human principals sign in with a password",
+            errors={"password": ["Only for human principals."]},
+        )
+    problem = check_password_rules(password)
+    if problem:
+        raise ValidationFailed(problem, errors={"password": [problem]})
+    return await hash_password(password)
+
+
+@blueprint.get("/v1/principals")
+@api("List principals (admins and operators)", response=PrincipalPage, tags=["principals"])
+async def list_principals() -> Response:
+    """Ordered by name."""
+    app = current_buildmax()
+    caller = await authenticate()
+    _require_reader(caller)
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
+    query = sa.select(*PUBLIC_COLUMNS).order_by(principals.c.name).limit(page.limit + 1)
+    if page.after is not None:
+        query = query.where(principals.c.name > str(page.after[0]))
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [_render(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
+
+
+@blueprint.post("/v1/principals")
+@api("Create a principal (admins)", body=PrincipalCreate, response=PrincipalOut, status=201,
+     idempotent=True, tags=["principals"])
+async def create() -> Response:
+    """Humans may get a password (12+ characters) to sign in; agents and
+    services authenticate with tokens only."""
+    app = current_buildmax()
+    caller = await authenticate()
+    if not caller.is_admin:
+        raise Forbidden("creating principals needs the admin system role")
+    data = await load_body(PrincipalCreate())
+    password_hash = await _password_hash(data["kind"], data["password"])
+
+    async def work(tx: Transaction) -> Reply:
+        row = await create_principal(
+            tx,
+            kind=data["kind"],
+            name=data["name"],
+            display_name=data["display_name"],
+            system_role=data["system_role"],
+            password_hash=password_hash,
+            now=app.clock.now_ms(),
+        )
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "principal.created",
+            target_type="principal",
+            target_id=row["public_id"],
+            details={"kind": row["kind"], "name": row["name"], "system_role": row["system_role"]},
+        )
+        return Reply(201, _render(row))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/principals/me")
+@api("The principal this token belongs to", response=PrincipalOut, tags=["principals"])
+async def me() -> Response:
+    """Who am I."""
+    app = current_buildmax()
+    caller = await authenticate()
+    async with app.db.read() as conn:
+        row = await find_principal(conn, caller.actor.principal_id or "")
+    if row is None:  # pragma: no cover - the token join just found it
+        raise NotFound("no such principal")
+    return json_response(_render(row))
+
+
+@blueprint.get("/v1/principals/<ref>")
+@api("Show a principal (yourself, or anyone for admins and operators)", response=PrincipalOut,
+     tags=["principals"])
+async def show(ref: str) -> Response:
+    """By public id or name."""
+    app = current_buildmax()
+    caller = await authenticate()
+    async with app.db.read() as conn:
+        row = await find_principal(conn, ref)
+    if row is None or (row["id"] != caller.principal_pk and not (caller.is_admin or caller.is_operator)):
+        raise NotFound("no such principal")
+    return json_response(_render(row))
+
+
+@blueprint.patch("/v1/principals/<ref>")
+@api("Change a principal: display name, password, system role, disabled (admins; "
+     "yourself: display name and password)", body=PrincipalUpdate, response=PrincipalOut,
+     tags=["principals"])
+async def update(ref: str) -> Response:
+    """Disabling a principal stops all its tokens on the next request."""
+    app = current_buildmax()
+    caller = await authenticate()
+    data = await load_body(PrincipalUpdate())
+    async with app.db.read() as conn:
+        target = await find_principal(conn, ref)
+    is_self = target is not None and target["id"] == caller.principal_pk
+    if target is None or not (caller.is_admin or is_self):
+        raise NotFound("no such principal")
+    if not caller.is_admin and ({"system_role", "disabled"} & set(data)):
+        raise Forbidden("changing a system role or disabling needs the admin system role")
+    password_hash = await _password_hash(target["kind"], data.get("password"))
+    async with app.db.write() as tx:
+        now = app.clock.now_ms()
+        values: dict[str, Any] = {}
+        if "display_name" in data:
+            values["display_name"] = data["display_name"]
+        if password_hash is not None:
+            values["password_hash"] = password_hash
+        if "system_role" in data:
+            values["system_role"] = data["system_role"]
+        if "disabled" in data:
+            values["disabled_at"] = now if data["disabled"] else None
+        if values:
+            await tx.execute(
+                sa.update(principals).where(principals.c.id == target["id"]).values(**values)
+            )
+        if await count_admins(tx) == 0:
+            raise Conflict("this would leave no enabled system admin", slug="last-admin")
+        row = await find_principal(tx, target["public_id"])
+        assert row is not None
+        for action, changed in _audit_actions(data, password_hash):
+            await app.audit.record(
+                tx,
+                caller.actor,
+                action,
+                target_type="principal",
+                target_id=row["public_id"],
+                details=changed(row),
+            )
+    return json_response(_render(row))
+
+
+def _audit_actions(data: dict[str, Any], password_hash: str | None) -> list[tuple[str, Any]]:
+    actions: list[tuple[str, Any]] = []
+    if "disabled" in data:
+        actions.append(
+            ("principal.disabled" if data["disabled"] else "principal.enabled", lambda r: {})
+        )
+    if "system_role" in data:
+        actions.append(("principal.role_changed", lambda r: {"system_role": r["system_role"]}))
+    if password_hash is not None:
+        actions.append(("principal.password_set", lambda r: {}))
+    if "display_name" in data:
+        actions.append(("principal.updated", lambda r: {"display_name": r["display_name"]}))
+    return actions

@@ -1,0 +1,103 @@
+"""Human sign-in with a password, and sign-out."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from quart import Blueprint, Response, request
+
+from buildmax_hookspecs import Actor
+
+from ..apidoc import api
+from ..app import current_buildmax
+from ..auth import authenticate
+from ..bodies import json_response, load_body
+from ..passwords import verify_password
+from ..principals import find_principal
+from ..problems import TooManyRequests, Unauthenticated
+from ..schema import sign_in_failures
+from ..schemas import SessionCreate, TokenIssued
+from ..tokens import issue_token, issued_body, revoke_token
+
+blueprint = Blueprint("buildmax_sessions", __name__)
+
+
+def _client_address() -> str:
+    return (request.remote_addr or "unknown")[:64]
+
+
+@blueprint.post("/v1/sessions")
+@api("Sign in with name and password; returns a session token", body=SessionCreate,
+     response=TokenIssued, status=201, auth=False, tags=["sessions"])
+async def sign_in() -> Response:
+    """Failed attempts are limited per principal name and per client address."""
+    app = current_buildmax()
+    settings = app.settings
+    data = await load_body(SessionCreate())
+    name, address = data["name"], _client_address()
+    now = app.clock.now_ms()
+    since = now - settings.sign_in_window_seconds * 1000
+    async with app.db.read() as conn:
+        by_name = await conn.fetch_val(
+            sa.select(sa.func.count()).where(
+                sign_in_failures.c.name == name, sign_in_failures.c.at > since
+            )
+        )
+        by_address = await conn.fetch_val(
+            sa.select(sa.func.count()).where(
+                sign_in_failures.c.address == address, sign_in_failures.c.at > since
+            )
+        )
+        principal = await find_principal(conn, name)
+    if (
+        by_name >= settings.sign_in_max_failures_per_name
+        or by_address >= settings.sign_in_max_failures_per_address
+    ):
+        raise TooManyRequests("too many failed sign-ins; wait and try again")
+    usable = (
+        principal is not None
+        and principal["name"] == name
+        and principal["kind"] == "human"
+        and principal["disabled_at"] is None
+    )
+    ok = await verify_password(principal["password_hash"] if usable else None, data["password"])
+    async with app.db.write() as tx:
+        if not (usable and ok):
+            await tx.execute(sign_in_failures.insert().values(name=name, address=address, at=now))
+        else:
+            assert principal is not None
+            await tx.execute(sa.delete(sign_in_failures).where(sign_in_failures.c.name == name))
+            issued = await issue_token(
+                tx,
+                principal_pk=principal["id"],
+                now=now,
+                name="session",
+                origin="session",
+                expires_at=now + settings.session_ttl_seconds * 1000,
+            )
+            actor = Actor(
+                principal["public_id"],
+                principal["kind"],
+                principal["name"],
+                principal["system_role"],
+                issued.public_id,
+            )
+            await app.audit.record(
+                tx, actor, "session.created", target_type="token", target_id=issued.public_id
+            )
+    if not (usable and ok):
+        raise Unauthenticated("wrong name or password")
+    return json_response(issued_body(issued, principal["public_id"]), 201)
+
+
+@blueprint.delete("/v1/sessions/current")
+@api("Sign out: revoke the token of this request", status=204, tags=["sessions"])
+async def sign_out() -> Response:
+    """The token used for this request stops working immediately."""
+    app = current_buildmax()
+    caller = await authenticate()
+    async with app.db.write() as tx:
+        await revoke_token(tx, caller.actor.token_id or "", now=app.clock.now_ms())
+        await app.audit.record(
+            tx, caller.actor, "token.revoked", target_type="token", target_id=caller.actor.token_id
+        )
+    return Response(status=204)

@@ -1,0 +1,269 @@
+"""Spaces and their members."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from quart import Blueprint, Response
+
+from buildmax_hookspecs import Transaction
+
+from ..access import SpaceAccess, require_space
+from ..apidoc import api
+from ..app import current_buildmax
+from ..auth import Caller, authenticate
+from ..bodies import json_response, load_body
+from ..idempotency import Reply
+from ..pagination import page_body, page_request
+from ..principals import find_principal
+from ..problems import Forbidden, NotFound
+from ..schema import principals, space_members, spaces
+from ..spaces import MEMBER_COLUMNS, create_space, member_role, put_member, remove_member
+from ..schemas import (
+    MemberOut,
+    MemberPage,
+    MemberPut,
+    SpaceCreate,
+    SpaceOut,
+    SpacePage,
+    SpaceUpdate,
+)
+
+blueprint = Blueprint("buildmax_spaces", __name__)
+
+
+def _render(row: Any) -> dict[str, Any]:
+    return SpaceOut().dump(row)  # type: ignore[no-any-return]
+
+
+def _access_row(access: SpaceAccess) -> dict[str, Any]:
+    return {
+        "public_id": access.public_id,
+        "slug": access.slug,
+        "name": access.name,
+        "created_at": access.created_at,
+        "role": access.role,
+    }
+
+
+@blueprint.get("/v1/spaces")
+@api("List the spaces you are a member of (admins and operators: all)", response=SpacePage,
+     tags=["spaces"])
+async def list_spaces() -> Response:
+    """Ordered by slug; ``role`` is your membership role (``null`` if none)."""
+    app = current_buildmax()
+    caller = await authenticate()
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
+    membership = sa.and_(
+        space_members.c.space_id == spaces.c.id,
+        space_members.c.principal_id == caller.principal_pk,
+    )
+    query = (
+        sa.select(spaces.c.public_id, spaces.c.slug, spaces.c.name, spaces.c.created_at,
+                  space_members.c.role)
+        .select_from(spaces.outerjoin(space_members, membership))
+        .order_by(spaces.c.slug)
+        .limit(page.limit + 1)
+    )
+    if not (caller.is_admin or caller.is_operator):
+        query = query.where(space_members.c.role.is_not(None))
+    if page.after is not None:
+        query = query.where(spaces.c.slug > str(page.after[0]))
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    return json_response(page_body([_render(r) for r in rows], rows, page.limit, lambda r: (r["slug"],)))
+
+
+@blueprint.post("/v1/spaces")
+@api("Create a space (admins and operators); you, or owner_id, become its owner",
+     body=SpaceCreate, response=SpaceOut, status=201, idempotent=True, tags=["spaces"])
+async def create() -> Response:
+    """The slug is unique and permanent."""
+    app = current_buildmax()
+    caller = await authenticate()
+    if not (caller.is_admin or caller.is_operator):
+        raise Forbidden("creating spaces needs the admin or operator system role")
+    data = await load_body(SpaceCreate())
+    owner_pk, owner_id = caller.principal_pk, caller.actor.principal_id
+    if data["owner_id"] is not None:
+        async with app.db.read() as conn:
+            owner = await find_principal(conn, data["owner_id"])
+        if owner is None:
+            raise NotFound("no such principal for owner_id")
+        owner_pk, owner_id = owner["id"], owner["public_id"]
+
+    async def work(tx: Transaction) -> Reply:
+        row = await create_space(
+            tx,
+            slug=data["slug"],
+            name=data["name"] or data["slug"],
+            owner_pk=owner_pk,
+            created_by=caller.principal_pk,
+            now=app.clock.now_ms(),
+        )
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "space.created",
+            space_id=row["public_id"],
+            target_type="space",
+            target_id=row["public_id"],
+            details={"slug": row["slug"], "name": row["name"], "owner_id": owner_id},
+        )
+        if owner_pk != caller.principal_pk:
+            row["role"] = None
+        return Reply(201, _render(row))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/spaces/<space>")
+@api("Show a space (any member)", response=SpaceOut, tags=["spaces"])
+async def show(space: str) -> Response:
+    """By public id or slug; 404 when you are not a member."""
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "space.read")
+    return json_response(_render(_access_row(access)))
+
+
+@blueprint.patch("/v1/spaces/<space>")
+@api("Rename a space (space admins)", body=SpaceUpdate, response=SpaceOut, tags=["spaces"])
+async def update(space: str) -> Response:
+    """Only the display name changes; the slug is permanent."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, "space.update")
+    data = await load_body(SpaceUpdate())
+    async with app.db.write() as tx:
+        await tx.execute(sa.update(spaces).where(spaces.c.id == access.pk).values(name=data["name"]))
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "space.updated",
+            space_id=access.public_id,
+            target_type="space",
+            target_id=access.public_id,
+            details={"name": data["name"]},
+            admin_override=access.admin_override,
+        )
+        await app.events.publish(tx, access.pk, "space.updated", {"name": data["name"]})
+    return json_response(_render({**_access_row(access), "name": data["name"]}))
+
+
+@blueprint.get("/v1/spaces/<space>/members")
+@api("List a space's members (any member)", response=MemberPage, tags=["spaces"])
+async def list_members(space: str) -> Response:
+    """Ordered by principal name."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "space.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
+    query = (
+        sa.select(*MEMBER_COLUMNS)
+        .select_from(space_members.join(principals, principals.c.id == space_members.c.principal_id))
+        .where(space_members.c.space_id == access.pk)
+        .order_by(principals.c.name)
+        .limit(page.limit + 1)
+    )
+    if page.after is not None:
+        query = query.where(principals.c.name > str(page.after[0]))
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [MemberOut().dump(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
+
+
+async def _member_target(caller: Caller, ref: str) -> dict[str, Any]:
+    async with current_buildmax().db.read() as conn:
+        target = await find_principal(conn, ref)
+    if target is None:
+        raise NotFound("no such principal")
+    return target
+
+
+@blueprint.put("/v1/spaces/<space>/members/<principal>")
+@api("Add a member or change its role (space admins; only owners grant owner)", body=MemberPut,
+     response=MemberOut, tags=["spaces"])
+async def put(space: str, principal: str) -> Response:
+    """Idempotent by nature: putting the same role twice changes nothing."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, "space.members.manage")
+    data = await load_body(MemberPut())
+    target = await _member_target(caller, principal)
+    role = data["role"]
+    async with app.db.write() as tx:
+        target_role = await member_role(tx, access.pk, target["id"])
+        _require_owner_for_owners(access, caller, role, target_role)
+        now = app.clock.now_ms()
+        previous = await put_member(tx, access.pk, target["id"], role, now)
+        if previous != role:
+            action = "space.member.added" if previous is None else "space.member.role_changed"
+            await app.audit.record(
+                tx,
+                caller.actor,
+                action,
+                space_id=access.public_id,
+                target_type="principal",
+                target_id=target["public_id"],
+                details={"role": role, "previous_role": previous},
+                admin_override=access.admin_override,
+            )
+            await app.events.publish(
+                tx, access.pk, "space.member.changed",
+                {"principal_id": target["public_id"], "role": role},
+            )
+        created_at = await tx.fetch_val(
+            sa.select(space_members.c.created_at).where(
+                space_members.c.space_id == access.pk,
+                space_members.c.principal_id == target["id"],
+            )
+        )
+    body = MemberOut().dump(
+        {"principal_id": target["public_id"], "name": target["name"], "kind": target["kind"],
+         "role": role, "created_at": created_at}
+    )
+    return json_response(body)
+
+
+def _require_owner_for_owners(
+    access: SpaceAccess, caller: Caller, role: str | None, target_role: str | None
+) -> None:
+    """Granting, changing or removing an owner needs an owner (or a system admin)."""
+    if "owner" in (role, target_role) and access.role != "owner" and not caller.is_admin:
+        raise Forbidden("only an owner grants, changes or removes the owner role")
+
+
+@blueprint.delete("/v1/spaces/<space>/members/<principal>")
+@api("Remove a member (space admins; members may remove themselves)", status=204, tags=["spaces"])
+async def delete(space: str, principal: str) -> Response:
+    """The last owner cannot be removed."""
+    app = current_buildmax()
+    caller = await authenticate()
+    target = await _member_target(caller, principal)
+    leaving = target["id"] == caller.principal_pk
+    access = await require_space(
+        space, "viewer" if leaving else "admin", caller, "space.members.manage"
+    )
+    async with app.db.write() as tx:
+        target_role = await member_role(tx, access.pk, target["id"])
+        if not leaving:
+            _require_owner_for_owners(access, caller, None, target_role)
+        previous = await remove_member(tx, access.pk, target["id"])
+        if previous is None:
+            raise NotFound("the principal is not a member of this space")
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "space.member.removed",
+            space_id=access.public_id,
+            target_type="principal",
+            target_id=target["public_id"],
+            details={"previous_role": previous},
+            admin_override=access.admin_override,
+        )
+        await app.events.publish(
+            tx, access.pk, "space.member.changed", {"principal_id": target["public_id"], "role": None}
+        )
+    return Response(status=204)

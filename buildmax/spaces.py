@@ -1,0 +1,101 @@
+"""Spaces, the isolation boundary, and their members."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax_hookspecs import Transaction
+
+from .conflicts import insert_ignoring_conflict
+from .ids import new_id
+from .problems import Conflict
+from .schema import principals, space_members, spaces
+
+
+async def create_space(
+    tx: Transaction, *, slug: str, name: str, owner_pk: int, created_by: int, now: int
+) -> dict[str, Any]:
+    """Insert a space with ``owner_pk`` as its owner; 409 when the slug is taken."""
+    row = await tx.fetch_one(
+        insert_ignoring_conflict(tx.dialect, spaces)
+        .values(public_id=new_id("sp"), slug=slug, name=name, created_at=now, created_by=created_by)
+        .returning(spaces.c.id, spaces.c.public_id, spaces.c.slug, spaces.c.name, spaces.c.created_at)
+    )
+    if row is None:
+        raise Conflict(f"a space with slug {slug!r} already exists", slug="slug-taken")
+    await tx.execute(
+        space_members.insert().values(
+            space_id=row["id"], principal_id=owner_pk, role="owner", created_at=now
+        )
+    )
+    return {**row, "role": "owner"}
+
+
+async def member_role(tx: Transaction, space_pk: int, principal_pk: int) -> str | None:
+    """The principal's role in the space, or ``None``."""
+    role: str | None = await tx.fetch_val(
+        sa.select(space_members.c.role).where(
+            space_members.c.space_id == space_pk, space_members.c.principal_id == principal_pk
+        )
+    )
+    return role
+
+
+async def owner_count(tx: Transaction, space_pk: int) -> int:
+    """How many owners the space has (locking them on PostgreSQL)."""
+    rows = await tx.fetch_all(
+        sa.select(space_members.c.principal_id)
+        .where(space_members.c.space_id == space_pk, space_members.c.role == "owner")
+        .with_for_update()
+    )
+    return len(rows)
+
+
+async def put_member(
+    tx: Transaction, space_pk: int, principal_pk: int, role: str, now: int
+) -> str | None:
+    """Add a member or change its role; returns the previous role (``None`` if new)."""
+    previous = await member_role(tx, space_pk, principal_pk)
+    if previous is None:
+        inserted = await tx.fetch_one(
+            insert_ignoring_conflict(tx.dialect, space_members)
+            .values(space_id=space_pk, principal_id=principal_pk, role=role, created_at=now)
+            .returning(space_members.c.role)
+        )
+        if inserted is None:
+            raise Conflict("the membership changed meanwhile; retry")
+        return None
+    if previous == "owner" and role != "owner" and await owner_count(tx, space_pk) <= 1:
+        raise Conflict("a space needs at least one owner", slug="last-owner")
+    await tx.execute(
+        sa.update(space_members)
+        .where(space_members.c.space_id == space_pk, space_members.c.principal_id == principal_pk)
+        .values(role=role)
+    )
+    return previous
+
+
+async def remove_member(tx: Transaction, space_pk: int, principal_pk: int) -> str | None:
+    """Remove a member; returns its role, or ``None`` if it was not one."""
+    role = await member_role(tx, space_pk, principal_pk)
+    if role is None:
+        return None
+    if role == "owner" and await owner_count(tx, space_pk) <= 1:
+        raise Conflict("a space needs at least one owner", slug="last-owner")
+    await tx.execute(
+        sa.delete(space_members).where(
+            space_members.c.space_id == space_pk, space_members.c.principal_id == principal_pk
+        )
+    )
+    return role
+
+
+MEMBER_COLUMNS = (
+    principals.c.public_id.label("principal_id"),
+    principals.c.name,
+    principals.c.kind,
+    space_members.c.role,
+    space_members.c.created_at,
+)

@@ -1,0 +1,221 @@
+"""API tokens: 256-bit random secrets, stored only as SHA-256 verifiers.
+
+A token is shown once, when it is issued. A request is authenticated by one
+indexed read of its verifier, with no positive cache, so a revocation takes
+effect on the next request on every server process. A token may carry a
+*scope* (a resource type and id, such as an attempt); the plugin that issued
+it can shorten or end every token of that scope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax_hookspecs import Transaction
+
+from .ids import new_id
+from .schema import principals, tokens
+
+SECRET_PREFIX = "bmx_"
+
+
+def new_secret() -> str:
+    """A fresh token secret: ``bmx_`` and 256 random bits, URL-safe."""
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def verifier_of(secret: str) -> str:
+    """The stored verifier of a secret (SHA-256, hex)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A token just issued: the only moment its secret exists."""
+
+    pk: int
+    public_id: str
+    secret: str
+    principal_pk: int
+    name: str
+    origin: str
+    scope_type: str | None
+    scope_id: str | None
+    created_at: int
+    expires_at: int | None
+
+
+async def issue_token(
+    tx: Transaction,
+    *,
+    principal_pk: int,
+    now: int,
+    name: str = "",
+    origin: str = "api",
+    scope_type: str | None = None,
+    scope_id: str | None = None,
+    expires_at: int | None = None,
+) -> IssuedToken:
+    """Create a token and return it with its secret (show it once, store nothing)."""
+    if (scope_type is None) != (scope_id is None):
+        raise ValueError("scope_type and scope_id go together")
+    secret = new_secret()
+    public_id = new_id("tk")
+    pk = await tx.fetch_val(
+        tokens.insert()
+        .values(
+            public_id=public_id,
+            principal_id=principal_pk,
+            verifier=verifier_of(secret),
+            name=name,
+            origin=origin,
+            scope_type=scope_type,
+            scope_id=scope_id,
+            created_at=now,
+            expires_at=expires_at,
+        )
+        .returning(tokens.c.id)
+    )
+    return IssuedToken(
+        int(pk), public_id, secret, principal_pk, name, origin, scope_type, scope_id, now, expires_at
+    )
+
+
+async def reissue_token(tx: Transaction, public_id: str, *, now: int) -> IssuedToken | None:
+    """Revoke a token and issue its twin (same principal, name, scope, expiry).
+
+    Used by rotation and by idempotent replays of a response whose secret
+    nobody saw."""
+    row = await tx.fetch_one(
+        sa.update(tokens)
+        .where(tokens.c.public_id == public_id, tokens.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+        .returning(
+            tokens.c.principal_id,
+            tokens.c.name,
+            tokens.c.origin,
+            tokens.c.scope_type,
+            tokens.c.scope_id,
+            tokens.c.expires_at,
+        )
+    )
+    if row is None:
+        return None
+    return await issue_token(
+        tx,
+        principal_pk=row["principal_id"],
+        now=now,
+        name=row["name"],
+        origin=row["origin"],
+        scope_type=row["scope_type"],
+        scope_id=row["scope_id"],
+        expires_at=row["expires_at"],
+    )
+
+
+async def revoke_token(tx: Transaction, public_id: str, *, now: int) -> bool:
+    """Revoke one token; ``False`` if it did not exist or was already revoked."""
+    row = await tx.fetch_one(
+        sa.update(tokens)
+        .where(tokens.c.public_id == public_id, tokens.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+        .returning(tokens.c.id)
+    )
+    return row is not None
+
+
+async def end_scope(tx: Transaction, scope_type: str, scope_id: str, *, now: int) -> int:
+    """Revoke every live token scoped to ``scope_type:scope_id``; how many."""
+    rows = await tx.fetch_all(
+        sa.update(tokens)
+        .where(
+            tokens.c.scope_type == scope_type,
+            tokens.c.scope_id == scope_id,
+            tokens.c.revoked_at.is_(None),
+        )
+        .values(revoked_at=now)
+        .returning(tokens.c.id)
+    )
+    return len(rows)
+
+
+async def shorten_scope(tx: Transaction, scope_type: str, scope_id: str, *, expires_at: int) -> int:
+    """Bring the expiry of every live token of a scope forward to ``expires_at``
+    (never later than it already is); how many were changed."""
+    rows = await tx.fetch_all(
+        sa.update(tokens)
+        .where(
+            tokens.c.scope_type == scope_type,
+            tokens.c.scope_id == scope_id,
+            tokens.c.revoked_at.is_(None),
+            sa.or_(tokens.c.expires_at.is_(None), tokens.c.expires_at > expires_at),
+        )
+        .values(expires_at=expires_at)
+        .returning(tokens.c.id)
+    )
+    return len(rows)
+
+
+#: One indexed read per request: the token, its principal, nothing cached.
+_LOOKUP = sa.select(
+    tokens.c.id.label("token_pk"),
+    tokens.c.public_id.label("token_id"),
+    tokens.c.scope_type,
+    tokens.c.scope_id,
+    tokens.c.expires_at,
+    tokens.c.revoked_at,
+    tokens.c.last_used_at,
+    principals.c.id.label("principal_pk"),
+    principals.c.public_id.label("principal_id"),
+    principals.c.kind,
+    principals.c.name,
+    principals.c.system_role,
+    principals.c.disabled_at,
+).select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))
+
+
+async def lookup_token(conn: Transaction, secret: str) -> dict[str, Any] | None:
+    """The token row joined with its principal, whatever its state, or ``None``."""
+    row = await conn.fetch_one(_LOOKUP.where(tokens.c.verifier == verifier_of(secret)))
+    return dict(row) if row is not None else None
+
+
+def token_body(row: dict[str, Any], principal_public_id: str) -> dict[str, Any]:
+    """The API representation of a token row (never its secret)."""
+    from .schemas import TokenOut
+
+    scope = None
+    if row.get("scope_type") is not None:
+        scope = {"type": row["scope_type"], "id": row["scope_id"]}
+    return TokenOut().dump(
+        {
+            "id": row["public_id"],
+            "name": row["name"],
+            "principal_id": principal_public_id,
+            "origin": row["origin"],
+            "scope": scope,
+            "created_at": row["created_at"],
+            "expires_at": row["expires_at"],
+            "revoked_at": row.get("revoked_at"),
+            "last_used_at": row.get("last_used_at"),
+        }
+    )
+
+
+def issued_body(issued: IssuedToken, principal_public_id: str) -> dict[str, Any]:
+    """The API representation of a token just issued, secret included."""
+    row = {
+        "public_id": issued.public_id,
+        "name": issued.name,
+        "origin": issued.origin,
+        "scope_type": issued.scope_type,
+        "scope_id": issued.scope_id,
+        "created_at": issued.created_at,
+        "expires_at": issued.expires_at,
+    }
+    return {**token_body(row, principal_public_id), "token": issued.secret}

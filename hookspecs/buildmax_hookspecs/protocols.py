@@ -1,0 +1,83 @@
+"""Protocols that services implement and plugins consume.
+
+A provider registers an implementation through ``buildmax_services``; a
+consumer asks the app for it with ``app.services.get(Protocol)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .records import BlobRef
+
+Row = Mapping[str, Any]
+
+
+@runtime_checkable
+class Transaction(Protocol):
+    """A database transaction (or read connection) given to plugins.
+
+    Every method takes a SQLAlchemy Core statement, so one query serves both
+    SQLite and PostgreSQL. ``dialect`` is ``"sqlite"`` or ``"postgresql"``
+    for the rare statement that must differ.
+    """
+
+    dialect: str
+
+    async def execute(self, statement: Any) -> None:
+        """Run a statement that returns no rows (use RETURNING + fetch_* for values)."""
+
+    async def fetch_one(self, statement: Any) -> Row | None:
+        """The first row as a mapping of column name to value, or ``None``."""
+
+    async def fetch_all(self, statement: Any) -> Sequence[Row]:
+        """Every row, each a mapping of column name to value."""
+
+    async def fetch_val(self, statement: Any) -> Any:
+        """The first column of the first row, or ``None``."""
+
+    def after_commit(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` (sync, or returning an awaitable) once this
+        transaction has committed; never when it rolls back."""
+
+
+class BlobTooLarge(Exception):
+    """Raised by :meth:`BlobStore.put` when a stream exceeds ``max_bytes``.
+
+    Nothing is left behind: the temporary object is removed first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"blob exceeds the limit of {max_bytes} bytes")
+        self.max_bytes = max_bytes
+
+
+class BlobNotFound(Exception):
+    """Raised when a key names no blob in the store."""
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Content-addressed blob storage (filesystem, S3, ...)."""
+
+    async def put(
+        self, prefix: str, stream: AsyncIterator[bytes], *, max_bytes: int | None = None
+    ) -> BlobRef:
+        """Store a stream under ``<prefix>/sha256/<digest>``.
+
+        The bytes are written to a temporary object and moved into place only
+        once complete, so a failed or oversized upload leaves nothing under
+        the prefix. Raises :class:`BlobTooLarge` past ``max_bytes``."""
+
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> AsyncIterator[bytes]:
+        """Stream a blob's bytes; ``byte_range`` is ``(start, end)`` inclusive.
+        Raises :class:`BlobNotFound` when the key is absent."""
+
+    async def head(self, key: str) -> BlobRef | None:
+        """The blob's reference, or ``None`` when absent."""
+
+    async def delete(self, key: str) -> bool:
+        """Remove a blob; ``True`` if it existed."""
+
+    def list(self, prefix: str) -> AsyncIterator[BlobRef]:
+        """Every blob whose key starts with ``prefix``."""
