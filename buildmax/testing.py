@@ -330,3 +330,35 @@ def start_server(settings: Config, log_path: Path, *, extra_env: dict[str, str] 
         time.sleep(0.1)
     server.stop()
     raise TimeoutError(f"server did not become ready:\n{server.log()}")
+
+
+class AuditRecorder:
+    """A plugin that keeps every audit event handed to ``buildmax_audit_record``."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def actions(self) -> list[str]:
+        """The recorded actions, in order."""
+        return [event.action for event in self.events]
+
+
+@pytest.fixture
+def audit_log(app: BuildMax) -> Iterator[AuditRecorder]:
+    """Every audit event the app records during the test (committed or not:
+    pair with database assertions to check commit)."""
+    from buildmax_hookspecs import hookimpl
+
+    recorder = AuditRecorder()
+
+    class Plugin:
+        @hookimpl
+        def buildmax_audit_record(self, tx: Any, event: Any) -> None:
+            recorder.events.append(event)
+
+    plugin = Plugin()
+    app.plugins.pm.register(plugin, name="test-audit-recorder")
+    try:
+        yield recorder
+    finally:
+        app.plugins.pm.unregister(plugin)

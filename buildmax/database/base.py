@@ -120,12 +120,18 @@ class Database(Protocol):
         """A read connection (autocommit; no multi-statement snapshot)."""
 
 
-def enter_write() -> contextvars.Token[bool]:
-    """Mark the current task as inside a write transaction."""
+def refuse_nested() -> None:
+    """Raise if the current task is already inside a write transaction (on
+    SQLite it would wait for its own lock forever)."""
     if _in_write.get():
         raise NestedTransactionError(
             "a write transaction is already open in this task; pass its tx down instead"
         )
+
+
+def enter_write() -> contextvars.Token[bool]:
+    """Mark the current task as inside a write transaction."""
+    refuse_nested()
     return _in_write.set(True)
 
 

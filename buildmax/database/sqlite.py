@@ -21,7 +21,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from buildmax_hookspecs import Row
 
-from .base import DatabaseError, Tx, transaction
+from .base import DatabaseError, Tx, refuse_nested, transaction
 from .statements import StatementCompiler
 
 BUSY_TIMEOUT_MS = 5000
@@ -102,6 +102,7 @@ class SQLiteDatabase:
         writer = self._writer
         if writer is None:
             raise DatabaseError("database is not connected")
+        refuse_nested()
         tx = Tx(self.dialect, _Executor(writer, self._compiler))
 
         async def begin() -> None:

@@ -1,0 +1,1 @@
+"""Kernel tests use the fixtures of ``buildmax.testing`` (a pytest11 plugin)."""
