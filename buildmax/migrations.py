@@ -86,8 +86,22 @@ def group_migrations(migrations: Iterable[Migration]) -> dict[str, list[Migratio
 
 
 async def _ensure_table(db: Database) -> None:
+    async with db.read() as conn:
+        if await _table_exists(conn):
+            return
     async with db.write() as tx:
         await tx.execute(CreateTable(schema_migrations, if_not_exists=True))
+
+
+async def _table_exists(conn: Transaction) -> bool:
+    """Whether ``schema_migrations`` exists (the engines' catalogs differ)."""
+    if conn.dialect == "postgresql":
+        query = sa.select(sa.func.to_regclass("schema_migrations").is_not(None))
+    else:
+        query = sa.select(sa.literal_column("count(*) > 0")).select_from(
+            sa.text("sqlite_master")
+        ).where(sa.text("type = 'table' AND name = 'schema_migrations'"))
+    return bool(await conn.fetch_val(query))
 
 
 async def _applied(tx: Transaction) -> dict[str, int]:

@@ -32,7 +32,7 @@ async def readyz() -> Response:
     app = current_buildmax()
     try:
         async with app.db.read() as conn:
-            await conn.fetch_val(sa.select(sa.literal(1)))
+            await conn.fetch_val(sa.select(sa.literal_column("1")))
         statuses = await migration_status(app.db, app.migrations())
     except Exception as exc:
         raise ServiceUnavailable(f"database unavailable: {exc}") from None
