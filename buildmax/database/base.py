@@ -16,8 +16,12 @@ log = logging.getLogger("buildmax.database")
 
 T = TypeVar("T")
 
-#: Set while the current task is inside a write transaction.
-_in_write: contextvars.ContextVar[bool] = contextvars.ContextVar("buildmax_in_write", default=False)
+#: The task that opened the write transaction this context is inside, if any.
+#: Tasks spawned inside a transaction inherit the variable but are other
+#: tasks, so they may open their own transactions.
+_in_write: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
+    "buildmax_in_write", default=None
+)
 
 
 class DatabaseError(Exception):
@@ -123,19 +127,20 @@ class Database(Protocol):
 def refuse_nested() -> None:
     """Raise if the current task is already inside a write transaction (on
     SQLite it would wait for its own lock forever)."""
-    if _in_write.get():
+    owner = _in_write.get()
+    if owner is not None and owner is asyncio.current_task():
         raise NestedTransactionError(
             "a write transaction is already open in this task; pass its tx down instead"
         )
 
 
-def enter_write() -> contextvars.Token[bool]:
+def enter_write() -> contextvars.Token[asyncio.Task[Any] | None]:
     """Mark the current task as inside a write transaction."""
     refuse_nested()
-    return _in_write.set(True)
+    return _in_write.set(asyncio.current_task())
 
 
-def leave_write(token: contextvars.Token[bool]) -> None:
+def leave_write(token: contextvars.Token[asyncio.Task[Any] | None]) -> None:
     """Undo :func:`enter_write`."""
     _in_write.reset(token)
 
