@@ -1,0 +1,609 @@
+"""The HTTP transport to a BuildMax server, and typed calls for the kernel's routes.
+
+:class:`Client` (and its twin :class:`AsyncClient`) knows the base URL and
+token, retries what is safe to retry, sends every mutation with an
+``Idempotency-Key`` that stays the same across its retries, turns
+``application/problem+json`` answers into typed exceptions and follows paging
+cursors. Plugins add typed methods for their routes in their own packages::
+
+    with Client() as bmx:
+        space = bmx.create_space("web")
+        for token in bmx.paginate("/v1/tokens"):
+            ...
+
+The URL and token come from the arguments, else ``BUILDMAX_URL`` and
+``BUILDMAX_TOKEN``, else the login file written by ``buildmax login``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json as jsonlib
+import os
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar, cast
+from urllib.parse import quote
+
+import httpx
+
+from . import __version__
+
+DEFAULT_URL = "http://127.0.0.1:8420"
+URL_ENV = "BUILDMAX_URL"
+TOKEN_ENV = "BUILDMAX_TOKEN"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+PROBLEM_TYPE_PREFIX = "urn:buildmax:problem:"
+
+MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+RETRY_STATUSES = frozenset({502, 503, 504})
+MAX_BACKOFF_SECONDS = 5.0
+_TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+# -- errors -------------------------------------------------------------------
+
+
+class BuildMaxError(Exception):
+    """An error answer from the server.
+
+    ``slug`` is the stable part of a problem's ``type``
+    (``urn:buildmax:problem:<slug>``), or ``http-<status>`` when the answer
+    was not a problem document; ``body`` is the parsed answer.
+    """
+
+    def __init__(self, status: int, slug: str, title: str, detail: str, body: Any) -> None:
+        self.status = status
+        self.slug = slug
+        self.title = title
+        self.detail = detail
+        self.body = body
+        super().__init__(f"{status} {slug}: {detail}")
+
+
+class Unauthenticated(BuildMaxError):
+    """401: no token, or one that is unknown, revoked, expired or disabled."""
+
+
+class Forbidden(BuildMaxError):
+    """403: the principal or the token's scope may not do this."""
+
+
+class TokenScopeRefused(Forbidden):
+    """403 ``token-scope-refused``: a scoped token used outside its scope."""
+
+
+class NotFound(BuildMaxError):
+    """404: no such thing, or one you may not see."""
+
+
+class Conflict(BuildMaxError):
+    """409: the current state does not allow this."""
+
+
+class IdempotencyInProgress(Conflict):
+    """409 ``idempotency-in-progress``: the first request with this key still runs."""
+
+
+class PayloadTooLarge(BuildMaxError):
+    """413: the body exceeds the server's limit."""
+
+
+class ValidationError(BuildMaxError):
+    """422: the request did not validate; ``errors`` maps fields to messages."""
+
+    @property
+    def errors(self) -> dict[str, Any]:
+        """Per-field messages, as the server sent them."""
+        errors = self.body.get("errors") if isinstance(self.body, dict) else None
+        return errors if isinstance(errors, dict) else {}
+
+    def __str__(self) -> str:
+        fields = "; ".join(f"{name}: {_messages(value)}" for name, value in self.errors.items())
+        return f"{super().__str__()} ({fields})" if fields else super().__str__()
+
+
+class IdempotencyKeyReused(ValidationError):
+    """422 ``idempotency-key-reused``: the key was used with another body."""
+
+
+class TooManyRequests(BuildMaxError):
+    """429: slow down."""
+
+
+class ServerError(BuildMaxError):
+    """5xx: the server (or a proxy in front of it) failed."""
+
+
+class Unreachable(Exception):
+    """No answer from the server at ``url`` (refused, unresolvable, timed out)."""
+
+    def __init__(self, url: str, reason: Exception) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"cannot reach BuildMax at {url}: {str(reason) or type(reason).__name__}")
+
+
+class LoginFileError(ValueError):
+    """The login file exists but cannot be used."""
+
+
+_BY_SLUG: dict[str, type[BuildMaxError]] = {
+    "token-scope-refused": TokenScopeRefused,
+    "idempotency-in-progress": IdempotencyInProgress,
+    "idempotency-key-reused": IdempotencyKeyReused,
+}
+
+_BY_STATUS: dict[int, type[BuildMaxError]] = {
+    401: Unauthenticated,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: ValidationError,
+    429: TooManyRequests,
+}
+
+
+def _messages(value: Any) -> str:
+    return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def error_class(status: int, slug: str) -> type[BuildMaxError]:
+    """The exception class for an error answer: by slug, else by status."""
+    if slug in _BY_SLUG:
+        return _BY_SLUG[slug]
+    if status >= 500:
+        return ServerError
+    return _BY_STATUS.get(status, BuildMaxError)
+
+
+def error_from_response(response: httpx.Response) -> BuildMaxError:
+    """The typed exception for an error answer (problem document or not)."""
+    status = response.status_code
+    body = _decode(response)
+    kind = body.get("type") if isinstance(body, dict) else None
+    if isinstance(body, dict) and isinstance(kind, str):
+        slug = kind.removeprefix(PROBLEM_TYPE_PREFIX)
+        title = str(body.get("title") or response.reason_phrase)
+        detail = str(body.get("detail") or title)
+    else:
+        slug = f"http-{status}"
+        title = response.reason_phrase
+        detail = (body.strip()[:200] if isinstance(body, str) else "") or title
+    return error_class(status, slug)(status, slug, title, detail, body)
+
+
+def _decode(response: httpx.Response) -> Any:
+    """The answer's JSON (``None`` when empty), or its text when it is not JSON."""
+    if not response.content:
+        return None
+    if "json" in response.headers.get("content-type", ""):
+        try:
+            return response.json()
+        except ValueError:
+            pass
+    return response.text
+
+
+# -- where and who --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Login:
+    """What ``buildmax login`` saved: a server and a token for it."""
+
+    url: str
+    token: str
+
+
+def login_path() -> Path:
+    """``$XDG_CONFIG_HOME/buildmax/login.json`` (default ``~/.config``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "buildmax" / "login.json"
+
+
+def save_login(url: str, token: str) -> Path:
+    """Write the login file, readable by its owner only (0600); its path."""
+    path = login_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        jsonlib.dump({"url": _normal_url(url), "token": token}, file)
+    os.replace(temporary, path)
+    return path
+
+
+def load_login() -> Login | None:
+    """The saved login, or ``None`` when there is none."""
+    path = login_path()
+    try:
+        data = jsonlib.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise LoginFileError(f"{path} is not valid JSON ({exc}); run `buildmax login`") from None
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("url"), str)
+        and isinstance(data.get("token"), str)
+    ):
+        raise LoginFileError(f"{path} lacks a url and a token; run `buildmax login`")
+    return Login(_normal_url(data["url"]), data["token"])
+
+
+def _normal_url(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+def resolve(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
+    """The base URL and token to use: arguments, else environment, else login file.
+
+    The login file's token is used only for the login file's URL, so a
+    token never travels to another server.
+    """
+    login = load_login() if url is None or token is None else None
+    chosen = _normal_url(url or os.environ.get(URL_ENV) or (login.url if login else DEFAULT_URL))
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or (
+            login.token if login is not None and login.url == chosen else None
+        )
+    return chosen, token
+
+
+# -- the transport ----------------------------------------------------------------
+
+_One = TypeVar("_One")
+_Many = TypeVar("_Many")
+_Done = TypeVar("_Done")
+
+
+def _segment(ref: str) -> str:
+    return quote(ref, safe="")
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _page_params(params: dict[str, Any] | None, cursor: str | None) -> dict[str, Any]:
+    merged = dict(params or {})
+    if cursor:
+        merged["cursor"] = cursor
+    return merged
+
+
+class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
+    """Typed calls for the kernel's routes, shared by both clients.
+
+    ``_One``, ``_Many`` and ``_Done`` are what a call returns: a dict, a list
+    of dicts and nothing for :class:`Client`; awaitables of those for
+    :class:`AsyncClient`.
+    """
+
+    def __init__(self, url: str | None, token: str | None, retries: int, backoff: float) -> None:
+        self.url, self.token = resolve(url, token)
+        self.retries = retries
+        self.backoff = backoff
+
+    @abstractmethod
+    def _one(self, method: str, path: str, json: Any = None) -> _One: ...
+
+    @abstractmethod
+    def _many(self, path: str, params: dict[str, Any] | None = None) -> _Many: ...
+
+    @abstractmethod
+    def _done(self, method: str, path: str) -> _Done: ...
+
+    def _headers(self, method: str, idempotency_key: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": f"buildmax-client/{__version__}"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if idempotency_key is None and method.upper() in MUTATING_METHODS:
+            idempotency_key = str(uuid.uuid4())
+        if idempotency_key is not None:
+            headers[IDEMPOTENCY_HEADER] = idempotency_key
+        return headers
+
+    def _delay(
+        self, attempt: int, retries: int, outcome: httpx.Response | httpx.TransportError
+    ) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``, or ``None`` to stop."""
+        if attempt >= retries:
+            return None
+        if isinstance(outcome, httpx.Response) and outcome.status_code not in RETRY_STATUSES:
+            return None
+        if isinstance(outcome, httpx.TransportError) and not isinstance(outcome, _TRANSIENT):
+            return None
+        return float(min(self.backoff * 2**attempt, MAX_BACKOFF_SECONDS))
+
+    def _result(self, outcome: httpx.Response | httpx.TransportError) -> Any:
+        """The decoded answer, or the exception it stands for."""
+        if isinstance(outcome, httpx.TransportError):
+            raise Unreachable(self.url, outcome) from outcome
+        if outcome.is_error:
+            raise error_from_response(outcome)
+        return _decode(outcome)
+
+    # -- principals and sessions --
+
+    def me(self) -> _One:
+        """The principal of this client's token."""
+        return self._one("GET", "/v1/principals/me")
+
+    def create_principal(
+        self,
+        kind: str,
+        name: str,
+        display_name: str = "",
+        system_role: str | None = None,
+        password: str | None = None,
+    ) -> _One:
+        """Create a principal (admins); ``password`` only for humans."""
+        body = {
+            "kind": kind,
+            "name": name,
+            "display_name": display_name,
+            "system_role": system_role,
+            **_present(password=password),
+        }
+        return self._one("POST", "/v1/principals", json=body)
+
+    def list_principals(self) -> _Many:
+        """Every principal, by name (admins and operators)."""
+        return self._many("/v1/principals")
+
+    def get_principal(self, ref: str) -> _One:
+        """A principal by id or name."""
+        return self._one("GET", f"/v1/principals/{_segment(ref)}")
+
+    def update_principal(self, ref: str, **changes: Any) -> _One:
+        """Change ``display_name``, ``password``, ``system_role`` or ``disabled``."""
+        return self._one("PATCH", f"/v1/principals/{_segment(ref)}", json=changes)
+
+    def sign_out(self) -> _Done:
+        """Revoke the token this client uses."""
+        return self._done("DELETE", "/v1/sessions/current")
+
+    # -- tokens --
+
+    def create_token(
+        self, name: str = "", principal_id: str | None = None, expires_in_seconds: int | None = None
+    ) -> _One:
+        """A new token (for yourself, or for ``principal_id`` as an admin); the
+        secret is in ``token`` of this answer only."""
+        body = {
+            "name": name,
+            "principal_id": principal_id,
+            "expires_in_seconds": expires_in_seconds,
+        }
+        return self._one("POST", "/v1/tokens", json=body)
+
+    def list_tokens(self, principal: str | None = None) -> _Many:
+        """Your tokens, newest first (admins: ``principal``'s), revoked ones included."""
+        return self._many("/v1/tokens", _present(principal=principal))
+
+    def get_token(self, id: str) -> _One:
+        """A token's details (never its secret)."""
+        return self._one("GET", f"/v1/tokens/{_segment(id)}")
+
+    def revoke_token(self, id: str) -> _Done:
+        """Revoke a token; it stops working on the next request."""
+        return self._done("DELETE", f"/v1/tokens/{_segment(id)}")
+
+    def rotate_token(self, id: str) -> _One:
+        """Revoke a token and return its twin with a new secret (in ``token``)."""
+        return self._one("POST", f"/v1/tokens/{_segment(id)}/rotate")
+
+    # -- spaces and members --
+
+    def list_spaces(self) -> _Many:
+        """The spaces you are a member of (admins and operators: all), by slug."""
+        return self._many("/v1/spaces")
+
+    def create_space(self, slug: str, name: str | None = None, owner_id: str | None = None) -> _One:
+        """Create a space (admins and operators); you, or ``owner_id``, own it."""
+        body = _present(slug=slug, name=name, owner_id=owner_id)
+        return self._one("POST", "/v1/spaces", json=body)
+
+    def get_space(self, ref: str) -> _One:
+        """A space by id or slug."""
+        return self._one("GET", f"/v1/spaces/{_segment(ref)}")
+
+    def rename_space(self, ref: str, name: str) -> _One:
+        """Change a space's display name (space admins); the slug stays."""
+        return self._one("PATCH", f"/v1/spaces/{_segment(ref)}", json={"name": name})
+
+    def list_members(self, space: str) -> _Many:
+        """A space's members, by name."""
+        return self._many(f"/v1/spaces/{_segment(space)}/members")
+
+    def put_member(self, space: str, principal: str, role: str) -> _One:
+        """Add ``principal`` to ``space`` with ``role``, or change its role."""
+        path = f"/v1/spaces/{_segment(space)}/members/{_segment(principal)}"
+        return self._one("PUT", path, json={"role": role})
+
+    def remove_member(self, space: str, principal: str) -> _Done:
+        """Remove ``principal`` from ``space``."""
+        return self._done("DELETE", f"/v1/spaces/{_segment(space)}/members/{_segment(principal)}")
+
+
+class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
+    """A synchronous client; use it as a context manager or call :meth:`close`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, token, retries, backoff)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        params: Any = None,
+        idempotency_key: str | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        """Send a request and return its decoded answer (``None`` when empty).
+
+        Mutations carry ``idempotency_key`` (a fresh UUID when not given),
+        the same on every retry. Connection failures, timeouts and 502/503/504
+        are retried ``retries`` times with exponential backoff. Raises a
+        :class:`BuildMaxError` subclass for an error answer and
+        :class:`Unreachable` when the server never answers.
+        """
+        headers = self._headers(method, idempotency_key)
+        request = self._http.build_request(method, path, json=json, params=params, headers=headers)
+        limit = self.retries if retries is None else retries
+        attempt = 0
+        while True:
+            outcome = self._send(request)
+            delay = self._delay(attempt, limit, outcome)
+            if delay is None:
+                return self._result(outcome)
+            time.sleep(delay)
+            attempt += 1
+
+    def _send(self, request: httpx.Request) -> httpx.Response | httpx.TransportError:
+        try:
+            return self._http.send(request)
+        except httpx.TransportError as exc:
+            return exc
+
+    def paginate(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Every item of a list endpoint, following ``next_cursor`` page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.request("GET", path, params=_page_params(params, cursor))
+            yield from page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
+        return cast(dict[str, Any], self.request(method, path, json=json))
+
+    def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return list(self.paginate(path, params))
+
+    def _done(self, method: str, path: str) -> None:
+        self.request(method, path)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClient(
+    _KernelRoutes[Awaitable[dict[str, Any]], Awaitable[list[dict[str, Any]]], Awaitable[None]]
+):
+    """The asynchronous twin of :class:`Client`: the same calls, awaited."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, token, retries, backoff)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        params: Any = None,
+        idempotency_key: str | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        """Like :meth:`Client.request`, awaited."""
+        headers = self._headers(method, idempotency_key)
+        request = self._http.build_request(method, path, json=json, params=params, headers=headers)
+        limit = self.retries if retries is None else retries
+        attempt = 0
+        while True:
+            outcome = await self._send(request)
+            delay = self._delay(attempt, limit, outcome)
+            if delay is None:
+                return self._result(outcome)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _send(self, request: httpx.Request) -> httpx.Response | httpx.TransportError:
+        try:
+            return await self._http.send(request)
+        except httpx.TransportError as exc:
+            return exc
+
+    async def paginate(
+        self, path: str, params: dict[str, Any] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Like :meth:`Client.paginate`, as an async iterator."""
+        cursor: str | None = None
+        while True:
+            page = await self.request("GET", path, params=_page_params(params, cursor))
+            for item in page["items"]:
+                yield item
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    async def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
+        return cast(dict[str, Any], await self.request(method, path, json=json))
+
+    async def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return [item async for item in self.paginate(path, params)]
+
+    async def _done(self, method: str, path: str) -> None:
+        await self.request(method, path)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def sign_in(url: str, name: str, password: str, **options: Any) -> dict[str, Any]:
+    """Sign in with a name and password (``POST /v1/sessions``, no token needed).
+
+    Returns the issued session token's body; the secret is in ``token``.
+    ``options`` go to :class:`Client`.
+    """
+    with Client(url, token="", **options) as anonymous:
+        body = {"name": name, "password": password}
+        return cast(dict[str, Any], anonymous.request("POST", "/v1/sessions", json=body))
