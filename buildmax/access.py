@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-
 from buildmax_hookspecs import ResourceRef
 
 from .auth import Caller
@@ -40,23 +39,29 @@ class SpaceAccess:
     admin_override: bool
 
 
-def _space_query(ref: str, principal_pk: int) -> sa.Select[tuple[object, ...]]:
-    membership = sa.and_(
-        space_members.c.space_id == spaces.c.id, space_members.c.principal_id == principal_pk
+#: The space by public id or slug, with the caller's membership role.
+#: Built once, so it is compiled once.
+_SPACE_ACCESS = (
+    sa.select(
+        spaces.c.id,
+        spaces.c.public_id,
+        spaces.c.slug,
+        spaces.c.name,
+        spaces.c.created_at,
+        space_members.c.role,
     )
-    return (
-        sa.select(
-            spaces.c.id,
-            spaces.c.public_id,
-            spaces.c.slug,
-            spaces.c.name,
-            spaces.c.created_at,
-            space_members.c.role,
+    .select_from(
+        spaces.outerjoin(
+            space_members,
+            sa.and_(
+                space_members.c.space_id == spaces.c.id,
+                space_members.c.principal_id == sa.bindparam("principal_pk"),
+            ),
         )
-        .select_from(spaces.outerjoin(space_members, membership))
-        .where(sa.or_(spaces.c.public_id == ref, spaces.c.slug == ref))
-        .limit(1)
     )
+    .where(sa.or_(spaces.c.public_id == sa.bindparam("ref"), spaces.c.slug == sa.bindparam("ref")))
+    .limit(1)
+)
 
 
 async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> SpaceAccess:
@@ -71,7 +76,7 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
     if len(ref) > 200:
         raise NotFound("no such space")
     async with app.db.read() as conn:
-        row = await conn.fetch_one(_space_query(ref, caller.principal_pk))
+        row = await conn.fetch_one(_SPACE_ACCESS, {"ref": ref, "principal_pk": caller.principal_pk})
     if row is None:
         raise NotFound("no such space")
     role = row["role"]

@@ -75,7 +75,9 @@ _PROBLEM = {
 
 def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
     """The OpenAPI 3 document of every documented route of ``app``."""
-    spec = APISpec(title=title, version=version, openapi_version="3.0.3", plugins=[MarshmallowPlugin()])
+    spec = APISpec(
+        title=title, version=version, openapi_version="3.0.3", plugins=[MarshmallowPlugin()]
+    )
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     spec.components.schema(
         "Problem",
@@ -124,7 +126,12 @@ def _operation(doc: RouteDoc, params: list[dict[str, Any]], view: Any) -> dict[s
         operation["x-token-scopes"] = list(doc.scopes)
     if doc.idempotent:
         operation["parameters"].append(
-            {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"}}
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+            }
         )
     if doc.body is not None:
         operation["requestBody"] = {

@@ -5,14 +5,13 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+from buildmax_hookspecs import BlobStore
 from quart import Quart, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
-
-from buildmax_hookspecs import BlobStore
 
 from .audit import AuditLog
 from .auth import TokenToucher
@@ -21,8 +20,8 @@ from .clock import Clock, SystemClock
 from .config import Config, load_config
 from .database import Database, open_database
 from .events import EventHub
-from .ids import new_id
 from .idempotency import Idempotency
+from .ids import new_id
 from .migrations import MigrationError, migrate, migration_status, refuse_if_ahead
 from .plugins import Plugins, create_plugins
 from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_for_status
@@ -129,8 +128,8 @@ def create_app(
 def _provide_blob_store(app: BuildMax) -> None:
     factories: dict[str, Any] = {}
     for impl in app.plugins.pm.hook.buildmax_blob_stores.get_hookimpls():
-        result = impl.function()
-        for scheme, factory in (result or {}).items():
+        result = cast(Mapping[str, Any], impl.function() or {})
+        for scheme, factory in result.items():
             factories.setdefault(scheme, (impl.plugin_name, factory))
     url = app.settings.effective_blob_store_url
     scheme = urlsplit(url).scheme
@@ -146,7 +145,7 @@ def _provide_blob_store(app: BuildMax) -> None:
 def _provide_services(app: BuildMax) -> None:
     for impl in app.plugins.pm.hook.buildmax_services.get_hookimpls():
         kwargs = {name: app for name in impl.argnames}
-        result = impl.function(**kwargs)
+        result = cast(Mapping[type, Any] | None, impl.function(**kwargs))
         if result:
             app.services.provide_all(result, impl.plugin_name)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from quart import g, has_request_context
-
 from buildmax_hookspecs import Actor, AuditAction, AuditEvent, Transaction
+from quart import g, has_request_context
 
 if TYPE_CHECKING:
     from .app import BuildMax

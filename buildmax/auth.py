@@ -12,9 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from quart import g, request
-
 from buildmax_hookspecs import Actor
+from quart import g, request
 
 from .problems import TokenScopeRefused, Unauthenticated
 from .schema import tokens

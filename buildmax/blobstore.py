@@ -140,7 +140,7 @@ class FileBlobStore:
         base = self._path(prefix.rstrip("/"))
 
         def walk() -> list[tuple[str, int]]:
-            found = []
+            found: list[tuple[str, int]] = []
             if not base.is_dir():
                 return found
             for dirpath, _dirs, files in os.walk(base):

@@ -41,7 +41,9 @@ async def load_body(schema: Schema) -> dict[str, Any]:
     """Parse and validate the body; 422 with per-field errors when invalid."""
     payload = await json_body()
     if not isinstance(payload, dict):
-        raise ValidationFailed("the body must be a JSON object", errors={"_schema": ["not an object"]})
+        raise ValidationFailed(
+            "the body must be a JSON object", errors={"_schema": ["not an object"]}
+        )
     return validate(schema, payload)
 
 

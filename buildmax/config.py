@@ -197,9 +197,6 @@ def _validate(config: Config) -> None:
         raise ConfigError("page_size_default must be between 1 and page_size_max")
     if config.sqlite_readers < 1:
         raise ConfigError("sqlite_readers must be at least 1")
-    if config.database_url and config.engine == "sqlite":
-        if not config.database_url.startswith("sqlite:///"):
-            raise ConfigError(
-                "database_url must be postgresql://... or sqlite:///<path>, "
-                f"got {config.database_url!r}"
-            )
+    url = config.database_url
+    if url and config.engine == "sqlite" and not url.startswith("sqlite:///"):
+        raise ConfigError(f"database_url must be postgresql://... or sqlite:///<path>, got {url!r}")

@@ -13,7 +13,6 @@ import logging
 from typing import Any
 
 import sqlalchemy as sa
-
 from buildmax_hookspecs import AuditAction, Migration, hookimpl
 
 from .blobstore import FileBlobStore
@@ -59,28 +58,58 @@ def _action(name: str, description: str, *keys: str, target: str | None = None) 
 def buildmax_audit_actions() -> list[AuditAction]:
     return [
         _action("admin.bootstrapped", "The first admin was created", "name", target="principal"),
-        _action("principal.created", "A principal was created", "kind", "name", "system_role",
-                target="principal"),
-        _action("principal.updated", "A principal's display name changed", "display_name",
-                target="principal"),
+        _action(
+            "principal.created",
+            "A principal was created",
+            "kind",
+            "name",
+            "system_role",
+            target="principal",
+        ),
+        _action(
+            "principal.updated",
+            "A principal's display name changed",
+            "display_name",
+            target="principal",
+        ),
         _action("principal.disabled", "A principal was disabled", target="principal"),
         _action("principal.enabled", "A principal was enabled again", target="principal"),
-        _action("principal.role_changed", "A principal's system role changed", "system_role",
-                target="principal"),
+        _action(
+            "principal.role_changed",
+            "A principal's system role changed",
+            "system_role",
+            target="principal",
+        ),
         _action("principal.password_set", "A principal's password was set", target="principal"),
         _action("session.created", "A human signed in", target="token"),
         _action("token.created", "A token was created", "principal_id", "name", target="token"),
         _action("token.revoked", "A token was revoked", "principal_id", target="token"),
-        _action("token.rotated", "A token was replaced by a twin", "principal_id", "replaces",
-                target="token"),
+        _action(
+            "token.rotated",
+            "A token was replaced by a twin",
+            "principal_id",
+            "replaces",
+            target="token",
+        ),
         _action("space.created", "A space was created", "slug", "name", "owner_id", target="space"),
         _action("space.updated", "A space was renamed", "name", target="space"),
-        _action("space.member.added", "A member joined a space", "role", "previous_role",
-                target="principal"),
-        _action("space.member.role_changed", "A member's role changed", "role", "previous_role",
-                target="principal"),
-        _action("space.member.removed", "A member left a space", "previous_role",
-                target="principal"),
+        _action(
+            "space.member.added",
+            "A member joined a space",
+            "role",
+            "previous_role",
+            target="principal",
+        ),
+        _action(
+            "space.member.role_changed",
+            "A member's role changed",
+            "role",
+            "previous_role",
+            target="principal",
+        ),
+        _action(
+            "space.member.removed", "A member left a space", "previous_role", target="principal"
+        ),
     ]
 
 

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-
 from buildmax_hookspecs import Transaction
 
 from .schema import events, spaces
@@ -129,7 +128,7 @@ class EventHub:
             try:
                 conn = await asyncpg.connect(self._app.db.url)
                 closed = asyncio.Event()
-                conn.add_termination_listener(lambda _c: closed.set())
+                conn.add_termination_listener(lambda _c, ev=closed: ev.set())
                 await conn.add_listener(CHANNEL, on_notify)
                 # Anything published while we were not listening is picked
                 # up by the subscribers' periodic re-read.

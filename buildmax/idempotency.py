@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from quart import Response, request
-
 from buildmax_hookspecs import Transaction
+from quart import Response, request
 
 from .auth import Caller
 from .bodies import json_body, json_response
@@ -72,7 +71,9 @@ class Idempotency:
         the body with a fresh one, or ``None`` when it cannot (409)."""
         self._reminters[kind] = reminter
 
-    async def run(self, caller: Caller, work: Callable[[Transaction], Awaitable[Reply]]) -> Response:
+    async def run(
+        self, caller: Caller, work: Callable[[Transaction], Awaitable[Reply]]
+    ) -> Response:
         """Run ``work`` in a write transaction, honouring ``Idempotency-Key``."""
         key = request.headers.get(HEADER)
         db = self._app.db
@@ -156,7 +157,9 @@ class Idempotency:
                     "(it was revoked); send a new request with a new key"
                 )
             body = fresh
-            replacement = Reply(existing["status"], body, secret_field=secret_field, secret_kind=kind)
+            replacement = Reply(
+                existing["status"], body, secret_field=secret_field, secret_kind=kind
+            )
             await tx.execute(
                 sa.update(receipts)
                 .where(receipts.c.id == existing["id"])

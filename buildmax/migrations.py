@@ -16,9 +16,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
-from sqlalchemy.schema import CreateIndex, CreateTable
-
 from buildmax_hookspecs import Migration, Transaction
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .clock import Clock
 from .database import Database
@@ -98,16 +97,19 @@ async def _table_exists(conn: Transaction) -> bool:
     if conn.dialect == "postgresql":
         query = sa.select(sa.func.to_regclass("schema_migrations").is_not(None))
     else:
-        query = sa.select(sa.literal_column("count(*) > 0")).select_from(
-            sa.text("sqlite_master")
-        ).where(sa.text("type = 'table' AND name = 'schema_migrations'"))
+        query = (
+            sa.select(sa.literal_column("count(*) > 0"))
+            .select_from(sa.text("sqlite_master"))
+            .where(sa.text("type = 'table' AND name = 'schema_migrations'"))
+        )
     return bool(await conn.fetch_val(query))
 
 
 async def _applied(tx: Transaction) -> dict[str, int]:
     rows = await tx.fetch_all(
-        sa.select(schema_migrations.c.plugin, sa.func.max(schema_migrations.c.version).label("v"))
-        .group_by(schema_migrations.c.plugin)
+        sa.select(
+            schema_migrations.c.plugin, sa.func.max(schema_migrations.c.version).label("v")
+        ).group_by(schema_migrations.c.plugin)
     )
     return {row["plugin"]: int(row["v"]) for row in rows}
 
@@ -126,7 +128,9 @@ async def migration_status(
         db_version = applied.get(plugin, 0)
         pending = [m for m in code or [] if m.version > db_version]
         result.append(
-            PluginMigrationStatus(plugin, len(code) if code is not None else None, db_version, pending)
+            PluginMigrationStatus(
+                plugin, len(code) if code is not None else None, db_version, pending
+            )
         )
     return result
 

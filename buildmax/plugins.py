@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
-
 from buildmax_hookspecs import HOOKSPEC_MODULES, PROJECT_NAME
 
 log = logging.getLogger("buildmax.plugins")
@@ -89,10 +88,12 @@ class Plugins:
 
 
 def _trace(pm: pluggy.PluginManager) -> None:
-    def before(hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+    def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         log.info("hook %s -> %s", hook_name, [impl.plugin_name for impl in impls])
 
-    def after(outcome: Any, hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+    def after(
+        outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> None:
         log.info("hook %s done", hook_name)
 
     pm.add_hookcall_monitoring(before, after)

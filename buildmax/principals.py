@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-
 from buildmax_hookspecs import Transaction
 
 from .conflicts import insert_ignoring_conflict

@@ -16,7 +16,7 @@ SPACE_ROLES = ("owner", "admin", "member", "viewer")
 MAX_TOKEN_LIFETIME = 10 * 365 * 24 * 3600
 
 
-class Timestamp(fields.Field):
+class Timestamp(fields.Field[Any]):
     """UTC epoch milliseconds inside, RFC 3339 outside."""
 
     def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
@@ -71,7 +71,9 @@ class SessionCreate(Schema):
 
 class TokenCreate(Schema):
     name = fields.String(load_default="", validate=validate.Length(max=100))
-    principal_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))
+    principal_id = fields.String(
+        load_default=None, allow_none=True, validate=validate.Length(max=64)
+    )
     expires_in_seconds = fields.Integer(
         load_default=None,
         allow_none=True,
@@ -155,3 +157,11 @@ class MemberPage(Schema):
 class Health(Schema):
     status = fields.String()
     checks = fields.Dict()
+
+
+#: Shared instances for rendering: a schema instance is stateless once built,
+#: and building one per response costs more than the dump itself.
+PRINCIPAL_OUT = PrincipalOut()
+TOKEN_OUT = TokenOut()
+SPACE_OUT = SpaceOut()
+MEMBER_OUT = MemberOut()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-
 from buildmax_hookspecs import Transaction
 
 from .conflicts import insert_ignoring_conflict
@@ -21,7 +20,9 @@ async def create_space(
     row = await tx.fetch_one(
         insert_ignoring_conflict(tx.dialect, spaces)
         .values(public_id=new_id("sp"), slug=slug, name=name, created_at=now, created_by=created_by)
-        .returning(spaces.c.id, spaces.c.public_id, spaces.c.slug, spaces.c.name, spaces.c.created_at)
+        .returning(
+            spaces.c.id, spaces.c.public_id, spaces.c.slug, spaces.c.name, spaces.c.created_at
+        )
     )
     if row is None:
         raise Conflict(f"a space with slug {slug!r} already exists", slug="slug-taken")

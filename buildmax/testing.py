@@ -187,9 +187,7 @@ def make_principal(app: BuildMax) -> Callable[..., Awaitable[PrincipalHandle]]:
         name = name or f"{kind}-{secrets.token_hex(4)}"
         async with app.db.write() as tx:
             now = app.clock.now_ms()
-            row = await create_principal(
-                tx, kind=kind, name=name, system_role=system_role, now=now
-            )
+            row = await create_principal(tx, kind=kind, name=name, system_role=system_role, now=now)
             issued = await issue_token(tx, principal_pk=row["id"], now=now, name="test")
         return PrincipalHandle(row["id"], row["public_id"], name, kind, issued.secret)
 
@@ -253,7 +251,7 @@ async def live_server(app: BuildMax) -> AsyncIterator[str]:
             return
         await app(scope, receive, send)
 
-    task = asyncio.create_task(serve(asgi, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    task = asyncio.create_task(serve(asgi, config, shutdown_trigger=stop.wait))
     base = f"http://127.0.0.1:{port}"
     await _wait_until_listening("127.0.0.1", port)
     try:
@@ -264,8 +262,8 @@ async def live_server(app: BuildMax) -> AsyncIterator[str]:
             await asyncio.wait_for(task, timeout=10)
 
 
-async def _wait_until_listening(host: str, port: int, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_until_listening(host: str, port: int, within: float = 15) -> None:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
             _reader, writer = await asyncio.open_connection(host, port)
@@ -302,15 +300,25 @@ class ServerProcess:
         return int(self.process.returncode)
 
 
-def start_server(settings: Config, log_path: Path, *, extra_env: dict[str, str] | None = None) -> ServerProcess:
+def start_server(
+    settings: Config, log_path: Path, *, extra_env: dict[str, str] | None = None
+) -> ServerProcess:
     """Start ``buildmax serve`` on a free port with ``settings``; wait for ``/readyz``."""
     import httpx
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
     env.update(extra_env or {})
-    args = [sys.executable, "-m", "buildmax", "serve", "--port", str(port),
-            "--data-dir", settings.data_dir]
+    args = [
+        sys.executable,
+        "-m",
+        "buildmax",
+        "serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        settings.data_dir,
+    ]
     if settings.database_url:
         args += ["--database-url", settings.database_url]
     log_file = open(log_path, "wb")  # noqa: SIM115 - handed to the child

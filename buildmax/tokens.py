@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-
 from buildmax_hookspecs import Transaction
 
 from .ids import new_id
@@ -82,7 +81,16 @@ async def issue_token(
         .returning(tokens.c.id)
     )
     return IssuedToken(
-        int(pk), public_id, secret, principal_pk, name, origin, scope_type, scope_id, now, expires_at
+        int(pk),
+        public_id,
+        secret,
+        principal_pk,
+        name,
+        origin,
+        scope_type,
+        scope_id,
+        now,
+        expires_at,
     )
 
 
@@ -162,37 +170,42 @@ async def shorten_scope(tx: Transaction, scope_type: str, scope_id: str, *, expi
 
 
 #: One indexed read per request: the token, its principal, nothing cached.
-_LOOKUP = sa.select(
-    tokens.c.id.label("token_pk"),
-    tokens.c.public_id.label("token_id"),
-    tokens.c.scope_type,
-    tokens.c.scope_id,
-    tokens.c.expires_at,
-    tokens.c.revoked_at,
-    tokens.c.last_used_at,
-    principals.c.id.label("principal_pk"),
-    principals.c.public_id.label("principal_id"),
-    principals.c.kind,
-    principals.c.name,
-    principals.c.system_role,
-    principals.c.disabled_at,
-).select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))
+#: Built once, so it is compiled once.
+_LOOKUP = (
+    sa.select(
+        tokens.c.id.label("token_pk"),
+        tokens.c.public_id.label("token_id"),
+        tokens.c.scope_type,
+        tokens.c.scope_id,
+        tokens.c.expires_at,
+        tokens.c.revoked_at,
+        tokens.c.last_used_at,
+        principals.c.id.label("principal_pk"),
+        principals.c.public_id.label("principal_id"),
+        principals.c.kind,
+        principals.c.name,
+        principals.c.system_role,
+        principals.c.disabled_at,
+    )
+    .select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))
+    .where(tokens.c.verifier == sa.bindparam("verifier"))
+)
 
 
 async def lookup_token(conn: Transaction, secret: str) -> dict[str, Any] | None:
     """The token row joined with its principal, whatever its state, or ``None``."""
-    row = await conn.fetch_one(_LOOKUP.where(tokens.c.verifier == verifier_of(secret)))
+    row = await conn.fetch_one(_LOOKUP, {"verifier": verifier_of(secret)})
     return dict(row) if row is not None else None
 
 
 def token_body(row: dict[str, Any], principal_public_id: str) -> dict[str, Any]:
     """The API representation of a token row (never its secret)."""
-    from .schemas import TokenOut
+    from .schemas import TOKEN_OUT
 
     scope = None
     if row.get("scope_type") is not None:
         scope = {"type": row["scope_type"], "id": row["scope_id"]}
-    return TokenOut().dump(
+    body: dict[str, Any] = TOKEN_OUT.dump(
         {
             "id": row["public_id"],
             "name": row["name"],
@@ -205,6 +218,7 @@ def token_body(row: dict[str, Any], principal_public_id: str) -> dict[str, Any]:
             "last_used_at": row.get("last_used_at"),
         }
     )
+    return body
 
 
 def issued_body(issued: IssuedToken, principal_public_id: str) -> dict[str, Any]:
@@ -218,4 +232,5 @@ def issued_body(issued: IssuedToken, principal_public_id: str) -> dict[str, Any]
         "created_at": issued.created_at,
         "expires_at": issued.expires_at,
     }
-    return {**token_body(row, principal_public_id), "token": issued.secret}
+    body: dict[str, Any] = token_body(row, principal_public_id)
+    return {**body, "token": issued.secret}

@@ -36,7 +36,9 @@ async def test_same_key_same_body_replays_the_first_answer_without_a_second_row(
 
 async def test_same_key_different_body_is_refused_and_changes_nothing(app, client, admin):
     headers = _key("k-1", admin.headers)
-    assert (await client.post("/v1/spaces", json={"slug": "one"}, headers=headers)).status_code == 201
+    assert (
+        await client.post("/v1/spaces", json={"slug": "one"}, headers=headers)
+    ).status_code == 201
     reused = await client.post("/v1/spaces", json={"slug": "two"}, headers=headers)
     assert reused.status_code == 422
     assert (await reused.get_json())["type"] == "urn:buildmax:problem:idempotency-key-reused"
@@ -69,8 +71,12 @@ async def test_a_replayed_token_response_carries_a_fresh_token_and_the_unseen_on
     assert replay.status_code == 201
     assert second["token"] != first["token"] and second["id"] != first["id"]
     assert second["name"] == "ci"
-    old = await client.get("/v1/principals/me", headers={"Authorization": f"Bearer {first['token']}"})
-    new = await client.get("/v1/principals/me", headers={"Authorization": f"Bearer {second['token']}"})
+    old = await client.get(
+        "/v1/principals/me", headers={"Authorization": f"Bearer {first['token']}"}
+    )
+    new = await client.get(
+        "/v1/principals/me", headers={"Authorization": f"Bearer {second['token']}"}
+    )
     assert (old.status_code, new.status_code) == (401, 200)
     # The receipt holds no secret, and there is one live token besides the fixture's.
     async with app.db.read() as conn:
@@ -103,7 +109,9 @@ async def test_a_receipt_expires_after_its_lifetime(app, client, clock, make_pri
 
 @pytest.mark.parametrize("key", ["", "x" * 201, "with space", "tab\tkey"])
 async def test_a_malformed_key_is_a_400(client, admin, key):
-    response = await client.post("/v1/spaces", json={"slug": "kk"}, headers=_key(key, admin.headers))
+    response = await client.post(
+        "/v1/spaces", json={"slug": "kk"}, headers=_key(key, admin.headers)
+    )
     assert response.status_code == 400
 
 

@@ -46,7 +46,7 @@ async def two_spaces(make_principal, make_space):
 async def test_a_member_of_a_gets_404_for_every_route_of_b(
     app, client, two_spaces, audit_log, method, path, body, by
 ):
-    alice, bob, space_a, space_b = two_spaces
+    alice, bob, _space_a, space_b = two_spaces
     ref = space_b.id if by == "id" else space_b.slug
     url = path.format(s=ref, p=bob.id)
     response = await client.open(url, method=method, json=body, headers=alice.headers)
@@ -57,7 +57,9 @@ async def test_a_member_of_a_gets_404_for_every_route_of_b(
     # Nothing changed in B and nothing was audited.
     shown = await client.get(f"/v1/spaces/{space_b.id}", headers=bob.headers)
     assert (await shown.get_json())["name"] == space_b.slug
-    members = await (await client.get(f"/v1/spaces/{space_b.id}/members", headers=bob.headers)).get_json()
+    members = await (
+        await client.get(f"/v1/spaces/{space_b.id}/members", headers=bob.headers)
+    ).get_json()
     assert [(m["principal_id"], m["role"]) for m in members["items"]] == [(bob.id, "owner")]
     assert audit_log.events == []
 
@@ -76,7 +78,9 @@ async def test_a_viewer_is_refused_writes_with_403_not_404(client, make_principa
         f"/v1/spaces/{space.id}/members/{viewer.id}", json={"role": "viewer"}, headers=owner.headers
     )
     assert added.status_code == 200
-    refused = await client.patch(f"/v1/spaces/{space.id}", json={"name": "x"}, headers=viewer.headers)
+    refused = await client.patch(
+        f"/v1/spaces/{space.id}", json={"name": "x"}, headers=viewer.headers
+    )
     assert refused.status_code == 403
     assert (await refused.get_json())["type"] == "urn:buildmax:problem:forbidden"
 
@@ -94,9 +98,12 @@ async def test_a_scoped_token_is_refused_on_routes_that_do_not_accept_its_scope(
             tx, principal_pk=agent.pk, now=app.clock.now_ms(), scope_type="attempt", scope_id="a1"
         )
     headers = {"Authorization": f"Bearer {scoped.secret}"}
-    for method, path, body in SPACE_ROUTES + [("GET", "/v1/spaces", None),
-                                              ("GET", "/v1/principals/me", None),
-                                              ("POST", "/v1/tokens", {"name": "escalate"})]:
+    others = [
+        ("GET", "/v1/spaces", None),
+        ("GET", "/v1/principals/me", None),
+        ("POST", "/v1/tokens", {"name": "escalate"}),
+    ]
+    for method, path, body in [*SPACE_ROUTES, *others]:
         url = path.format(s=space.id, p=agent.id)
         response = await client.open(url, method=method, json=body, headers=headers)
         assert response.status_code == 403, (method, url)
@@ -115,7 +122,7 @@ async def test_a_scoped_token_is_refused_on_routes_that_do_not_accept_its_scope(
 async def test_revocation_takes_effect_on_the_next_request(client, make_principal):
     agent = await make_principal("agent")
     created = await client.post("/v1/tokens", json={"name": "ci"}, headers=agent.headers)
-    token = (await created.get_json())
+    token = await created.get_json()
     headers = {"Authorization": f"Bearer {token['token']}"}
     assert (await client.get("/v1/principals/me", headers=headers)).status_code == 200
     revoked = await client.delete(f"/v1/tokens/{token['id']}", headers=agent.headers)
@@ -125,7 +132,9 @@ async def test_revocation_takes_effect_on_the_next_request(client, make_principa
     assert "revoked" in (await after.get_json())["detail"]
 
 
-async def test_expired_tokens_and_disabled_principals_are_refused(app, client, clock, admin, make_principal):
+async def test_expired_tokens_and_disabled_principals_are_refused(
+    app, client, clock, admin, make_principal
+):
     agent = await make_principal("agent")
     created = await client.post(
         "/v1/tokens", json={"expires_in_seconds": 60}, headers=agent.headers
@@ -147,8 +156,9 @@ async def test_an_admin_acts_in_any_space_and_is_audited_as_an_override(
 ):
     owner = await make_principal("human")
     space = await make_space(owner)
-    renamed = await client.patch(f"/v1/spaces/{space.id}", json={"name": "by admin"},
-                                 headers=admin.headers)
+    renamed = await client.patch(
+        f"/v1/spaces/{space.id}", json={"name": "by admin"}, headers=admin.headers
+    )
     assert renamed.status_code == 200
     [event] = audit_log.events
     assert (event.action, event.admin_override, event.actor_id) == ("space.updated", True, admin.id)
@@ -159,5 +169,7 @@ async def test_an_operator_reads_any_space_but_cannot_write(client, make_princip
     operator = await make_principal("human", system_role="operator")
     space = await make_space(owner)
     assert (await client.get(f"/v1/spaces/{space.id}", headers=operator.headers)).status_code == 200
-    refused = await client.patch(f"/v1/spaces/{space.id}", json={"name": "x"}, headers=operator.headers)
+    refused = await client.patch(
+        f"/v1/spaces/{space.id}", json={"name": "x"}, headers=operator.headers
+    )
     assert refused.status_code == 403

@@ -44,7 +44,9 @@ async def migrate_refused(app) -> bool:
 
 async def test_pending_migrations_refuse_start_without_auto_migrate(buildmax_settings, app):
     async with app.db.write() as tx:
-        await tx.execute(sa.delete(schema_migrations).where(schema_migrations.c.plugin == "testplugin"))
+        await tx.execute(
+            sa.delete(schema_migrations).where(schema_migrations.c.plugin == "testplugin")
+        )
     message = await start_error(create_app(buildmax_settings, auto_migrate=False))
     assert "pending migrations: testplugin (1)" in message
     assert "buildmax db migrate" in message

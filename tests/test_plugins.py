@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from buildmax_testplugin import Greeter
 from click.testing import CliRunner
 
 from buildmax.app import create_app
 from buildmax.plugins import PluginLoadError, create_plugins
-from buildmax_testplugin import Greeter
 
 
 async def test_an_installed_plugin_adds_a_route_a_migration_and_a_service(app, client):
@@ -105,7 +105,9 @@ async def test_disabling_a_plugin_after_its_migration_ran_still_starts(buildmax_
     async with without.test_app():
         response = await without.test_client().get("/readyz")
         assert response.status_code == 200, await response.get_data()
-        statuses = {s.plugin: s.state for s in await migration_status(without.db, without.migrations())}
+        statuses = {
+            s.plugin: s.state for s in await migration_status(without.db, without.migrations())
+        }
     assert statuses == {"kernel": "current", "testplugin": "not loaded"}
 
 
@@ -133,7 +135,9 @@ async def test_startup_and_shutdown_hooks_run_once(buildmax_settings):
         def buildmax_shutdown(self, app):
             calls.append(("shutdown", app.db.dialect))
 
-    app = create_app(buildmax_settings, extra_plugins=[("lifecycle", Lifecycle())], auto_migrate=True)
+    app = create_app(
+        buildmax_settings, extra_plugins=[("lifecycle", Lifecycle())], auto_migrate=True
+    )
     async with app.test_app():
         assert [c[0] for c in calls] == ["startup"]
     assert [c[0] for c in calls] == ["startup", "shutdown"]

@@ -36,7 +36,10 @@ def _run(factory: Callable[[], Awaitable[T]]) -> T:
 
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False), envvar="BUILDMAX_CONFIG",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="BUILDMAX_CONFIG",
     help="TOML configuration file.",
 )
 data_dir_option = click.option(
@@ -102,8 +105,14 @@ async def _prepare(settings: Config) -> str | None:
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8420).")
 @click.option("--workers", type=int, help="Server processes (PostgreSQL only for more than 1).")
-def serve(config_path: str | None, data_dir: str | None, database_url: str | None,
-          host: str | None, port: int | None, workers: int | None) -> None:
+def serve(
+    config_path: str | None,
+    data_dir: str | None,
+    database_url: str | None,
+    host: str | None,
+    port: int | None,
+    workers: int | None,
+) -> None:
     """Run the server (Hypercorn with uvloop).
 
     On an empty data directory it creates the database, bootstraps the
@@ -113,8 +122,14 @@ def serve(config_path: str | None, data_dir: str | None, database_url: str | Non
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.run import run
 
-    settings = _settings(config_path, data_dir=data_dir, database_url=database_url,
-                         host=host, port=port, workers=workers)
+    settings = _settings(
+        config_path,
+        data_dir=data_dir,
+        database_url=database_url,
+        host=host,
+        port=port,
+        workers=workers,
+    )
     if settings.engine == "sqlite" and settings.workers > 1:
         raise click.ClickException(
             "SQLite runs in one server process; for --workers > 1 use PostgreSQL "
@@ -211,10 +226,20 @@ def admin() -> None:
 @data_dir_option
 @database_option
 @click.option("--name", default="admin", show_default=True, help="Name of the first admin.")
-@click.option("--password", prompt=False, hide_input=True, default=None,
-              help="Optional password for signing in (you are prompted if you pass '-').")
-def admin_bootstrap(config_path: str | None, data_dir: str | None, database_url: str | None,
-                    name: str, password: str | None) -> None:
+@click.option(
+    "--password",
+    prompt=False,
+    hide_input=True,
+    default=None,
+    help="Optional password for signing in (you are prompted if you pass '-').",
+)
+def admin_bootstrap(
+    config_path: str | None,
+    data_dir: str | None,
+    database_url: str | None,
+    name: str,
+    password: str | None,
+) -> None:
     """Create the first admin and print its API token (once).
 
     Refused when an enabled admin exists already."""

@@ -6,7 +6,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -54,12 +54,15 @@ async def uncancellable(awaitable: Awaitable[T]) -> T:
     return result
 
 
+Params = Mapping[str, Any] | None
+
+
 class Executor(Protocol):
     """The engine-specific statement runner behind a :class:`Tx`."""
 
-    async def execute(self, statement: Any) -> None: ...
+    async def execute(self, statement: Any, params: Params) -> None: ...
 
-    async def fetch_all(self, statement: Any) -> list[Row]: ...
+    async def fetch_all(self, statement: Any, params: Params) -> list[Row]: ...
 
 
 class Tx:
@@ -70,22 +73,22 @@ class Tx:
         self._executor = executor
         self._after_commit: list[Callable[[], Any]] = []
 
-    async def execute(self, statement: Any) -> None:
+    async def execute(self, statement: Any, params: Params = None) -> None:
         """Run a statement that returns no rows."""
-        await self._executor.execute(statement)
+        await self._executor.execute(statement, params)
 
-    async def fetch_all(self, statement: Any) -> Sequence[Row]:
+    async def fetch_all(self, statement: Any, params: Params = None) -> Sequence[Row]:
         """Every row of ``statement`` as mappings."""
-        return await self._executor.fetch_all(statement)
+        return await self._executor.fetch_all(statement, params)
 
-    async def fetch_one(self, statement: Any) -> Row | None:
+    async def fetch_one(self, statement: Any, params: Params = None) -> Row | None:
         """The first row of ``statement``, or ``None``."""
-        rows = await self._executor.fetch_all(statement)
+        rows = await self._executor.fetch_all(statement, params)
         return rows[0] if rows else None
 
-    async def fetch_val(self, statement: Any) -> Any:
+    async def fetch_val(self, statement: Any, params: Params = None) -> Any:
         """The first column of the first row, or ``None``."""
-        rows = await self._executor.fetch_all(statement)
+        rows = await self._executor.fetch_all(statement, params)
         if not rows:
             return None
         return next(iter(rows[0].values()))
@@ -182,7 +185,9 @@ async def transaction(
         leave_write(token)
 
 
-def open_database(url: str, *, sqlite_readers: int = 4, pg_pool: tuple[int, int] = (2, 10)) -> Database:
+def open_database(
+    url: str, *, sqlite_readers: int = 4, pg_pool: tuple[int, int] = (2, 10)
+) -> Database:
     """The engine for ``url``: ``sqlite:///path`` or ``postgresql://...``."""
     if url.startswith(("postgresql:", "postgres:")):
         from .postgres import PostgresDatabase

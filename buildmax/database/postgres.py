@@ -12,26 +12,27 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import databases
+from buildmax_hookspecs import Row
 from databases.core import Connection
 
-from buildmax_hookspecs import Row
+from .base import DatabaseError, Params, Tx, transaction
 
-from .base import DatabaseError, Tx, transaction
+
+def _bound(statement: Any, params: Params) -> Any:
+    if isinstance(statement, str):
+        raise TypeError("pass a SQLAlchemy statement (use sqlalchemy.text() for raw SQL)")
+    return statement.params(**params) if params else statement
 
 
 class _Executor:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
 
-    async def execute(self, statement: Any) -> None:
-        if isinstance(statement, str):
-            raise TypeError("pass a SQLAlchemy statement (use sqlalchemy.text() for raw SQL)")
-        await self._conn.execute(statement)
+    async def execute(self, statement: Any, params: Params) -> None:
+        await self._conn.execute(_bound(statement, params))
 
-    async def fetch_all(self, statement: Any) -> list[Row]:
-        if isinstance(statement, str):
-            raise TypeError("pass a SQLAlchemy statement (use sqlalchemy.text() for raw SQL)")
-        records = await self._conn.fetch_all(statement)
+    async def fetch_all(self, statement: Any, params: Params) -> list[Row]:
+        records = await self._conn.fetch_all(_bound(statement, params))
         return [dict(record._mapping.items()) for record in records]
 
 

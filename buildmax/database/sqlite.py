@@ -10,6 +10,7 @@ transactions then fail with 'database is locked'.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+from buildmax_hookspecs import Row
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from buildmax_hookspecs import Row
-
-from .base import DatabaseError, Tx, refuse_nested, transaction
+from .base import DatabaseError, Params, Tx, refuse_nested, transaction
 from .statements import StatementCompiler
 
 BUSY_TIMEOUT_MS = 5000
@@ -36,13 +36,13 @@ class _Executor:
         self._conn = conn
         self._compiler = compiler
 
-    async def execute(self, statement: Any) -> None:
-        sql, params = self._compiler.compile(statement)
-        await self._conn.execute_fetchall(sql, params)
+    async def execute(self, statement: Any, params: Params) -> None:
+        sql, values = self._compiler.compile(statement, params)
+        await self._conn.execute_fetchall(sql, values)
 
-    async def fetch_all(self, statement: Any) -> list[Row]:
-        sql, params = self._compiler.compile(statement)
-        return list(await self._conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+    async def fetch_all(self, statement: Any, params: Params) -> list[Row]:
+        sql, values = self._compiler.compile(statement, params)
+        return list(await self._conn.execute_fetchall(sql, values))  # type: ignore[arg-type]
 
 
 class SQLiteDatabase:
@@ -62,7 +62,7 @@ class SQLiteDatabase:
 
     async def _open(self, *, reader: bool) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None)
-        conn.row_factory = _dict_row
+        conn.row_factory = _dict_row  # type: ignore[assignment]
         self._all.append(conn)
         await conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         await conn.execute_fetchall("PRAGMA foreign_keys = ON")
@@ -91,10 +91,8 @@ class SQLiteDatabase:
         self._writer = None
         self._readers = asyncio.Queue()
         for conn in conns:
-            try:
+            with contextlib.suppress(Exception):  # a broken connection still closes its thread
                 await conn.close()
-            except Exception:  # pragma: no cover - closing a broken connection
-                pass
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Tx]:

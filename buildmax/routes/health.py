@@ -26,7 +26,12 @@ async def livez() -> Response:
 
 
 @blueprint.get("/readyz")
-@api("Readiness: database reachable, migrations current", response=Health, auth=False, tags=["health"])
+@api(
+    "Readiness: database reachable, migrations current",
+    response=Health,
+    auth=False,
+    tags=["health"],
+)
 async def readyz() -> Response:
     """200 when the database answers and no loaded plugin has pending migrations."""
     app = current_buildmax()

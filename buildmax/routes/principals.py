@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from quart import Blueprint, Response
-
 from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response
 
 from ..apidoc import api
 from ..app import current_buildmax
@@ -19,13 +18,19 @@ from ..passwords import check_password_rules, hash_password
 from ..principals import PUBLIC_COLUMNS, count_admins, create_principal, find_principal
 from ..problems import Conflict, Forbidden, NotFound, ValidationFailed
 from ..schema import principals
-from ..schemas import PrincipalCreate, PrincipalOut, PrincipalPage, PrincipalUpdate
+from ..schemas import (
+    PRINCIPAL_OUT,
+    PrincipalCreate,
+    PrincipalOut,
+    PrincipalPage,
+    PrincipalUpdate,
+)
 
 blueprint = Blueprint("buildmax_principals", __name__)
 
 
 def _render(row: Any) -> dict[str, Any]:
-    return PrincipalOut().dump(row)  # type: ignore[no-any-return]
+    return PRINCIPAL_OUT.dump(row)  # type: ignore[no-any-return]
 
 
 def _require_reader(caller: Caller) -> None:
@@ -65,8 +70,14 @@ async def list_principals() -> Response:
 
 
 @blueprint.post("/v1/principals")
-@api("Create a principal (admins)", body=PrincipalCreate, response=PrincipalOut, status=201,
-     idempotent=True, tags=["principals"])
+@api(
+    "Create a principal (admins)",
+    body=PrincipalCreate,
+    response=PrincipalOut,
+    status=201,
+    idempotent=True,
+    tags=["principals"],
+)
 async def create() -> Response:
     """Humans may get a password (12+ characters) to sign in; agents and
     services authenticate with tokens only."""
@@ -114,23 +125,32 @@ async def me() -> Response:
 
 
 @blueprint.get("/v1/principals/<ref>")
-@api("Show a principal (yourself, or anyone for admins and operators)", response=PrincipalOut,
-     tags=["principals"])
+@api(
+    "Show a principal (yourself, or anyone for admins and operators)",
+    response=PrincipalOut,
+    tags=["principals"],
+)
 async def show(ref: str) -> Response:
     """By public id or name."""
     app = current_buildmax()
     caller = await authenticate()
     async with app.db.read() as conn:
         row = await find_principal(conn, ref)
-    if row is None or (row["id"] != caller.principal_pk and not (caller.is_admin or caller.is_operator)):
+    if row is None or (
+        row["id"] != caller.principal_pk and not (caller.is_admin or caller.is_operator)
+    ):
         raise NotFound("no such principal")
     return json_response(_render(row))
 
 
 @blueprint.patch("/v1/principals/<ref>")
-@api("Change a principal: display name, password, system role, disabled (admins; "
-     "yourself: display name and password)", body=PrincipalUpdate, response=PrincipalOut,
-     tags=["principals"])
+@api(
+    "Change a principal: display name, password, system role, disabled (admins; "
+    "yourself: display name and password)",
+    body=PrincipalUpdate,
+    response=PrincipalOut,
+    tags=["principals"],
+)
 async def update(ref: str) -> Response:
     """Disabling a principal stops all its tokens on the next request."""
     app = current_buildmax()

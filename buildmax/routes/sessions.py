@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from quart import Blueprint, Response, request
-
 from buildmax_hookspecs import Actor
+from quart import Blueprint, Response, request
 
 from ..apidoc import api
 from ..app import current_buildmax
@@ -26,8 +25,14 @@ def _client_address() -> str:
 
 
 @blueprint.post("/v1/sessions")
-@api("Sign in with name and password; returns a session token", body=SessionCreate,
-     response=TokenIssued, status=201, auth=False, tags=["sessions"])
+@api(
+    "Sign in with name and password; returns a session token",
+    body=SessionCreate,
+    response=TokenIssued,
+    status=201,
+    auth=False,
+    tags=["sessions"],
+)
 async def sign_in() -> Response:
     """Failed attempts are limited per principal name and per client address."""
     app = current_buildmax()
@@ -53,39 +58,39 @@ async def sign_in() -> Response:
         or by_address >= settings.sign_in_max_failures_per_address
     ):
         raise TooManyRequests("too many failed sign-ins; wait and try again")
-    usable = (
+    if not (
         principal is not None
         and principal["name"] == name
         and principal["kind"] == "human"
         and principal["disabled_at"] is None
-    )
-    ok = await verify_password(principal["password_hash"] if usable else None, data["password"])
-    async with app.db.write() as tx:
-        if not (usable and ok):
+    ):
+        principal = None
+    stored_hash = principal["password_hash"] if principal is not None else None
+    ok = await verify_password(stored_hash, data["password"])
+    if principal is None or not ok:
+        async with app.db.write() as tx:
             await tx.execute(sign_in_failures.insert().values(name=name, address=address, at=now))
-        else:
-            assert principal is not None
-            await tx.execute(sa.delete(sign_in_failures).where(sign_in_failures.c.name == name))
-            issued = await issue_token(
-                tx,
-                principal_pk=principal["id"],
-                now=now,
-                name="session",
-                origin="session",
-                expires_at=now + settings.session_ttl_seconds * 1000,
-            )
-            actor = Actor(
-                principal["public_id"],
-                principal["kind"],
-                principal["name"],
-                principal["system_role"],
-                issued.public_id,
-            )
-            await app.audit.record(
-                tx, actor, "session.created", target_type="token", target_id=issued.public_id
-            )
-    if not (usable and ok):
         raise Unauthenticated("wrong name or password")
+    async with app.db.write() as tx:
+        await tx.execute(sa.delete(sign_in_failures).where(sign_in_failures.c.name == name))
+        issued = await issue_token(
+            tx,
+            principal_pk=principal["id"],
+            now=now,
+            name="session",
+            origin="session",
+            expires_at=now + settings.session_ttl_seconds * 1000,
+        )
+        actor = Actor(
+            principal["public_id"],
+            principal["kind"],
+            principal["name"],
+            principal["system_role"],
+            issued.public_id,
+        )
+        await app.audit.record(
+            tx, actor, "session.created", target_type="token", target_id=issued.public_id
+        )
     return json_response(issued_body(issued, principal["public_id"]), 201)
 
 

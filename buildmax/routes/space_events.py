@@ -28,13 +28,18 @@ def _resume_point() -> int:
             errors={"Last-Event-ID": ["Not a valid integer."]},
         ) from None
     if after < 0:
-        raise ValidationFailed("Last-Event-ID must not be negative", errors={"Last-Event-ID": ["< 0"]})
+        raise ValidationFailed(
+            "Last-Event-ID must not be negative", errors={"Last-Event-ID": ["< 0"]}
+        )
     return after
 
 
 @blueprint.get("/v1/spaces/<space>/events")
-@api("Stream a space's events (text/event-stream; resume with Last-Event-ID)", tags=["events"],
-     content_type="text/event-stream")
+@api(
+    "Stream a space's events (text/event-stream; resume with Last-Event-ID)",
+    tags=["events"],
+    content_type="text/event-stream",
+)
 async def events(space: str) -> Response:
     """Each event has ``id`` (its sequence in the space), ``event`` (its
     type) and ``data`` (JSON). Idle streams get a keep-alive comment."""
@@ -46,13 +51,16 @@ async def events(space: str) -> Response:
     async def body() -> AsyncIterator[bytes]:
         yield b": connected\n\n"
         keepalive = app.settings.events_keepalive_seconds
-        async for kind, row in stream(app.events, access.pk, after, keepalive):
+        async for _kind, row in stream(app.events, access.pk, after, keepalive):
             if row is None:
                 yield b": keep-alive\n\n"
                 continue
             data = json.dumps(
-                {"type": row["type"], "time": to_rfc3339(row["created_at"]),
-                 "data": json.loads(row["data"])},
+                {
+                    "type": row["type"],
+                    "time": to_rfc3339(row["created_at"]),
+                    "data": json.loads(row["data"]),
+                },
                 separators=(",", ":"),
             )
             yield f"id: {row['seq']}\nevent: {row['type']}\ndata: {data}\n\n".encode()

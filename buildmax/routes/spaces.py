@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from quart import Blueprint, Response
-
 from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response
 
 from ..access import SpaceAccess, require_space
 from ..apidoc import api
@@ -19,8 +18,9 @@ from ..pagination import page_body, page_request
 from ..principals import find_principal
 from ..problems import Forbidden, NotFound
 from ..schema import principals, space_members, spaces
-from ..spaces import MEMBER_COLUMNS, create_space, member_role, put_member, remove_member
 from ..schemas import (
+    MEMBER_OUT,
+    SPACE_OUT,
     MemberOut,
     MemberPage,
     MemberPut,
@@ -29,12 +29,13 @@ from ..schemas import (
     SpacePage,
     SpaceUpdate,
 )
+from ..spaces import MEMBER_COLUMNS, create_space, member_role, put_member, remove_member
 
 blueprint = Blueprint("buildmax_spaces", __name__)
 
 
 def _render(row: Any) -> dict[str, Any]:
-    return SpaceOut().dump(row)  # type: ignore[no-any-return]
+    return SPACE_OUT.dump(row)  # type: ignore[no-any-return]
 
 
 def _access_row(access: SpaceAccess) -> dict[str, Any]:
@@ -48,8 +49,11 @@ def _access_row(access: SpaceAccess) -> dict[str, Any]:
 
 
 @blueprint.get("/v1/spaces")
-@api("List the spaces you are a member of (admins and operators: all)", response=SpacePage,
-     tags=["spaces"])
+@api(
+    "List the spaces you are a member of (admins and operators: all)",
+    response=SpacePage,
+    tags=["spaces"],
+)
 async def list_spaces() -> Response:
     """Ordered by slug; ``role`` is your membership role (``null`` if none)."""
     app = current_buildmax()
@@ -60,8 +64,13 @@ async def list_spaces() -> Response:
         space_members.c.principal_id == caller.principal_pk,
     )
     query = (
-        sa.select(spaces.c.public_id, spaces.c.slug, spaces.c.name, spaces.c.created_at,
-                  space_members.c.role)
+        sa.select(
+            spaces.c.public_id,
+            spaces.c.slug,
+            spaces.c.name,
+            spaces.c.created_at,
+            space_members.c.role,
+        )
         .select_from(spaces.outerjoin(space_members, membership))
         .order_by(spaces.c.slug)
         .limit(page.limit + 1)
@@ -72,12 +81,20 @@ async def list_spaces() -> Response:
         query = query.where(spaces.c.slug > str(page.after[0]))
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
-    return json_response(page_body([_render(r) for r in rows], rows, page.limit, lambda r: (r["slug"],)))
+    return json_response(
+        page_body([_render(r) for r in rows], rows, page.limit, lambda r: (r["slug"],))
+    )
 
 
 @blueprint.post("/v1/spaces")
-@api("Create a space (admins and operators); you, or owner_id, become its owner",
-     body=SpaceCreate, response=SpaceOut, status=201, idempotent=True, tags=["spaces"])
+@api(
+    "Create a space (admins and operators); you, or owner_id, become its owner",
+    body=SpaceCreate,
+    response=SpaceOut,
+    status=201,
+    idempotent=True,
+    tags=["spaces"],
+)
 async def create() -> Response:
     """The slug is unique and permanent."""
     app = current_buildmax()
@@ -136,7 +153,9 @@ async def update(space: str) -> Response:
     access = await require_space(space, "admin", caller, "space.update")
     data = await load_body(SpaceUpdate())
     async with app.db.write() as tx:
-        await tx.execute(sa.update(spaces).where(spaces.c.id == access.pk).values(name=data["name"]))
+        await tx.execute(
+            sa.update(spaces).where(spaces.c.id == access.pk).values(name=data["name"])
+        )
         await app.audit.record(
             tx,
             caller.actor,
@@ -161,7 +180,9 @@ async def list_members(space: str) -> Response:
     page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
     query = (
         sa.select(*MEMBER_COLUMNS)
-        .select_from(space_members.join(principals, principals.c.id == space_members.c.principal_id))
+        .select_from(
+            space_members.join(principals, principals.c.id == space_members.c.principal_id)
+        )
         .where(space_members.c.space_id == access.pk)
         .order_by(principals.c.name)
         .limit(page.limit + 1)
@@ -170,7 +191,7 @@ async def list_members(space: str) -> Response:
         query = query.where(principals.c.name > str(page.after[0]))
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
-    items = [MemberOut().dump(r) for r in rows]
+    items = [MEMBER_OUT.dump(r) for r in rows]
     return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
 
 
@@ -183,8 +204,12 @@ async def _member_target(caller: Caller, ref: str) -> dict[str, Any]:
 
 
 @blueprint.put("/v1/spaces/<space>/members/<principal>")
-@api("Add a member or change its role (space admins; only owners grant owner)", body=MemberPut,
-     response=MemberOut, tags=["spaces"])
+@api(
+    "Add a member or change its role (space admins; only owners grant owner)",
+    body=MemberPut,
+    response=MemberOut,
+    tags=["spaces"],
+)
 async def put(space: str, principal: str) -> Response:
     """Idempotent by nature: putting the same role twice changes nothing."""
     app = current_buildmax()
@@ -211,7 +236,9 @@ async def put(space: str, principal: str) -> Response:
                 admin_override=access.admin_override,
             )
             await app.events.publish(
-                tx, access.pk, "space.member.changed",
+                tx,
+                access.pk,
+                "space.member.changed",
                 {"principal_id": target["public_id"], "role": role},
             )
         created_at = await tx.fetch_val(
@@ -220,9 +247,14 @@ async def put(space: str, principal: str) -> Response:
                 space_members.c.principal_id == target["id"],
             )
         )
-    body = MemberOut().dump(
-        {"principal_id": target["public_id"], "name": target["name"], "kind": target["kind"],
-         "role": role, "created_at": created_at}
+    body = MEMBER_OUT.dump(
+        {
+            "principal_id": target["public_id"],
+            "name": target["name"],
+            "kind": target["kind"],
+            "role": role,
+            "created_at": created_at,
+        }
     )
     return json_response(body)
 
@@ -264,6 +296,9 @@ async def delete(space: str, principal: str) -> Response:
             admin_override=access.admin_override,
         )
         await app.events.publish(
-            tx, access.pk, "space.member.changed", {"principal_id": target["public_id"], "role": None}
+            tx,
+            access.pk,
+            "space.member.changed",
+            {"principal_id": target["public_id"], "role": None},
         )
     return Response(status=204)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from quart import Blueprint, Response, request
-
 from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response, request
 
 from ..apidoc import api
 from ..app import current_buildmax
@@ -84,12 +83,20 @@ async def list_tokens() -> Response:
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
     items = [token_body(row, principal_id) for row in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["created_at"], r["public_id"])))
+    return json_response(
+        page_body(items, rows, page.limit, lambda r: (r["created_at"], r["public_id"]))
+    )
 
 
 @blueprint.post("/v1/tokens")
-@api("Create a token; its secret is in this response only", body=TokenCreate,
-     response=TokenIssued, status=201, idempotent=True, tags=["tokens"])
+@api(
+    "Create a token; its secret is in this response only",
+    body=TokenCreate,
+    response=TokenIssued,
+    status=201,
+    idempotent=True,
+    tags=["tokens"],
+)
 async def create_token() -> Response:
     """Admins may create tokens for other principals (for example agents)."""
     app = current_buildmax()
@@ -115,7 +122,9 @@ async def create_token() -> Response:
             target_id=issued.public_id,
             details={"principal_id": principal_id, "name": data["name"]},
         )
-        return Reply(201, issued_body(issued, principal_id), secret_field="token", secret_kind="token")
+        return Reply(
+            201, issued_body(issued, principal_id), secret_field="token", secret_kind="token"
+        )
 
     return await app.idempotency.run(caller, work)
 
@@ -152,8 +161,13 @@ async def delete_token(token_id: str) -> Response:
 
 
 @blueprint.post("/v1/tokens/<token_id>/rotate")
-@api("Rotate a token: revoke it and return a twin with a new secret",
-     response=TokenIssued, status=201, idempotent=True, tags=["tokens"])
+@api(
+    "Rotate a token: revoke it and return a twin with a new secret",
+    response=TokenIssued,
+    status=201,
+    idempotent=True,
+    tags=["tokens"],
+)
 async def rotate_token(token_id: str) -> Response:
     """The twin keeps the name, scope and expiry; the old secret stops working."""
     app = current_buildmax()

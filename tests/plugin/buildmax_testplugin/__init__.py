@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import click
 import sqlalchemy as sa
+from buildmax_hookspecs import AuditAction, Migration, Transaction, hookimpl
 from quart import Blueprint, Response
 
 from buildmax.access import require_space
@@ -16,7 +17,6 @@ from buildmax.auth import authenticate
 from buildmax.bodies import json_response
 from buildmax.idempotency import Reply
 from buildmax.migrations import create_tables
-from buildmax_hookspecs import AuditAction, Migration, Transaction, hookimpl
 
 metadata = sa.MetaData()
 counters = sa.Table(
@@ -55,7 +55,9 @@ async def ping() -> Response:
 async def scoped() -> Response:
     """Shows the caller and its scope."""
     caller = await authenticate(accept_scopes=["testscope"])
-    return json_response({"principal_id": caller.actor.principal_id, "scope": caller.actor.scope_id})
+    return json_response(
+        {"principal_id": caller.actor.principal_id, "scope": caller.actor.scope_id}
+    )
 
 
 @blueprint.post("/v1/spaces/<space>/testplugin/increment")
@@ -69,8 +71,13 @@ async def increment(space: str) -> Response:
     async def work(tx: Transaction) -> Reply:
         value = await bump(tx, access.pk)
         await app.audit.record(
-            tx, caller.actor, "testplugin.incremented", space_id=access.public_id,
-            target_type="space", target_id=access.public_id, details={"value": value},
+            tx,
+            caller.actor,
+            "testplugin.incremented",
+            space_id=access.public_id,
+            target_type="space",
+            target_id=access.public_id,
+            details={"value": value},
         )
         await app.events.publish(tx, access.pk, "testplugin.incremented", {"value": value})
         return Reply(200, {"value": value})
