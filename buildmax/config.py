@@ -49,8 +49,9 @@ class Config:
     sign_in_max_failures_per_name: int = 5
     sign_in_max_failures_per_address: int = 20
     sign_in_window_seconds: int = 15 * 60
-    #: Reader connections of the SQLite engine (the writer is always one).
-    sqlite_readers: int = 4
+    #: Reader threads of the SQLite engine for long (background) reads; short
+    #: reads run on the event loop's connection and the writer is always one.
+    sqlite_readers: int = 2
     #: Pool bounds of the PostgreSQL engine.
     pg_pool_min: int = 2
     pg_pool_max: int = 10

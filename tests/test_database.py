@@ -141,3 +141,28 @@ async def test_raw_strings_are_refused(counter_db):
     async with counter_db.read() as conn:
         with pytest.raises(TypeError):
             await conn.fetch_all("SELECT 1")
+
+
+SLOW_COUNT = sa.text(
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) "
+    "SELECT count(*) FROM c"
+)
+
+
+async def test_a_long_read_on_the_event_loop_is_interrupted_but_a_background_read_is_not(app):
+    """On SQLite short reads run on the event loop, bounded so a slow query
+    cannot stall the server; long reads go to a reader thread. PostgreSQL
+    has no such bound: both complete."""
+    from buildmax.database import DatabaseError
+
+    if app.db.dialect == "sqlite":
+        with pytest.raises(DatabaseError, match=r"background=True"):
+            async with app.db.read() as conn:
+                await conn.fetch_val(SLOW_COUNT)
+        async with app.db.read() as conn:  # the loop connection still works
+            assert await conn.fetch_val(sa.select(sa.literal_column("1"))) == 1
+    else:
+        async with app.db.read() as conn:
+            assert await conn.fetch_val(SLOW_COUNT) == 3000000
+    async with app.db.read(background=True) as conn:
+        assert await conn.fetch_val(SLOW_COUNT) == 3000000

@@ -123,8 +123,11 @@ class Database(Protocol):
     def write(self) -> AbstractAsyncContextManager[Tx]:
         """A write transaction: committed on success, rolled back on any exception."""
 
-    def read(self) -> AbstractAsyncContextManager[Tx]:
-        """A read connection (autocommit; no multi-statement snapshot)."""
+    def read(self, *, background: bool = False) -> AbstractAsyncContextManager[Tx]:
+        """A read connection (autocommit; no multi-statement snapshot).
+
+        ``background=True`` is for long reads (exports): on SQLite they run
+        in a reader thread instead of on the event loop."""
 
 
 def refuse_nested() -> None:
@@ -186,7 +189,7 @@ async def transaction(
 
 
 def open_database(
-    url: str, *, sqlite_readers: int = 4, pg_pool: tuple[int, int] = (2, 10)
+    url: str, *, sqlite_readers: int = 2, pg_pool: tuple[int, int] = (2, 10)
 ) -> Database:
     """The engine for ``url``: ``sqlite:///path`` or ``postgresql://...``."""
     if url.startswith(("postgresql:", "postgres:")):

@@ -87,8 +87,8 @@ class PostgresDatabase:
         await tx.run_after_commit()
 
     @asynccontextmanager
-    async def read(self) -> AsyncIterator[Tx]:
-        """A pooled connection in autocommit mode."""
+    async def read(self, *, background: bool = False) -> AsyncIterator[Tx]:
+        """A pooled connection in autocommit mode (``background`` changes nothing here)."""
         conn = self._connection()
         async with conn:
             yield Tx(self.dialect, _Executor(conn))
