@@ -6,6 +6,8 @@ which ``buildmax serve`` fills from its flags and configuration file.
 
 from __future__ import annotations
 
+import logging
+
 from .app import BuildMax, create_app
 from .config import load_config
 
@@ -13,4 +15,5 @@ from .config import load_config
 def served_app() -> BuildMax:
     """An app for a server process: migrations applied at start on SQLite."""
     settings = load_config()
+    logging.getLogger().setLevel(settings.log_level.upper())
     return create_app(settings, auto_migrate=settings.engine == "sqlite")

@@ -8,6 +8,7 @@ and hands it to ``buildmax_audit_record``; the audit plugin persists it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,9 @@ class AuditLog:
         unknown = set(details) - declared.detail_keys
         if unknown:
             raise AuditError(f"audit action {action!r} does not declare {sorted(unknown)}")
+        size = len(json.dumps(details, sort_keys=True, separators=(",", ":"), default=str))
+        if size > MAX_DETAIL_BYTES:
+            raise AuditError(f"audit details of {action!r} exceed {MAX_DETAIL_BYTES} bytes")
         request_id = g.get("request_id") if has_request_context() else None
         event = AuditEvent(
             time=self._app.clock.now_ms(),

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor
@@ -68,24 +69,18 @@ async def _load_caller() -> Caller:
     from .app import current_buildmax
 
     app = current_buildmax()
-    header = request.headers.get("Authorization", "")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
+    secret = bearer_secret()
+    if not secret:
         raise _unauthenticated("send an API token as 'Authorization: Bearer <token>'")
-    secret = secret.strip()
     if not secret.startswith(SECRET_PREFIX) or len(secret) > 100:
         raise _unauthenticated("the token is not valid")
     async with app.db.read() as conn:
         row = await lookup_token(conn, secret)
     now = app.clock.now_ms()
-    if row is None:
-        raise _unauthenticated("the token is not valid")
-    if row["revoked_at"] is not None:
-        raise _unauthenticated("the token was revoked")
-    if row["expires_at"] is not None and row["expires_at"] <= now:
-        raise _unauthenticated("the token has expired")
-    if row["disabled_at"] is not None:
-        raise _unauthenticated("the principal is disabled")
+    refusal = token_refusal(row, now)
+    if refusal is not None:
+        raise _unauthenticated(refusal)
+    assert row is not None
     app.token_toucher.touch(row["token_pk"], row["last_used_at"], now)
     actor = Actor(
         principal_id=row["principal_id"],
@@ -97,6 +92,47 @@ async def _load_caller() -> Caller:
         scope_id=row["scope_id"],
     )
     return Caller(actor=actor, principal_pk=row["principal_pk"], token_pk=row["token_pk"])
+
+
+def token_refusal(row: dict[str, object] | None, now: int) -> str | None:
+    """Why a looked-up token row does not authenticate, or ``None`` if it does."""
+    if row is None:
+        return "the token is not valid"
+    if row["revoked_at"] is not None:
+        return "the token was revoked"
+    expires_at = row["expires_at"]
+    if isinstance(expires_at, int) and expires_at <= now:
+        return "the token has expired"
+    if row["disabled_at"] is not None:
+        return "the principal is disabled"
+    return None
+
+
+async def still_authorized(app: Any, secret: str, space_pk: int, caller: Caller) -> bool:
+    """For long-lived responses (event streams): is the token still good and
+    the caller still allowed in the space? Checked again periodically, so a
+    revocation or a removal ends the stream."""
+    from .schema import space_members
+
+    async with app.db.read() as conn:
+        row = await lookup_token(conn, secret)
+        if token_refusal(row, app.clock.now_ms()) is not None:
+            return False
+        if caller.is_admin or caller.is_operator:
+            return True
+        role = await conn.fetch_val(
+            sa.select(space_members.c.role).where(
+                space_members.c.space_id == space_pk,
+                space_members.c.principal_id == caller.principal_pk,
+            )
+        )
+    return role is not None
+
+
+def bearer_secret() -> str:
+    """The bearer token of the current request ("" when absent)."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" else ""
 
 
 class TokenToucher:

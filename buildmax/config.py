@@ -196,6 +196,10 @@ def _validate(config: Config) -> None:
         raise ConfigError("max_body_bytes must be at least 1024")
     if not 1 <= config.page_size_default <= config.page_size_max:
         raise ConfigError("page_size_default must be between 1 and page_size_max")
+    if config.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(
+            f"log_level must be debug, info, warning, error or critical, got {config.log_level!r}"
+        )
     if config.sqlite_readers < 1:
         raise ConfigError("sqlite_readers must be at least 1")
     url = config.database_url

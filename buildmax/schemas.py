@@ -26,11 +26,18 @@ class Timestamp(fields.Field[Any]):
 # -- principals -------------------------------------------------------------
 
 
+#: Names that would collide with route words (``/v1/principals/me``).
+RESERVED_NAMES = ("me",)
+
+
 class PrincipalCreate(Schema):
     kind = fields.String(required=True, validate=validate.OneOf(PRINCIPAL_KINDS))
     name = fields.String(
         required=True,
-        validate=validate.Regexp(NAME_PATTERN, error="lowercase letters, digits, '.', '_', '-'"),
+        validate=[
+            validate.Regexp(NAME_PATTERN, error="lowercase letters, digits, '.', '_', '-'"),
+            validate.NoneOf(RESERVED_NAMES, error="this name is reserved"),
+        ],
     )
     display_name = fields.String(load_default="", validate=validate.Length(max=200))
     system_role = fields.String(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -58,10 +59,13 @@ async def _open_app(settings: Config) -> Any:
     return app
 
 
-def _settings_to_env(settings: Config) -> None:
-    """Hand the resolved settings to Hypercorn's worker processes."""
+def _settings_to_env(settings: Config, config_path: str | None) -> None:
+    """Hand the resolved settings to Hypercorn's worker processes (the file
+    too, for its ``[plugins.<name>]`` tables)."""
     import dataclasses
 
+    if config_path:
+        os.environ["BUILDMAX_CONFIG"] = os.path.abspath(config_path)
     for field in dataclasses.fields(Config):
         value = getattr(settings, field.name)
         if field.name == "plugins" or value is None:
@@ -144,7 +148,8 @@ def serve(
             "--token <token>\n",
             err=True,
         )
-    _settings_to_env(settings)
+    _settings_to_env(settings, config_path)
+    logging.getLogger().setLevel(settings.log_level.upper())
     config = HypercornConfig()
     config.application_path = "buildmax.asgi:served_app()"
     config.bind = [f"{settings.host}:{settings.port}"]
@@ -249,6 +254,12 @@ def admin_bootstrap(
     settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
     if password == "-":
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    if password is not None:
+        from ..passwords import check_password_rules
+
+        problem = check_password_rules(password)
+        if problem:
+            raise click.BadParameter(problem, param_hint="--password")
 
     async def go() -> str:
         app = await _open_app(settings)
@@ -278,10 +289,13 @@ def plugins(requirements: bool) -> None:
         from importlib.metadata import entry_points
 
         dists = {ep.name: ep.dist for ep in entry_points(group="buildmax")}
-        for info in infos:
-            dist = dists.get(info.name)
-            if dist is not None and info.loaded:
-                click.echo(f"{dist.name}=={dist.version}")
+        pins = {
+            f"{dist.name}=={dist.version}"
+            for info in infos
+            if info.loaded and (dist := dists.get(info.name)) is not None
+        }
+        for pin in sorted(pins):
+            click.echo(pin)
         return
     for info in infos:
         state = "loaded" if info.loaded else f"FAILED: {info.error}"

@@ -10,7 +10,7 @@ from quart import Blueprint, Response, request
 from ..access import require_space
 from ..apidoc import api
 from ..app import current_buildmax
-from ..auth import authenticate
+from ..auth import authenticate, bearer_secret, still_authorized
 from ..clock import to_rfc3339
 from ..events import stream
 from ..problems import ValidationFailed
@@ -47,12 +47,16 @@ async def events(space: str) -> Response:
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "space.events.read")
     after = _resume_point()
+    secret = bearer_secret()
 
     async def body() -> AsyncIterator[bytes]:
         yield b": connected\n\n"
         keepalive = app.settings.events_keepalive_seconds
         async for _kind, row in stream(app.events, access.pk, after, keepalive):
             if row is None:
+                if not await still_authorized(app, secret, access.pk, caller):
+                    yield b"event: access-ended\ndata: {}\n\n"
+                    return
                 yield b": keep-alive\n\n"
                 continue
             data = json.dumps(

@@ -195,7 +195,7 @@ async def list_members(space: str) -> Response:
     return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
 
 
-async def _member_target(caller: Caller, ref: str) -> dict[str, Any]:
+async def _member_target(ref: str) -> dict[str, Any]:
     async with current_buildmax().db.read() as conn:
         target = await find_principal(conn, ref)
     if target is None:
@@ -216,7 +216,7 @@ async def put(space: str, principal: str) -> Response:
     caller = await authenticate()
     access = await require_space(space, "admin", caller, "space.members.manage")
     data = await load_body(MemberPut())
-    target = await _member_target(caller, principal)
+    target = await _member_target(principal)
     role = data["role"]
     async with app.db.write() as tx:
         target_role = await member_role(tx, access.pk, target["id"])
@@ -273,11 +273,13 @@ async def delete(space: str, principal: str) -> Response:
     """The last owner cannot be removed."""
     app = current_buildmax()
     caller = await authenticate()
-    target = await _member_target(caller, principal)
-    leaving = target["id"] == caller.principal_pk
+    # The space is checked before the principal is looked up, so a stranger
+    # cannot learn which principal names exist.
+    leaving = principal in (caller.actor.principal_id, caller.actor.name)
     access = await require_space(
         space, "viewer" if leaving else "admin", caller, "space.members.manage"
     )
+    target = await _member_target(principal)
     async with app.db.write() as tx:
         target_role = await member_role(tx, access.pk, target["id"])
         if not leaving:

@@ -3,12 +3,13 @@ a migration, a service, an audit action and an event, with no kernel change."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 import click
 import sqlalchemy as sa
 from buildmax_hookspecs import AuditAction, Migration, Transaction, hookimpl
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 from buildmax.access import require_space
 from buildmax.apidoc import api
@@ -83,6 +84,19 @@ async def increment(space: str) -> Response:
         return Reply(200, {"value": value})
 
     return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/testplugin/slow-increment")
+@api("Test plugin: increment, then hold the transaction open for a while")
+async def slow_increment(space: str) -> Response:
+    """Lets a test disconnect a client while its transaction is open."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "testplugin.increment")
+    async with app.db.write() as tx:
+        value = await bump(tx, access.pk)
+        await asyncio.sleep(float(request.args.get("hold", "5")))
+    return json_response({"value": value})
 
 
 async def bump(tx: Transaction, space_pk: int) -> int:

@@ -1,0 +1,138 @@
+"""The per-space event stream over real HTTP (Server-Sent Events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+
+class SSEReader:
+    """Reads one text/event-stream response as ``{"id", "event", "data"}`` dicts."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self._lines = response.aiter_lines()
+
+    async def next_event(self) -> dict | None:
+        event: dict = {}
+        async for line in self._lines:
+            if line == "":
+                if "event" in event:
+                    return event
+                event = {}
+            elif not line.startswith(":"):
+                field, _, value = line.partition(": ")
+                event[field] = json.loads(value) if field == "data" else value
+        return None
+
+    async def take(self, count: int, within: float = 10) -> list[dict]:
+        got: list[dict] = []
+
+        async def read() -> None:
+            while len(got) < count:
+                event = await self.next_event()
+                assert event is not None, f"stream ended after {got}"
+                got.append(event)
+
+        await asyncio.wait_for(read(), within)
+        return got
+
+
+async def increment(client, space, principal, times: int = 1) -> None:
+    for _ in range(times):
+        response = await client.post(
+            f"/v1/spaces/{space.id}/testplugin/increment", headers=principal.headers
+        )
+        assert response.status_code == 200
+
+
+@pytest.fixture
+async def http(live_server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=live_server, timeout=10) as session:
+        yield session
+
+
+async def test_a_subscriber_gets_a_spaces_events_in_order(http, client, make_principal, make_space):
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    async with http.stream("GET", f"/v1/spaces/{space.id}/events", headers=owner.headers) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        await increment(client, space, owner, 5)
+        events = await SSEReader(resp).take(5)
+    assert [e["id"] for e in events] == ["1", "2", "3", "4", "5"]
+    assert [e["data"]["data"]["value"] for e in events] == [1, 2, 3, 4, 5]
+    assert {e["event"] for e in events} == {"testplugin.incremented"}
+
+
+async def test_resuming_with_last_event_id_loses_and_repeats_nothing(
+    http, client, make_principal, make_space
+):
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    await increment(client, space, owner, 3)
+    url = f"/v1/spaces/{space.id}/events"
+    async with http.stream("GET", url, headers=owner.headers) as resp:
+        first = await SSEReader(resp).take(2)
+    assert [e["id"] for e in first] == ["1", "2"]
+    await increment(client, space, owner, 2)  # published while disconnected
+    headers = {**owner.headers, "Last-Event-ID": first[-1]["id"]}
+    async with http.stream("GET", url, headers=headers) as resp:
+        reader = SSEReader(resp)
+        rest = await reader.take(3)
+        await increment(client, space, owner)
+        live = await reader.take(1)
+    assert [e["id"] for e in rest + live] == ["3", "4", "5", "6"]
+
+
+async def test_a_subscriber_never_gets_another_spaces_events(
+    http, client, make_principal, make_space
+):
+    owner = await make_principal("human")
+    space_a, space_b = await make_space(owner), await make_space(owner)
+    async with http.stream("GET", f"/v1/spaces/{space_a.id}/events", headers=owner.headers) as resp:
+        await increment(client, space_b, owner, 3)
+        await increment(client, space_a, owner)
+        [event] = await SSEReader(resp).take(1)
+    assert event["data"]["data"] == {"value": 1}
+    assert event["id"] == "1"
+
+
+async def test_a_revoked_token_ends_the_stream_at_the_next_keep_alive(
+    app, http, client, make_principal, make_space
+):
+    """Catches: access checked only when the stream opens."""
+    app.settings = app.settings.replace(events_keepalive_seconds=1)
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    created = await (await client.post("/v1/tokens", json={}, headers=owner.headers)).get_json()
+    headers = {"Authorization": f"Bearer {created['token']}"}
+    async with http.stream("GET", f"/v1/spaces/{space.id}/events", headers=headers) as resp:
+        await client.delete(f"/v1/tokens/{created['id']}", headers=owner.headers)
+        reader = SSEReader(resp)
+        [ended] = await reader.take(1, within=5)
+        assert ended["event"] == "access-ended"
+        assert await asyncio.wait_for(reader.next_event(), 5) is None  # the server closed it
+
+
+async def test_a_client_disconnected_mid_transaction_leaves_the_next_request_working(
+    app, http, client, make_principal, make_space
+):
+    """Hypercorn cancels the handler when its client goes away; the open write
+    transaction must roll back completely. Catches: rollback skipped on
+    cancellation (the connection stays inside BEGIN)."""
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    url = f"/v1/spaces/{space.id}/testplugin/slow-increment?hold=5"
+    with pytest.raises(httpx.ReadTimeout):
+        await http.post(url, headers=owner.headers, timeout=0.5)
+    await asyncio.sleep(0.3)  # let the server notice the disconnect
+    response = await client.post(
+        f"/v1/spaces/{space.id}/testplugin/increment", headers=owner.headers
+    )
+    assert response.status_code == 200
+    assert await response.get_json() == {"value": 1}  # the cancelled bump never landed
