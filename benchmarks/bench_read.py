@@ -18,7 +18,7 @@ Each is loaded with wrk (closed loop, N connections) for a warm-up that is
 thrown away and then for the measured duration, one after the other, never
 at the same time. Reported: requests/s, latency p50/p95/p99, errors by kind
 (non-200 status codes, socket errors), server CPU per request and peak RSS,
-and the ratio ours/ceiling. Design target (docs: /work/shared/design/PERFORMANCE.md):
+and the ratio ours/ceiling. Design target (the design note PERFORMANCE.md):
 ratio >= 0.35 and our p99 < 50 ms.
 """
 

@@ -27,6 +27,9 @@ def cli(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not verbose:
+        # One line per HTTP request is noise for a person at a terminal.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _register_commands() -> None:
