@@ -1,0 +1,126 @@
+"""HTTP conventions of the kernel: request ids, readiness, the API description,
+scoped tokens a plugin issues, housekeeping."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from buildmax import tokens as token_store
+from buildmax.schema import idempotency_receipts, schema_migrations
+
+
+async def test_a_request_id_is_echoed_or_minted(client):
+    given = await client.get("/livez", headers={"X-Request-Id": "trace-42"})
+    assert given.headers["X-Request-Id"] == "trace-42"
+    minted = await client.get("/livez", headers={"X-Request-Id": "bad id with spaces"})
+    assert minted.headers["X-Request-Id"].startswith("rq_")
+    problem = await (await client.get("/nowhere", headers={"X-Request-Id": "t-1"})).get_json()
+    assert problem["request_id"] == "t-1"
+
+
+async def test_readiness_fails_when_a_loaded_plugins_migrations_are_not_current(app, client):
+    assert (await client.get("/readyz")).status_code == 200
+    async with app.db.write() as tx:
+        await tx.execute(
+            sa.delete(schema_migrations).where(schema_migrations.c.plugin == "testplugin")
+        )
+    response = await client.get("/readyz")
+    assert response.status_code == 503
+    assert "testplugin" in (await response.get_json())["detail"]
+
+
+async def test_every_v1_route_is_in_the_openapi_document_with_a_summary(app, client):
+    document = await (await client.get("/v1/openapi.json")).get_json()
+    assert document["openapi"].startswith("3.")
+    for rule in app.url_map.iter_rules():
+        if not rule.rule.startswith("/v1/"):
+            continue
+        path = rule.rule.replace("<", "{").replace(">", "}")
+        for method in rule.methods - {"HEAD", "OPTIONS"}:
+            operation = document["paths"][path][method.lower()]
+            assert operation["summary"], (method, path)
+            assert "default" in operation["responses"]
+    tokens_post = document["paths"]["/v1/tokens"]["post"]
+    assert any(p["name"] == "Idempotency-Key" for p in tokens_post["parameters"])
+    assert "TokenCreate" in document["components"]["schemas"]
+    page = await client.get("/docs")
+    assert "/v1/spaces/{space}/members" in (await page.get_data(as_text=True))
+
+
+async def test_a_plugin_can_shorten_and_end_the_tokens_of_a_scope(
+    app, client, clock, make_principal
+):
+    agent = await make_principal("agent")
+    now = clock.now_ms()
+    async with app.db.write() as tx:
+        first = await token_store.issue_token(
+            tx,
+            principal_pk=agent.pk,
+            now=now,
+            scope_type="testscope",
+            scope_id="run-1",
+            expires_at=now + 3_600_000,
+        )
+        second = await token_store.issue_token(
+            tx, principal_pk=agent.pk, now=now, scope_type="testscope", scope_id="run-1"
+        )
+        other = await token_store.issue_token(
+            tx, principal_pk=agent.pk, now=now, scope_type="testscope", scope_id="run-2"
+        )
+
+    def headers(token):
+        return {"Authorization": f"Bearer {token.secret}"}
+
+    async with app.db.write() as tx:
+        assert (
+            await token_store.shorten_scope(tx, "testscope", "run-1", expires_at=now + 60_000) == 2
+        )
+        # Never lengthens: a later expiry changes nothing.
+        assert (
+            await token_store.shorten_scope(tx, "testscope", "run-1", expires_at=now + 7_200_000)
+            == 0
+        )
+    clock.advance(seconds=61)
+    for token in (first, second):
+        assert (
+            await client.get("/v1/testplugin/scoped", headers=headers(token))
+        ).status_code == 401
+    assert (await client.get("/v1/testplugin/scoped", headers=headers(other))).status_code == 200
+    async with app.db.write() as tx:
+        assert await token_store.end_scope(tx, "testscope", "run-2", now=clock.now_ms()) == 1
+    assert (await client.get("/v1/testplugin/scoped", headers=headers(other))).status_code == 401
+
+
+async def test_the_sweep_deletes_only_expired_receipts(app, client, clock, admin):
+    from buildmax.essentials import sweep
+
+    headers = {**admin.headers, "Idempotency-Key": "old"}
+    await client.post("/v1/spaces", json={"slug": "old-one"}, headers=headers)
+    clock.advance(seconds=app.settings.idempotency_ttl_seconds + 1)
+    headers = {**admin.headers, "Idempotency-Key": "new"}
+    await client.post("/v1/spaces", json={"slug": "new-one"}, headers=headers)
+    await sweep(app)
+    async with app.db.read() as conn:
+        keys = [r["key"] for r in await conn.fetch_all(sa.select(idempotency_receipts.c.key))]
+    assert keys == ["new"]
+
+
+def test_admin_bootstrap_prints_a_token_once_and_refuses_a_second_admin(
+    tmp_path, buildmax_database_url
+):
+    from buildmax import cli as cli_module
+
+    cli_module._register_commands()
+    runner = CliRunner()
+    args = ["--data-dir", str(tmp_path / "d")]
+    if buildmax_database_url.startswith("postgresql"):
+        args = ["--database-url", buildmax_database_url]
+    weak = runner.invoke(cli_module.cli, ["admin", "bootstrap", *args, "--password", "short"])
+    assert weak.exit_code != 0 and "12 characters" in weak.output
+    first = runner.invoke(cli_module.cli, ["admin", "bootstrap", *args, "--name", "root"])
+    assert first.exit_code == 0, first.output
+    assert first.output.strip().startswith("bmx_")
+    second = runner.invoke(cli_module.cli, ["admin", "bootstrap", *args])
+    assert second.exit_code == 1
+    assert "an admin exists already" in second.output
