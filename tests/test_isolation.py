@@ -19,6 +19,7 @@ SPACE_ROUTES = [
     ("DELETE", "/v1/spaces/{s}/members/{p}", None),
     ("GET", "/v1/spaces/{s}/events", None),
     ("POST", "/v1/spaces/{s}/testplugin/increment", None),
+    ("POST", "/v1/spaces/{s}/testplugin/slow-increment", None),
 ]
 
 
