@@ -24,11 +24,13 @@ SPACE_ROUTES = [
 
 
 def test_the_route_list_covers_every_space_route(app):
-    """A new space route must be added to SPACE_ROUTES (and so to the test)."""
+    """A new space route of the kernel or the test plugin must be added to
+    SPACE_ROUTES (and so to the test). Other installed plugins test their own."""
     served = {
         rule.rule.replace("<space>", "{s}").replace("<principal>", "{p}")
         for rule in app.url_map.iter_rules()
         if rule.rule.startswith("/v1/spaces/<space>")
+        and rule.endpoint.startswith(("buildmax_", "testplugin."))
     }
     assert served == {path for _, path, _ in SPACE_ROUTES}
 
