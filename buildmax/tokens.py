@@ -126,30 +126,26 @@ async def reissue_token(tx: Transaction, public_id: str, *, now: int) -> IssuedT
     )
 
 
-async def revoke_token(tx: Transaction, public_id: str, *, now: int) -> bool:
-    """Revoke one token; ``False`` if it did not exist or was already revoked."""
-    row = await tx.fetch_one(
-        sa.update(tokens)
-        .where(tokens.c.public_id == public_id, tokens.c.revoked_at.is_(None))
-        .values(revoked_at=now)
-        .returning(tokens.c.id)
-    )
-    return row is not None
-
-
-async def end_scope(tx: Transaction, scope_type: str, scope_id: str, *, now: int) -> int:
-    """Revoke every live token scoped to ``scope_type:scope_id``; how many."""
+async def _revoke_where(tx: Transaction, now: int, *conditions: Any) -> int:
     rows = await tx.fetch_all(
         sa.update(tokens)
-        .where(
-            tokens.c.scope_type == scope_type,
-            tokens.c.scope_id == scope_id,
-            tokens.c.revoked_at.is_(None),
-        )
+        .where(tokens.c.revoked_at.is_(None), *conditions)
         .values(revoked_at=now)
         .returning(tokens.c.id)
     )
     return len(rows)
+
+
+async def revoke_token(tx: Transaction, public_id: str, *, now: int) -> bool:
+    """Revoke one token; ``False`` if it did not exist or was already revoked."""
+    return await _revoke_where(tx, now, tokens.c.public_id == public_id) > 0
+
+
+async def end_scope(tx: Transaction, scope_type: str, scope_id: str, *, now: int) -> int:
+    """Revoke every live token scoped to ``scope_type:scope_id``; how many."""
+    return await _revoke_where(
+        tx, now, tokens.c.scope_type == scope_type, tokens.c.scope_id == scope_id
+    )
 
 
 async def shorten_scope(tx: Transaction, scope_type: str, scope_id: str, *, expires_at: int) -> int:

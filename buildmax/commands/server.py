@@ -59,6 +59,19 @@ async def _open_app(settings: Config) -> Any:
     return app
 
 
+def _with_app(settings: Config, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``work(app)`` with a connected (not serving) app, then close it."""
+
+    async def go() -> T:
+        app = await _open_app(settings)
+        try:
+            return await work(app)
+        finally:
+            await app.db.close()
+
+    return _run(go)
+
+
 def _settings_to_env(settings: Config, config_path: str | None) -> None:
     """Hand the resolved settings to Hypercorn's worker processes (the file
     too, for its ``[plugins.<name>]`` tables)."""
@@ -181,14 +194,7 @@ def db_migrate(config_path: str | None, data_dir: str | None, database_url: str 
 
     settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    async def go() -> list[Any]:
-        app = await _open_app(settings)
-        try:
-            return await migrate(app.db, app.migrations(), app.clock)
-        finally:
-            await app.db.close()
-
-    applied = _run(go)
+    applied = _with_app(settings, lambda app: migrate(app.db, app.migrations(), app.clock))
     if not applied:
         click.echo("Nothing to migrate: the database is current.")
     for migration in applied:
@@ -205,14 +211,7 @@ def db_status(config_path: str | None, data_dir: str | None, database_url: str |
 
     settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    async def go() -> list[Any]:
-        app = await _open_app(settings)
-        try:
-            return await migration_status(app.db, app.migrations())
-        finally:
-            await app.db.close()
-
-    statuses = _run(go)
+    statuses = _with_app(settings, lambda app: migration_status(app.db, app.migrations()))
     click.echo(f"{'plugin':<24} {'database':>8} {'code':>6}  state")
     for s in statuses:
         code = "-" if s.code_version is None else str(s.code_version)
