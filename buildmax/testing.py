@@ -9,19 +9,29 @@ a few lines::
 
 The engine is SQLite unless ``BUILDMAX_TEST_DATABASE_URL`` names a
 PostgreSQL server: then every test gets its own database, cloned from a
-template migrated once per session, and dropped afterwards. An unreachable
-PostgreSQL fails the tests loudly; it never skips them.
+template migrated once per session, and dropped afterwards. When nothing
+answers at that URL and PostgreSQL's server binaries are installed, the
+session runs on a throwaway cluster instead (a free local port, a temporary
+directory deleted at the end); without binaries the run stops with a
+one-line explanation. PostgreSQL tests never skip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import glob
 import os
+import platform
 import secrets
+import shlex
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -100,6 +110,297 @@ def pg_drop_database(server_url: str, name: str) -> None:
     asyncio.run(_pg_admin(server_url, [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)']))
 
 
+# --- Which PostgreSQL server the session tests on -----------------------------
+#
+# The configured server when anything answers at BUILDMAX_TEST_DATABASE_URL;
+# else a throwaway cluster when PostgreSQL's server binaries are installed;
+# else the run stops with one line saying why. Never a skip.
+
+PG_PROBE_TIMEOUT = 3.0
+_PG_BINARIES = ("initdb", "pg_ctl", "postgres")
+_PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
+
+
+class PgUnavailable(Exception):
+    """Nothing answers at the configured URL and no throwaway cluster is possible."""
+
+
+@dataclass(frozen=True)
+class PgServerChoice:
+    """Where the session's PostgreSQL tests run.
+
+    ``bindir`` is ``None`` when the configured ``url`` answers; otherwise it
+    holds the binaries to start a throwaway cluster with, and ``reason`` says
+    why the configured server was not used.
+    """
+
+    url: str
+    bindir: Path | None = None
+    reason: str = ""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+async def _probe(url: str, within: float) -> str | None:
+    import asyncpg
+
+    dsn = url.replace("postgresql://", "postgres://", 1)
+    try:
+        conn = await asyncpg.connect(dsn, timeout=within)
+    except ssl.SSLError:
+        return None  # a server answered; the real connection reports the problem
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer within {within:g} s"
+    except OSError as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    except Exception:
+        # Something answered (bad password, missing database...): use the
+        # server and let the first real connection say what is wrong.
+        return None
+    await conn.close()
+    return None
+
+
+def probe_pg_server(url: str, timeout: float = PG_PROBE_TIMEOUT) -> str | None:
+    """``None`` when something answers at ``url``, else why nothing does."""
+    return asyncio.run(_probe(url, timeout))
+
+
+def _has_server_binaries(bindir: Path) -> bool:
+    return all(os.access(bindir / name, os.X_OK) for name in _PG_BINARIES)
+
+
+def _version_key(bindir: Path) -> tuple[int, ...]:
+    # /usr/lib/postgresql/<version>/bin: newest first
+    return tuple(int(p) for p in bindir.parent.name.split(".") if p.isdigit())
+
+
+def find_pg_bindir() -> Path | None:
+    """PostgreSQL's server binaries (``pg_config --bindir``, else the newest
+    ``/usr/lib/postgresql/*/bin``), or ``None``."""
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        try:
+            out = subprocess.run(
+                [pg_config, "--bindir"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        if out and _has_server_binaries(Path(out)):
+            return Path(out)
+    found = [Path(p) for p in glob.glob(_PG_BIN_GLOB) if _has_server_binaries(Path(p))]
+    return max(found, key=_version_key) if found else None
+
+
+def choose_pg_server(url: str) -> PgServerChoice:
+    """The configured server when it answers, else a throwaway cluster's
+    binaries; :class:`PgUnavailable` (one line) when neither."""
+    problem = probe_pg_server(url)
+    if problem is None:
+        return PgServerChoice(url)
+    bindir = find_pg_bindir()
+    if bindir is None:
+        raise PgUnavailable(
+            f"{TEST_DATABASE_ENV}={redact_url(url)}: nothing answers there ({problem}) and no "
+            "PostgreSQL server binaries were found (pg_config --bindir, "
+            f"{_PG_BIN_GLOB}) to start a throwaway cluster; start PostgreSQL there, install "
+            "it, or unset the variable to test on SQLite."
+        )
+    return PgServerChoice(url, bindir, f"nothing answers at {redact_url(url)} ({problem})")
+
+
+@dataclass
+class PgCluster:
+    """A throwaway PostgreSQL cluster in a temporary directory.
+
+    Started with :meth:`start`; :meth:`stop` shuts it down and deletes the
+    directory (idempotent). As root, ``initdb`` and ``pg_ctl`` (which refuse
+    to run as root) run as the ``postgres`` user through ``runuser``.
+    """
+
+    bindir: Path
+    root: Path
+    port: int
+    user: str = "postgres"
+    dbname: str = "postgres"
+    run_as: str | None = None
+
+    @property
+    def datadir(self) -> Path:
+        """The cluster's data directory."""
+        return self.root / "data"
+
+    @property
+    def logfile(self) -> Path:
+        """The server's log."""
+        return self.root / "server.log"
+
+    @property
+    def url(self) -> str:
+        """``postgresql://`` URL of the cluster's database (trust auth)."""
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.dbname}"
+
+    @classmethod
+    def start(cls, bindir: Path, *, user: str = "postgres", dbname: str = "postgres") -> PgCluster:
+        """initdb a cluster in a new temp dir, start it on a free port, create ``dbname``."""
+        run_as = None
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            run_as = "postgres"
+        root = Path(tempfile.mkdtemp(prefix="buildmax-pg-"))
+        cluster = cls(bindir, root, free_port(), user, dbname, run_as)
+        try:
+            if run_as is not None:
+                import pwd
+
+                try:
+                    account = pwd.getpwnam(run_as)
+                except KeyError:
+                    raise PgUnavailable(
+                        f"running as root and there is no {run_as!r} user to run initdb/pg_ctl as"
+                    ) from None
+                os.chown(root, account.pw_uid, account.pw_gid)
+            cluster._initdb()
+            cluster._pg_ctl_start()
+            if dbname != "postgres":
+                admin = _with_database(cluster.url, "postgres")
+                try:
+                    asyncio.run(_pg_admin(admin, [f'CREATE DATABASE "{dbname}"']))
+                except RuntimeError as exc:
+                    raise PgUnavailable(f"creating database {dbname!r} failed: {exc}") from None
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _command(self, program: str, *args: str) -> list[str]:
+        argv = [str(self.bindir / program), *args]
+        if self.run_as is None:
+            return argv
+        runuser = shutil.which("runuser") or next(
+            (p for p in ("/usr/sbin/runuser", "/sbin/runuser") if os.path.exists(p)), None
+        )
+        if runuser is None:
+            raise PgUnavailable("running as root and runuser is not installed to run " + program)
+        return [runuser, "-u", self.run_as, "--", *argv]
+
+    def _run(self, what: str, program: str, *args: str, timeout: float = 60) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        try:
+            subprocess.run(
+                self._command(program, *args),
+                cwd=self.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=True,
+            )
+        except subprocess.CalledProcessError as exc:
+            detail = (exc.stderr or exc.stdout or "").strip().splitlines()
+            raise PgUnavailable(
+                f"{what} failed (exit {exc.returncode}): "
+                + (detail[-1] if detail else "no output")
+                + self._log_tail()
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise PgUnavailable(f"{what} timed out after {timeout:g} s{self._log_tail()}") from None
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.logfile.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f"; server log: {lines[-1]}" if lines else ""
+
+    def _initdb(self) -> None:
+        locale = "C.UTF-8" if platform.system() == "Linux" else "C"
+        self._run(
+            "initdb",
+            "initdb",
+            "--pgdata",
+            str(self.datadir),
+            "--username",
+            self.user,
+            "--auth",
+            "trust",
+            "--encoding",
+            "UTF8",
+            "--locale",
+            locale,
+            "--no-sync",
+        )
+
+    def _pg_ctl_start(self) -> None:
+        options = [
+            f"-p {self.port}",
+            "-c listen_addresses=127.0.0.1",
+            "-c unix_socket_directories=" + shlex.quote(str(self.root)),
+            "-c fsync=off",
+            "-c synchronous_commit=off",
+            "-c full_page_writes=off",
+        ]
+        self._run(
+            "pg_ctl start",
+            "pg_ctl",
+            "start",
+            "--pgdata",
+            str(self.datadir),
+            "--log",
+            str(self.logfile),
+            "--wait",
+            "--timeout",
+            "60",
+            "-o",
+            " ".join(options),
+            timeout=90,
+        )
+
+    def stop(self) -> None:
+        """Stop the server (fast, else immediate) and delete the directory; idempotent.
+
+        A server that survives both loses its directory anyway, and PostgreSQL
+        shuts itself down once it sees its lock file gone.
+        """
+        if not self.root.exists():
+            return
+        if (self.datadir / "postmaster.pid").exists():
+            for mode in ("fast", "immediate"):
+                with contextlib.suppress(PgUnavailable):
+                    self._run(
+                        "pg_ctl stop",
+                        "pg_ctl",
+                        "stop",
+                        "--pgdata",
+                        str(self.datadir),
+                        "--mode",
+                        mode,
+                        timeout=30,
+                    )
+                    break
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """Print ``line`` on the terminal now, past output capturing."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
 @pytest.fixture(scope="session")
 def buildmax_engine() -> str:
     """``"postgresql"`` when ``BUILDMAX_TEST_DATABASE_URL`` is set, else ``"sqlite"``."""
@@ -107,12 +408,54 @@ def buildmax_engine() -> str:
 
 
 @pytest.fixture(scope="session")
-def buildmax_pg_template(buildmax_engine: str) -> Iterator[str | None]:
+def buildmax_pg_server(
+    buildmax_engine: str, request: pytest.FixtureRequest
+) -> Iterator[str | None]:
+    """URL of the PostgreSQL server the session's databases are made on: the
+    configured one, or a throwaway cluster when nothing answers there
+    (``None`` on SQLite)."""
+    if buildmax_engine != "postgresql":
+        yield None
+        return
+    url = os.environ[TEST_DATABASE_ENV]
+    try:
+        choice = choose_pg_server(url)
+        cluster = None
+        if choice.bindir is not None:
+            parts = urlsplit(url)
+            cluster = PgCluster.start(
+                choice.bindir,
+                user=parts.username or "postgres",
+                dbname=parts.path.lstrip("/") or "postgres",
+            )
+    except PgUnavailable as exc:
+        pytest.exit(f"PostgreSQL tests cannot run: {exc}", returncode=pytest.ExitCode.TESTS_FAILED)
+    if cluster is None:
+        yield choice.url
+        return
+    atexit.register(cluster.stop)
+    try:
+        _say(
+            request.config,
+            f"buildmax: {choice.reason}; testing on a throwaway PostgreSQL cluster on "
+            f"127.0.0.1:{cluster.port} ({choice.bindir}, {cluster.root})",
+        )
+        yield cluster.url
+    finally:
+        cluster.stop()
+        atexit.unregister(cluster.stop)
+
+
+@pytest.fixture(scope="session")
+def buildmax_pg_template(
+    buildmax_engine: str, buildmax_pg_server: str | None
+) -> Iterator[str | None]:
     """A PostgreSQL database migrated once, cloned by every test."""
     if buildmax_engine != "postgresql":
         yield None
         return
-    server = os.environ[TEST_DATABASE_ENV]
+    assert buildmax_pg_server is not None
+    server = buildmax_pg_server
     name = f"bmx_tpl_{os.getpid()}_{secrets.token_hex(4)}"
     url = pg_create_database(server, name)
     try:
@@ -135,13 +478,17 @@ def buildmax_pg_template(buildmax_engine: str) -> Iterator[str | None]:
 
 @pytest.fixture
 def buildmax_database_url(
-    buildmax_engine: str, buildmax_pg_template: str | None, tmp_path: Path
+    buildmax_engine: str,
+    buildmax_pg_server: str | None,
+    buildmax_pg_template: str | None,
+    tmp_path: Path,
 ) -> Iterator[str]:
     """A fresh, migrated database for one test (SQLite file or PostgreSQL clone)."""
     if buildmax_engine == "sqlite":
         yield f"sqlite:///{tmp_path / 'buildmax.db'}"
         return
-    server = os.environ[TEST_DATABASE_ENV]
+    assert buildmax_pg_server is not None
+    server = buildmax_pg_server
     name = f"bmx_t_{os.getpid()}_{secrets.token_hex(6)}"
     url = pg_create_database(server, name, template=buildmax_pg_template)
     try:
