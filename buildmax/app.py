@@ -22,9 +22,10 @@ from .database import Database, open_database
 from .events import EventHub
 from .idempotency import Idempotency
 from .ids import new_id
+from .inputs import unsafe_text
 from .migrations import MigrationError, migrate, migration_status, refuse_if_ahead
 from .plugins import Plugins, create_plugins
-from .problems import PROBLEM_CONTENT_TYPE, Problem, problem_for_status
+from .problems import PROBLEM_CONTENT_TYPE, BadRequest, NotFound, Problem, problem_for_status
 from .services import Services
 
 log = logging.getLogger("buildmax")
@@ -155,6 +156,11 @@ def _install_conventions(app: BuildMax) -> None:
     async def assign_request_id() -> None:
         incoming = request.headers.get("X-Request-Id", "")
         g.request_id = incoming if _REQUEST_ID.match(incoming) else new_id("rq")
+        # No id or name contains NUL or a lone surrogate: such a path names nothing.
+        if any(isinstance(v, str) and unsafe_text(v) for v in (request.view_args or {}).values()):
+            raise NotFound("no such resource")
+        if any(unsafe_text(v) for v in request.args.values()):
+            raise BadRequest("the query contains NUL or an unpaired surrogate")
 
     @app.after_request
     async def echo_request_id(response: Response) -> Response:
@@ -168,7 +174,11 @@ def _install_conventions(app: BuildMax) -> None:
 
     @app.errorhandler(HTTPException)
     async def on_http_exception(exc: HTTPException) -> Response:
-        return problem_response(problem_for_status(exc.code or 500, exc.description))
+        response = problem_response(problem_for_status(exc.code or 500, exc.description))
+        for name, value in exc.get_headers():
+            if name.lower() == "allow":  # a 405 must say what is allowed
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     async def on_exception(exc: Exception) -> Response:

@@ -10,6 +10,7 @@ from marshmallow import ValidationError as MarshmallowValidationError
 from quart import Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from .inputs import first_unsafe_value
 from .problems import MalformedJSON, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
 
 
@@ -32,9 +33,15 @@ async def json_body() -> Any:
     if mimetype and mimetype != "application/json" and not mimetype.endswith("+json"):
         raise UnsupportedMediaType(f"expected application/json, got {mimetype}")
     try:
-        return json.loads(data)
+        payload = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedJSON(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedJSON("the body is nested too deeply") from None
+    problem = first_unsafe_value(payload)
+    if problem is not None:
+        raise MalformedJSON(f"the body contains {problem}")
+    return payload
 
 
 async def load_body(schema: Schema) -> dict[str, Any]:

@@ -14,7 +14,11 @@ from typing import Any
 
 from quart import request
 
+from .inputs import first_unsafe_value
 from .problems import BadCursor, ValidationFailed
+
+#: Longer than any cursor this server issues.
+MAX_CURSOR_LENGTH = 1024
 
 
 @dataclass(frozen=True)
@@ -31,22 +35,30 @@ def encode_cursor(key: list[Any]) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str, arity: int) -> list[Any]:
-    """The sort key inside ``cursor``; :class:`BadCursor` if it is not one of ours."""
+def decode_cursor(cursor: str, key_types: tuple[type, ...]) -> list[Any]:
+    """The sort key inside ``cursor``, checked against ``key_types`` (``str``
+    or ``int`` per position); :class:`BadCursor` if it is not one of ours."""
+    refused = BadCursor("the cursor is not one this server issued")
+    if len(cursor) > MAX_CURSOR_LENGTH:
+        raise refused
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         key = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-    except (ValueError, UnicodeError, binascii.Error):
-        raise BadCursor("the cursor is not one this server issued") from None
-    if not isinstance(key, list) or len(key) != arity:
-        raise BadCursor("the cursor is not one this server issued")
-    if not all(isinstance(part, (str, int)) and not isinstance(part, bool) for part in key):
-        raise BadCursor("the cursor is not one this server issued")
+    except (ValueError, UnicodeError, binascii.Error, RecursionError):
+        raise refused from None
+    if not isinstance(key, list) or len(key) != len(key_types):
+        raise refused
+    for part, kind in zip(key, key_types, strict=True):
+        if type(part) is not kind:
+            raise refused
+    if first_unsafe_value(key) is not None:
+        raise refused
     return key
 
 
-def page_request(default: int, maximum: int, arity: int = 2) -> PageRequest:
-    """Read ``limit`` and ``cursor`` from the query string."""
+def page_request(default: int, maximum: int, key_types: tuple[type, ...] = (str,)) -> PageRequest:
+    """Read ``limit`` and ``cursor`` from the query string; ``key_types``
+    describes the sort key the route pages by."""
     raw_limit = request.args.get("limit")
     limit = default
     if raw_limit is not None:
@@ -62,7 +74,7 @@ def page_request(default: int, maximum: int, arity: int = 2) -> PageRequest:
                 errors={"limit": [f"Must be between 1 and {maximum}."]},
             )
     cursor = request.args.get("cursor")
-    after = decode_cursor(cursor, arity) if cursor else None
+    after = decode_cursor(cursor, key_types) if cursor else None
     return PageRequest(limit, after)
 
 

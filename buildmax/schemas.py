@@ -8,8 +8,8 @@ from marshmallow import Schema, fields, validate
 
 from .clock import to_rfc3339
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
-SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}\Z"
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}\Z"
 PRINCIPAL_KINDS = ("human", "agent", "service")
 SYSTEM_ROLES = ("admin", "operator")
 SPACE_ROLES = ("owner", "admin", "member", "viewer")
@@ -49,7 +49,7 @@ class PrincipalCreate(Schema):
 class PrincipalUpdate(Schema):
     display_name = fields.String(validate=validate.Length(max=200))
     system_role = fields.String(allow_none=True, validate=validate.OneOf(SYSTEM_ROLES))
-    disabled = fields.Boolean()
+    disabled = fields.Boolean(truthy={True}, falsy={False})
     password = fields.String(load_only=True)
 
 

@@ -59,7 +59,7 @@ async def list_principals() -> Response:
     app = current_buildmax()
     caller = await authenticate()
     _require_reader(caller)
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     query = sa.select(*PUBLIC_COLUMNS).order_by(principals.c.name).limit(page.limit + 1)
     if page.after is not None:
         query = query.where(principals.c.name > str(page.after[0]))

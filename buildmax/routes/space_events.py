@@ -13,6 +13,7 @@ from ..app import current_buildmax
 from ..auth import authenticate, bearer_secret, still_authorized
 from ..clock import to_rfc3339
 from ..events import stream
+from ..inputs import INT64_MAX
 from ..problems import ValidationFailed
 
 blueprint = Blueprint("buildmax_space_events", __name__)
@@ -27,9 +28,10 @@ def _resume_point() -> int:
             "Last-Event-ID must be an event id from this stream",
             errors={"Last-Event-ID": ["Not a valid integer."]},
         ) from None
-    if after < 0:
+    if not 0 <= after <= INT64_MAX:
         raise ValidationFailed(
-            "Last-Event-ID must not be negative", errors={"Last-Event-ID": ["< 0"]}
+            "Last-Event-ID must be an event id from this stream",
+            errors={"Last-Event-ID": ["Out of range."]},
         )
     return after
 

@@ -58,7 +58,7 @@ async def list_spaces() -> Response:
     """Ordered by slug; ``role`` is your membership role (``null`` if none)."""
     app = current_buildmax()
     caller = await authenticate()
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     membership = sa.and_(
         space_members.c.space_id == spaces.c.id,
         space_members.c.principal_id == caller.principal_pk,
@@ -177,7 +177,7 @@ async def list_members(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "space.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, arity=1)
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     query = (
         sa.select(*MEMBER_COLUMNS)
         .select_from(
