@@ -90,7 +90,7 @@ class Config:
     @property
     def effective_blob_store_url(self) -> str:
         """The blob store URL, defaulting to ``file://<data_dir>/blobs``."""
-        return self.blob_store_url or f"file://{self.data_path / 'blobs'}"
+        return self.blob_store_url or (self.data_path / "blobs").as_uri()
 
     @property
     def plugin_allow_list(self) -> set[str] | None:
@@ -116,7 +116,7 @@ def _coerce(name: str, kind: Any, raw: Any) -> Any:
             return False
         raise ConfigError(f"{name}: expected true or false, got {raw!r}")
     if kind in (int, "int"):
-        if isinstance(raw, bool):
+        if isinstance(raw, (bool, float)):
             raise ConfigError(f"{name}: expected an integer, got {raw!r}")
         try:
             return int(raw)
@@ -165,7 +165,7 @@ def load_config(
             raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
         for key, raw in data.items():
             if key == "plugins":
-                if not isinstance(raw, dict):
+                if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
                     raise ConfigError("plugins: expected a table of [plugins.<name>] tables")
                 values["plugins"] = raw
                 continue

@@ -25,6 +25,7 @@ from quart import Response, request
 
 from .auth import Caller
 from .bodies import json_body, json_response
+from .database.locks import try_lock
 from .problems import BadRequest, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from .schema import idempotency_receipts as receipts
 from .tokens import issued_body, reissue_token
@@ -49,11 +50,6 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     secret_field: str | None = None
     secret_kind: str | None = None
-
-
-def _lock_key(parts: tuple[Any, ...]) -> int:
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 class Idempotency:
@@ -90,14 +86,11 @@ class Idempotency:
         self._in_flight.add(ident)
         try:
             async with db.write() as tx:
-                if tx.dialect == "postgresql":
-                    locked = await tx.fetch_val(
-                        sa.select(sa.func.pg_try_advisory_xact_lock(_lock_key(ident)))
+                if not await try_lock(tx, "idempotency", *ident):
+                    # Another server process is running the same request.
+                    raise IdempotencyInProgress(
+                        "a request with this idempotency key is still running"
                     )
-                    if not locked:
-                        raise IdempotencyInProgress(
-                            "a request with this idempotency key is still running"
-                        )
                 reply = await self._replay_or_run(tx, ident, fingerprint, work)
         finally:
             self._in_flight.discard(ident)

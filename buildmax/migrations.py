@@ -10,7 +10,6 @@ disabled after its migrations ran.
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .clock import Clock
 from .database import Database
+from .database.locks import lock
 from .schema import schema_migrations
 
 
@@ -148,10 +148,6 @@ def refuse_if_ahead(statuses: Sequence[PluginMigrationStatus]) -> None:
         )
 
 
-def _lock_key(plugin: str) -> int:
-    return zlib.crc32(f"buildmax-migrate:{plugin}".encode())
-
-
 async def migrate(db: Database, migrations: Iterable[Migration], clock: Clock) -> list[Migration]:
     """Apply every pending migration; return the ones applied (empty = no-op)."""
     statuses = await migration_status(db, migrations)
@@ -160,11 +156,8 @@ async def migrate(db: Database, migrations: Iterable[Migration], clock: Clock) -
     for status in statuses:
         for migration in status.pending:
             async with db.write() as tx:
-                if tx.dialect == "postgresql":
-                    # Two servers starting at once must not both apply it.
-                    await tx.execute(
-                        sa.select(sa.func.pg_advisory_xact_lock(_lock_key(migration.plugin)))
-                    )
+                # Two servers starting at once must not both apply it.
+                await lock(tx, "migrate", migration.plugin)
                 done = await tx.fetch_val(
                     sa.select(schema_migrations.c.version).where(
                         schema_migrations.c.plugin == migration.plugin,

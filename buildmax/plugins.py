@@ -78,12 +78,19 @@ class Plugins:
         pluggy is synchronous: an async hook implementation returns a
         coroutine, which is awaited here. This is the one place that does it.
         """
+        pending = list(getattr(self.pm.hook, name)(**kwargs))
         results = []
-        for result in getattr(self.pm.hook, name)(**kwargs):
-            if inspect.isawaitable(result):
-                result = await result
-            if result is not None:
-                results.append(result)
+        try:
+            while pending:
+                result = pending.pop(0)
+                if inspect.isawaitable(result):
+                    result = await result
+                if result is not None:
+                    results.append(result)
+        finally:
+            for left in pending:  # after a failure: never started, never awaited
+                if inspect.iscoroutine(left):
+                    left.close()
         return results
 
 

@@ -63,6 +63,16 @@ async def find_principal(conn: Transaction, ref: str) -> dict[str, Any] | None:
     return dict(row) if row is not None else None
 
 
+async def lock_admins(tx: Transaction) -> None:
+    """Lock the enabled admins' rows until the end of ``tx``, so two
+    concurrent demotions cannot each see the other admin still enabled."""
+    await tx.fetch_all(
+        sa.select(principals.c.id)
+        .where(principals.c.system_role == "admin", principals.c.disabled_at.is_(None))
+        .with_for_update()
+    )
+
+
 async def count_admins(tx: Transaction) -> int:
     """How many enabled system admins exist."""
     return int(

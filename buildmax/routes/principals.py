@@ -15,7 +15,13 @@ from ..bodies import json_response, load_body
 from ..idempotency import Reply
 from ..pagination import page_body, page_request
 from ..passwords import check_password_rules, hash_password
-from ..principals import PUBLIC_COLUMNS, count_admins, create_principal, find_principal
+from ..principals import (
+    PUBLIC_COLUMNS,
+    count_admins,
+    create_principal,
+    find_principal,
+    lock_admins,
+)
 from ..problems import Conflict, Forbidden, NotFound, ValidationFailed
 from ..schema import principals
 from ..schemas import (
@@ -165,6 +171,8 @@ async def update(ref: str) -> Response:
         raise Forbidden("changing a system role or disabling needs the admin system role")
     password_hash = await _password_hash(target["kind"], data.get("password"))
     async with app.db.write() as tx:
+        if {"system_role", "disabled"} & set(data):
+            await lock_admins(tx)
         now = app.clock.now_ms()
         values: dict[str, Any] = {}
         if "display_name" in data:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from buildmax_hookspecs import Actor
+from buildmax_hookspecs import Actor, Transaction
 from quart import Blueprint, Response, request
 
 from ..apidoc import api
 from ..app import current_buildmax
 from ..auth import authenticate
 from ..bodies import json_response, load_body
+from ..database.locks import lock
 from ..passwords import verify_password
 from ..principals import find_principal
 from ..problems import TooManyRequests, Unauthenticated
@@ -22,6 +23,24 @@ blueprint = Blueprint("buildmax_sessions", __name__)
 
 def _client_address() -> str:
     return (request.remote_addr or "unknown")[:64]
+
+
+async def _over_limit(tx: Transaction, name: str, address: str, since: int) -> bool:
+    settings = current_buildmax().settings
+    by_name = await tx.fetch_val(
+        sa.select(sa.func.count()).where(
+            sign_in_failures.c.name == name, sign_in_failures.c.at > since
+        )
+    )
+    by_address = await tx.fetch_val(
+        sa.select(sa.func.count()).where(
+            sign_in_failures.c.address == address, sign_in_failures.c.at > since
+        )
+    )
+    return bool(
+        by_name >= settings.sign_in_max_failures_per_name
+        or by_address >= settings.sign_in_max_failures_per_address
+    )
 
 
 @blueprint.post("/v1/sessions")
@@ -40,24 +59,15 @@ async def sign_in() -> Response:
     data = await load_body(SessionCreate())
     name, address = data["name"], _client_address()
     now = app.clock.now_ms()
-    since = now - settings.sign_in_window_seconds * 1000
-    async with app.db.read() as conn:
-        by_name = await conn.fetch_val(
-            sa.select(sa.func.count()).where(
-                sign_in_failures.c.name == name, sign_in_failures.c.at > since
-            )
-        )
-        by_address = await conn.fetch_val(
-            sa.select(sa.func.count()).where(
-                sign_in_failures.c.address == address, sign_in_failures.c.at > since
-            )
-        )
-        principal = await find_principal(conn, name)
-    if (
-        by_name >= settings.sign_in_max_failures_per_name
-        or by_address >= settings.sign_in_max_failures_per_address
-    ):
-        raise TooManyRequests("too many failed sign-ins; wait and try again")
+    # The attempt is counted as a failure before the password is checked, in
+    # one locked transaction, so parallel guesses cannot all slip under the limit.
+    async with app.db.write() as tx:
+        await lock(tx, "sign-in name", name)
+        await lock(tx, "sign-in address", address)
+        if await _over_limit(tx, name, address, now - settings.sign_in_window_seconds * 1000):
+            raise TooManyRequests("too many failed sign-ins; wait and try again")
+        await tx.execute(sign_in_failures.insert().values(name=name, address=address, at=now))
+        principal = await find_principal(tx, name)
     if not (
         principal is not None
         and principal["name"] == name
@@ -68,8 +78,6 @@ async def sign_in() -> Response:
     stored_hash = principal["password_hash"] if principal is not None else None
     ok = await verify_password(stored_hash, data["password"])
     if principal is None or not ok:
-        async with app.db.write() as tx:
-            await tx.execute(sign_in_failures.insert().values(name=name, address=address, at=now))
         raise Unauthenticated("wrong name or password")
     async with app.db.write() as tx:
         await tx.execute(sa.delete(sign_in_failures).where(sign_in_failures.c.name == name))
