@@ -6,14 +6,12 @@ which ``buildmax serve`` fills from its flags and configuration file.
 
 from __future__ import annotations
 
-import logging
-
 from .app import BuildMax, create_app
-from .config import load_config
+from .config import apply_log_level, load_config
 
 
 def served_app() -> BuildMax:
     """An app for a server process: migrations applied at start on SQLite."""
     settings = load_config()
-    logging.getLogger().setLevel(settings.log_level.upper())
+    apply_log_level(settings.log_level)
     return create_app(settings, auto_migrate=settings.engine == "sqlite")

@@ -110,15 +110,16 @@ def token_refusal(row: dict[str, object] | None, now: int) -> str | None:
 
 async def still_authorized(app: Any, secret: str, space_pk: int, caller: Caller) -> bool:
     """For long-lived responses (event streams): is the token still good and
-    the caller still allowed in the space? Checked again periodically, so a
-    revocation or a removal ends the stream."""
+    the caller still allowed in the space (by its current system role or
+    membership)? Checked again as the response goes on, so a revocation, a
+    demotion or a removal ends it."""
     from .schema import space_members
 
     async with app.db.read() as conn:
         row = await lookup_token(conn, secret)
-        if token_refusal(row, app.clock.now_ms()) is not None:
+        if row is None or token_refusal(row, app.clock.now_ms()) is not None:
             return False
-        if caller.is_admin or caller.is_operator:
+        if row["system_role"] in ("admin", "operator"):
             return True
         role = await conn.fetch_val(
             sa.select(space_members.c.role).where(

@@ -8,6 +8,7 @@ is documented in ``docs/configuration.md``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -102,6 +103,18 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (``None`` values are ignored)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+#: Loggers that print SQL parameters (password hashes, token verifiers) at
+#: DEBUG: never below INFO, whatever ``log_level`` says.
+_PARAMETER_LOGGERS = ("aiosqlite", "databases", "asyncpg")
+
+
+def apply_log_level(level: str) -> None:
+    """Set the process's log level from the ``log_level`` setting."""
+    logging.getLogger().setLevel(level.upper())
+    for name in _PARAMETER_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
 
 
 def _coerce(name: str, kind: Any, raw: Any) -> Any:

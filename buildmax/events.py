@@ -147,19 +147,19 @@ class EventHub:
 
 async def stream(
     hub: EventHub, space_pk: int, after: int, keepalive_seconds: float
-) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
-    """Yield ``("event", row)`` in sequence order, or ``("keepalive", None)``
-    when nothing happened for ``keepalive_seconds``; never ends by itself."""
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Yield the space's events after ``after`` in sequence order, in batches;
+    an empty batch when nothing happened for ``keepalive_seconds``. Never
+    ends by itself."""
     with hub.subscription(space_pk) as waiter:
         while True:
             waiter.clear()
             rows = await hub.read_after(space_pk, after)
-            for row in rows:
-                after = row["seq"]
-                yield "event", row
             if rows:
+                after = rows[-1]["seq"]
+                yield rows
                 continue
             try:
                 await asyncio.wait_for(waiter.wait(), timeout=keepalive_seconds)
             except TimeoutError:
-                yield "keepalive", None
+                yield []

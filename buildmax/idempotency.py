@@ -37,7 +37,7 @@ HEADER = "Idempotency-Key"
 REPLAY_HEADER = "Idempotent-Replayed"
 _KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 
-Reminter = Callable[[Transaction, dict[str, Any]], Awaitable[dict[str, Any] | None]]
+Reminter = Callable[[Transaction, Caller, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 
 @dataclass
@@ -63,14 +63,25 @@ class Idempotency:
     def register_reminter(self, kind: str, reminter: Reminter) -> None:
         """How to mint a fresh secret of ``kind`` for a replayed answer.
 
-        ``reminter(tx, stored_body)`` revokes the unseen secret and returns
-        the body with a fresh one, or ``None`` when it cannot (409)."""
+        ``reminter(tx, caller, stored_body)`` revokes the unseen secret,
+        audits what it did and returns the body with a fresh secret, or
+        ``None`` when it cannot (409)."""
         self._reminters[kind] = reminter
 
     async def run(
-        self, caller: Caller, work: Callable[[Transaction], Awaitable[Reply]]
+        self,
+        caller: Caller,
+        work: Callable[[Transaction], Awaitable[Reply]],
+        *,
+        secret_fields: tuple[str, ...] = (),
     ) -> Response:
-        """Run ``work`` in a write transaction, honouring ``Idempotency-Key``."""
+        """Run ``work`` in a write transaction, honouring ``Idempotency-Key``.
+
+        A replay answers without running ``work``: check everything the
+        caller must be allowed to do *before* calling ``run``.
+        ``secret_fields`` name body fields (passwords) left out of the
+        stored fingerprint, so a receipt holds no guessable hash of them; a
+        retry that differs only there replays the first answer."""
         key = request.headers.get(HEADER)
         db = self._app.db
         if key is None:
@@ -80,7 +91,7 @@ class Idempotency:
         if not _KEY.match(key):
             raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters")
         ident = (caller.principal_pk, request.method, request.path, key)
-        fingerprint = await _fingerprint()
+        fingerprint = await _fingerprint(secret_fields)
         if ident in self._in_flight:
             raise IdempotencyInProgress("a request with this idempotency key is still running")
         self._in_flight.add(ident)
@@ -91,7 +102,7 @@ class Idempotency:
                     raise IdempotencyInProgress(
                         "a request with this idempotency key is still running"
                     )
-                reply = await self._replay_or_run(tx, ident, fingerprint, work)
+                reply = await self._replay_or_run(tx, caller, ident, fingerprint, work)
         finally:
             self._in_flight.discard(ident)
         return _respond(reply)
@@ -99,6 +110,7 @@ class Idempotency:
     async def _replay_or_run(
         self,
         tx: Transaction,
+        caller: Caller,
         ident: tuple[Any, ...],
         fingerprint: str,
         work: Callable[[Transaction], Awaitable[Reply]],
@@ -117,7 +129,7 @@ class Idempotency:
                 raise IdempotencyKeyReused(
                     "this idempotency key was already used with a different request body"
                 )
-            return await self._replay(tx, existing)
+            return await self._replay(tx, caller, existing)
         if existing is not None:
             await tx.execute(sa.delete(receipts).where(receipts.c.id == existing["id"]))
         reply = await work(tx)
@@ -137,13 +149,13 @@ class Idempotency:
             )
         return reply
 
-    async def _replay(self, tx: Transaction, existing: Any) -> Reply:
+    async def _replay(self, tx: Transaction, caller: Caller, existing: Any) -> Reply:
         stored = json.loads(existing["body"])
         body = stored["body"]
         kind, secret_field = stored.get("secret_kind"), stored.get("secret_field")
         if kind is not None:
             reminter = self._reminters[kind]
-            fresh = await reminter(tx, body)
+            fresh = await reminter(tx, caller, body)
             if fresh is None:
                 raise Conflict(
                     "the secret of the first answer can no longer be replaced "
@@ -166,10 +178,20 @@ class Idempotency:
             secret_kind=kind,
         )
 
-    async def _remint_token(self, tx: Transaction, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def _remint_token(
+        self, tx: Transaction, caller: Caller, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
         issued = await reissue_token(tx, body["id"], now=self._app.clock.now_ms())
         if issued is None:
             return None
+        await self._app.audit.record(
+            tx,
+            caller.actor,
+            "token.rotated",
+            target_type="token",
+            target_id=issued.public_id,
+            details={"principal_id": body["principal_id"], "replaces": body["id"]},
+        )
         return issued_body(issued, body["principal_id"])
 
     async def sweep(self) -> int:
@@ -183,8 +205,10 @@ class Idempotency:
         return len(rows)
 
 
-async def _fingerprint() -> str:
+async def _fingerprint(secret_fields: tuple[str, ...]) -> str:
     payload = await json_body()
+    if isinstance(payload, dict) and secret_fields:
+        payload = {k: ("<secret>" if k in secret_fields else v) for k, v in payload.items()}
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -51,6 +51,7 @@ class PrincipalUpdate(Schema):
     system_role = fields.String(allow_none=True, validate=validate.OneOf(SYSTEM_ROLES))
     disabled = fields.Boolean(truthy={True}, falsy={False})
     password = fields.String(load_only=True)
+    current_password = fields.String(load_only=True, validate=validate.Length(max=1024))
 
 
 class PrincipalOut(Schema):

@@ -95,13 +95,21 @@ async def issue_token(
 
 
 async def reissue_token(tx: Transaction, public_id: str, *, now: int) -> IssuedToken | None:
-    """Revoke a token and issue its twin (same principal, name, scope, expiry).
+    """Revoke a live token and issue its twin (same principal, name, scope,
+    expiry); ``None`` when the token is revoked, expired or its principal
+    disabled.
 
     Used by rotation and by idempotent replays of a response whose secret
     nobody saw."""
+    enabled = sa.select(principals.c.id).where(principals.c.disabled_at.is_(None))
     row = await tx.fetch_one(
         sa.update(tokens)
-        .where(tokens.c.public_id == public_id, tokens.c.revoked_at.is_(None))
+        .where(
+            tokens.c.public_id == public_id,
+            tokens.c.revoked_at.is_(None),
+            sa.or_(tokens.c.expires_at.is_(None), tokens.c.expires_at > now),
+            tokens.c.principal_id.in_(enabled),
+        )
         .values(revoked_at=now)
         .returning(
             tokens.c.principal_id,

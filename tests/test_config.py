@@ -299,3 +299,20 @@ def test_replace_ignores_none_and_keeps_the_original():
     changed = base.replace(port=2, host=None)
     assert (changed.port, changed.host) == (2, base.host)
     assert base.port == 1
+
+
+def test_debug_logging_never_lets_the_drivers_print_sql_parameters():
+    """SQL parameters hold password hashes and token verifiers."""
+    import logging
+
+    from buildmax.config import apply_log_level
+
+    root = logging.getLogger()
+    before = root.level
+    try:
+        apply_log_level("debug")
+        assert root.level == logging.DEBUG
+        for name in ("aiosqlite", "databases", "asyncpg"):
+            assert not logging.getLogger(name).isEnabledFor(logging.DEBUG)
+    finally:
+        root.setLevel(before)

@@ -136,3 +136,45 @@ async def test_a_client_disconnected_mid_transaction_leaves_the_next_request_wor
     )
     assert response.status_code == 200
     assert await response.get_json() == {"value": 1}  # the cancelled bump never landed
+
+
+async def test_a_removed_member_gets_nothing_published_after_the_removal(
+    app, http, client, make_principal, make_space
+):
+    """Access is checked before every batch, not only when the stream is idle.
+    Catches: the membership re-check removed, or run only at keep-alives."""
+    owner = await make_principal("human")
+    viewer = await make_principal("agent")
+    space = await make_space(owner)
+    added = await client.put(
+        f"/v1/spaces/{space.id}/members/{viewer.id}", json={"role": "viewer"}, headers=owner.headers
+    )
+    assert added.status_code == 200
+    async with http.stream("GET", f"/v1/spaces/{space.id}/events", headers=viewer.headers) as resp:
+        reader = SSEReader(resp)
+        await increment(client, space, owner)
+        seen = await reader.take(2)  # the member.changed event, then the increment
+        removed = await client.delete(
+            f"/v1/spaces/{space.id}/members/{viewer.id}", headers=owner.headers
+        )
+        assert removed.status_code == 204
+        await increment(client, space, owner, 3)
+        [ended] = await reader.take(1)
+    assert [e["event"] for e in seen] == ["space.member.changed", "testplugin.incremented"]
+    assert ended["event"] == "access-ended"
+
+
+async def test_a_demoted_admin_stream_ends(app, http, client, admin, make_principal, make_space):
+    owner = await make_principal("human")
+    other_admin = await make_principal("human", system_role="admin")
+    space = await make_space(owner)
+    url = f"/v1/spaces/{space.id}/events"
+    async with http.stream("GET", url, headers=other_admin.headers) as resp:
+        reader = SSEReader(resp)
+        demoted = await client.patch(
+            f"/v1/principals/{other_admin.id}", json={"system_role": None}, headers=admin.headers
+        )
+        assert demoted.status_code == 200
+        await increment(client, space, owner)
+        [ended] = await reader.take(1)
+    assert ended["event"] == "access-ended"

@@ -163,3 +163,75 @@ async def test_a_duplicate_on_another_server_process_is_a_409(
         await holder.__aexit__(None, None, None)
         assert duplicate.status_code == 409
         assert (await first).status_code == 200
+
+
+async def test_a_receipt_belongs_to_its_principal(app, client, make_principal):
+    """Catches: the receipt lookup without the principal (B would replay A's answer)."""
+    alice, bob = await make_principal("agent"), await make_principal("agent")
+    first = await client.post(
+        "/v1/tokens", json={"name": "x"}, headers=_key("shared", alice.headers)
+    )
+    second = await client.post(
+        "/v1/tokens", json={"name": "x"}, headers=_key("shared", bob.headers)
+    )
+    assert "Idempotent-Replayed" not in second.headers
+    assert (await first.get_json())["principal_id"] == alice.id
+    assert (await second.get_json())["principal_id"] == bob.id
+
+
+async def test_a_replayed_token_is_audited_as_a_rotation(client, make_principal, audit_log):
+    agent = await make_principal("agent")
+    headers = _key("audited", agent.headers)
+    first = await (await client.post("/v1/tokens", json={}, headers=headers)).get_json()
+    second = await (await client.post("/v1/tokens", json={}, headers=headers)).get_json()
+    assert [(e.action, e.target_id) for e in audit_log.events] == [
+        ("token.created", first["id"]),
+        ("token.rotated", second["id"]),
+    ]
+    assert audit_log.events[1].details == {"principal_id": agent.id, "replaces": first["id"]}
+
+
+async def test_a_replay_never_hands_out_an_expired_token(client, clock, make_principal):
+    agent = await make_principal("agent")
+    headers = _key("short-lived", agent.headers)
+    body = {"expires_in_seconds": 60}
+    assert (await client.post("/v1/tokens", json=body, headers=headers)).status_code == 201
+    clock.advance(seconds=120)
+    replay = await client.post("/v1/tokens", json=body, headers=headers)
+    assert replay.status_code == 409
+
+
+async def test_replaying_a_rotation_checks_the_caller_again(app, client, admin, make_principal):
+    """A replay does not run the handler's work: authorization must come first.
+    Catches: the visibility check only inside the transaction."""
+    second_admin = await make_principal("human", system_role="admin")
+    victim = await make_principal("agent")
+    victim_tokens = await (
+        await client.get(f"/v1/tokens?principal={victim.id}", headers=admin.headers)
+    ).get_json()
+    token_id = victim_tokens["items"][0]["id"]
+    headers = _key("rot-1", second_admin.headers)
+    rotated = await client.post(f"/v1/tokens/{token_id}/rotate", headers=headers)
+    assert rotated.status_code == 201
+    demoted = await client.patch(
+        f"/v1/principals/{second_admin.id}", json={"system_role": None}, headers=admin.headers
+    )
+    assert demoted.status_code == 200
+    replay = await client.post(f"/v1/tokens/{token_id}/rotate", headers=headers)
+    assert replay.status_code == 404
+
+
+async def test_a_password_leaves_no_guessable_hash_in_the_receipt(app, client, admin):
+    import hashlib
+    import json
+
+    body = {"kind": "human", "name": "carol", "password": "correct horse battery"}
+    headers = _key("with-password", admin.headers)
+    assert (await client.post("/v1/principals", json=body, headers=headers)).status_code == 201
+    replay = await client.post("/v1/principals", json=body, headers=headers)
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    async with app.db.read() as conn:
+        receipt = await conn.fetch_one(sa.select(idempotency_receipts))
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert receipt["fingerprint"] != hashlib.sha256(canonical.encode()).hexdigest()
+    assert "correct horse" not in receipt["body"]

@@ -609,10 +609,21 @@ async def test_a_non_admin_changes_its_own_name_and_password_but_not_its_role(
 
     renamed = await client.patch(url, json={"display_name": "Ada L."}, headers=me)
     assert (await renamed.get_json())["display_name"] == "Ada L."
-    reset = await client.patch(url, json={"password": OTHER_PASSWORD}, headers=me)
+    other_session = await (await _sign_in(client, "ada", PASSWORD)).get_json()
+    # A token alone cannot take the account over: the current password is needed.
+    for proof in ({}, {"current_password": "not the password"}):
+        refused = await client.patch(url, json={"password": OTHER_PASSWORD, **proof}, headers=me)
+        await _problem(refused, 403, "forbidden")
+    reset = await client.patch(
+        url, json={"password": OTHER_PASSWORD, "current_password": PASSWORD}, headers=me
+    )
     assert reset.status_code == 200
     await _problem(await _sign_in(client, "ada", PASSWORD), 401, "unauthenticated")
     assert (await _sign_in(client, "ada", OTHER_PASSWORD)).status_code == 201
+    # The session that changed it goes on; the other sign-in session ended.
+    assert (await client.get("/v1/principals/me", headers=me)).status_code == 200
+    ended = await client.get("/v1/principals/me", headers=_bearer(other_session["token"]))
+    assert ended.status_code == 401
 
     for change in ({"system_role": "admin"}, {"disabled": True}, {"system_role": None}):
         await _problem(await client.patch(url, json=change, headers=me), 403, "forbidden")
@@ -1034,3 +1045,16 @@ async def test_listing_members_pages_through_everyone_once_in_name_order(
             break
     assert names == ["member-0-owner", *(f"member-{c}" for c in "abcde")]
     assert pages == 3
+
+
+async def test_disabling_twice_changes_and_audits_once(client, admin, make_principal, audit_log):
+    agent = await make_principal("agent")
+    url = f"/v1/principals/{agent.id}"
+    first = await (
+        await client.patch(url, json={"disabled": True}, headers=admin.headers)
+    ).get_json()
+    again = await (
+        await client.patch(url, json={"disabled": True}, headers=admin.headers)
+    ).get_json()
+    assert first["disabled_at"] == again["disabled_at"]
+    assert audit_log.actions() == ["principal.disabled"]

@@ -176,3 +176,35 @@ async def test_an_operator_reads_any_space_but_cannot_write(client, make_princip
         f"/v1/spaces/{space.id}", json={"name": "x"}, headers=operator.headers
     )
     assert refused.status_code == 403
+
+
+async def test_an_admin_changing_members_of_a_space_it_is_not_in_is_an_audited_override(
+    client, admin, make_principal, make_space, audit_log
+):
+    owner, agent = await make_principal("human"), await make_principal("agent")
+    space = await make_space(owner)
+    added = await client.put(
+        f"/v1/spaces/{space.id}/members/{agent.id}", json={"role": "member"}, headers=admin.headers
+    )
+    removed = await client.delete(
+        f"/v1/spaces/{space.id}/members/{agent.id}", headers=admin.headers
+    )
+    assert (added.status_code, removed.status_code) == (200, 204)
+    assert [(e.action, e.admin_override) for e in audit_log.events] == [
+        ("space.member.added", True),
+        ("space.member.removed", True),
+    ]
+
+
+async def test_a_principal_sees_only_itself_unless_admin_or_operator(client, make_principal):
+    alice, bob = await make_principal("agent"), await make_principal("agent")
+    operator = await make_principal("human", system_role="operator")
+    assert (await client.get(f"/v1/principals/{bob.id}", headers=alice.headers)).status_code == 404
+    assert (
+        await client.get(f"/v1/principals/{bob.name}", headers=alice.headers)
+    ).status_code == 404
+    assert (
+        await client.get(f"/v1/principals/{alice.id}", headers=alice.headers)
+    ).status_code == 200
+    seen = await client.get(f"/v1/principals/{bob.id}", headers=operator.headers)
+    assert (await seen.get_json())["name"] == bob.name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -11,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..config import Config, ConfigError, load_config
+from ..config import Config, ConfigError, apply_log_level, load_config
 
 T = TypeVar("T")
 
@@ -162,7 +161,7 @@ def serve(
             err=True,
         )
     _settings_to_env(settings, config_path)
-    logging.getLogger().setLevel(settings.log_level.upper())
+    apply_log_level(settings.log_level)
     config = HypercornConfig()
     config.application_path = "buildmax.asgi:served_app()"
     config.bind = [f"{settings.host}:{settings.port}"]

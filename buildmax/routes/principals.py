@@ -14,7 +14,7 @@ from ..auth import Caller, authenticate
 from ..bodies import json_response, load_body
 from ..idempotency import Reply
 from ..pagination import page_body, page_request
-from ..passwords import check_password_rules, hash_password
+from ..passwords import check_password_rules, hash_password, verify_password
 from ..principals import (
     PUBLIC_COLUMNS,
     count_admins,
@@ -23,7 +23,7 @@ from ..principals import (
     lock_admins,
 )
 from ..problems import Conflict, Forbidden, NotFound, ValidationFailed
-from ..schema import principals
+from ..schema import principals, tokens
 from ..schemas import (
     PRINCIPAL_OUT,
     PrincipalCreate,
@@ -114,7 +114,7 @@ async def create() -> Response:
         )
         return Reply(201, _render(row))
 
-    return await app.idempotency.run(caller, work)
+    return await app.idempotency.run(caller, work, secret_fields=("password",))
 
 
 @blueprint.get("/v1/principals/me")
@@ -158,7 +158,10 @@ async def show(ref: str) -> Response:
     tags=["principals"],
 )
 async def update(ref: str) -> Response:
-    """Disabling a principal stops all its tokens on the next request."""
+    """Disabling a principal stops all its tokens on the next request. Changing
+    your own password needs ``current_password`` (when one is set) and ends
+    your other sign-in sessions. Only what actually changes is written and
+    audited."""
     app = current_buildmax()
     caller = await authenticate()
     data = await load_body(PrincipalUpdate())
@@ -169,50 +172,82 @@ async def update(ref: str) -> Response:
         raise NotFound("no such principal")
     if not caller.is_admin and ({"system_role", "disabled"} & set(data)):
         raise Forbidden("changing a system role or disabling needs the admin system role")
+    if (
+        "password" in data
+        and is_self
+        and not caller.is_admin
+        and target["password_hash"]
+        and not await verify_password(target["password_hash"], data.get("current_password", ""))
+    ):
+        raise Forbidden("current_password is missing or wrong")
     password_hash = await _password_hash(target["kind"], data.get("password"))
     async with app.db.write() as tx:
         if {"system_role", "disabled"} & set(data):
             await lock_admins(tx)
         now = app.clock.now_ms()
-        values: dict[str, Any] = {}
-        if "display_name" in data:
-            values["display_name"] = data["display_name"]
-        if password_hash is not None:
-            values["password_hash"] = password_hash
-        if "system_role" in data:
-            values["system_role"] = data["system_role"]
-        if "disabled" in data:
-            values["disabled_at"] = now if data["disabled"] else None
+        values = _changes(target, data, password_hash, now)
         if values:
             await tx.execute(
                 sa.update(principals).where(principals.c.id == target["id"]).values(**values)
             )
         if await count_admins(tx) == 0:
             raise Conflict("this would leave no enabled system admin", slug="last-admin")
+        if password_hash is not None:
+            await _end_other_sessions(tx, target["id"], caller.token_pk, now)
         row = await find_principal(tx, target["public_id"])
         assert row is not None
-        for action, changed in _audit_actions(data, password_hash):
+        for action, details in _audit_actions(values, row):
             await app.audit.record(
                 tx,
                 caller.actor,
                 action,
                 target_type="principal",
                 target_id=row["public_id"],
-                details=changed(row),
+                details=details,
             )
     return json_response(_render(row))
 
 
-def _audit_actions(data: dict[str, Any], password_hash: str | None) -> list[tuple[str, Any]]:
-    actions: list[tuple[str, Any]] = []
-    if "disabled" in data:
-        actions.append(
-            ("principal.disabled" if data["disabled"] else "principal.enabled", lambda r: {})
-        )
-    if "system_role" in data:
-        actions.append(("principal.role_changed", lambda r: {"system_role": r["system_role"]}))
+def _changes(
+    target: dict[str, Any], data: dict[str, Any], password_hash: str | None, now: int
+) -> dict[str, Any]:
+    """The columns that actually change."""
+    values: dict[str, Any] = {}
+    if "display_name" in data and data["display_name"] != target["display_name"]:
+        values["display_name"] = data["display_name"]
     if password_hash is not None:
-        actions.append(("principal.password_set", lambda r: {}))
-    if "display_name" in data:
-        actions.append(("principal.updated", lambda r: {"display_name": r["display_name"]}))
+        values["password_hash"] = password_hash
+    if "system_role" in data and data["system_role"] != target["system_role"]:
+        values["system_role"] = data["system_role"]
+    if "disabled" in data and data["disabled"] != (target["disabled_at"] is not None):
+        values["disabled_at"] = now if data["disabled"] else None
+    return values
+
+
+async def _end_other_sessions(
+    tx: Transaction, principal_pk: int, keep_token_pk: int, now: int
+) -> None:
+    """A new password ends the principal's sign-in sessions but the current one."""
+    await tx.execute(
+        sa.update(tokens)
+        .where(
+            tokens.c.principal_id == principal_pk,
+            tokens.c.origin == "session",
+            tokens.c.revoked_at.is_(None),
+            tokens.c.id != keep_token_pk,
+        )
+        .values(revoked_at=now)
+    )
+
+
+def _audit_actions(values: dict[str, Any], row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    actions: list[tuple[str, dict[str, Any]]] = []
+    if "disabled_at" in values:
+        actions.append(("principal.disabled" if values["disabled_at"] else "principal.enabled", {}))
+    if "system_role" in values:
+        actions.append(("principal.role_changed", {"system_role": row["system_role"]}))
+    if "password_hash" in values:
+        actions.append(("principal.password_set", {}))
+    if "display_name" in values:
+        actions.append(("principal.updated", {"display_name": row["display_name"]}))
     return actions

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from quart import Blueprint, Response, request
 
@@ -36,6 +37,18 @@ def _resume_point() -> int:
     return after
 
 
+def _frame(row: dict[str, Any]) -> bytes:
+    data = json.dumps(
+        {
+            "type": row["type"],
+            "time": to_rfc3339(row["created_at"]),
+            "data": json.loads(row["data"]),
+        },
+        separators=(",", ":"),
+    )
+    return f"id: {row['seq']}\nevent: {row['type']}\ndata: {data}\n\n".encode()
+
+
 @blueprint.get("/v1/spaces/<space>/events")
 @api(
     "Stream a space's events (text/event-stream; resume with Last-Event-ID)",
@@ -54,22 +67,16 @@ async def events(space: str) -> Response:
     async def body() -> AsyncIterator[bytes]:
         yield b": connected\n\n"
         keepalive = app.settings.events_keepalive_seconds
-        async for _kind, row in stream(app.events, access.pk, after, keepalive):
-            if row is None:
-                if not await still_authorized(app, secret, access.pk, caller):
-                    yield b"event: access-ended\ndata: {}\n\n"
-                    return
+        async for rows in stream(app.events, access.pk, after, keepalive):
+            # Access is checked again before every batch and every keep-alive,
+            # so a revoked token or a removed member gets nothing more.
+            if not await still_authorized(app, secret, access.pk, caller):
+                yield b"event: access-ended\ndata: {}\n\n"
+                return
+            if not rows:
                 yield b": keep-alive\n\n"
-                continue
-            data = json.dumps(
-                {
-                    "type": row["type"],
-                    "time": to_rfc3339(row["created_at"]),
-                    "data": json.loads(row["data"]),
-                },
-                separators=(",", ":"),
-            )
-            yield f"id: {row['seq']}\nevent: {row['type']}\ndata: {data}\n\n".encode()
+            for row in rows:
+                yield _frame(row)
 
     response = Response(body(), content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"

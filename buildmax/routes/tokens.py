@@ -174,12 +174,14 @@ async def rotate_token(token_id: str) -> Response:
     """The twin keeps the name, scope and expiry; the old secret stops working."""
     app = current_buildmax()
     caller = await authenticate()
+    async with app.db.read() as conn:  # authorized before a replay can answer
+        await _visible_token(conn, caller, token_id)
 
     async def work(tx: Transaction) -> Reply:
         row = await _visible_token(tx, caller, token_id)
         issued = await reissue_token(tx, token_id, now=app.clock.now_ms())
         if issued is None:
-            raise NotFound("the token is revoked; create a new one")
+            raise NotFound("the token is revoked or expired; create a new one")
         await app.audit.record(
             tx,
             caller.actor,
