@@ -16,12 +16,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import AuditAction, Migration, hookimpl
 
 from .blobstore import FileBlobStore
-from .migrations import create_tables
+from .migrations import KERNEL, create_tables
 from .schema import KERNEL_TABLES, sign_in_failures
 
 log = logging.getLogger("buildmax.essentials")
 
-KERNEL_NAMESPACE = "kernel"
+KERNEL_NAMESPACE = KERNEL
 SWEEP_INTERVAL_SECONDS = 300
 _SWEEPER = "buildmax.sweeper"
 

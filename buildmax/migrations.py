@@ -23,6 +23,9 @@ from .database import Database
 from .database.locks import lock
 from .schema import schema_migrations
 
+#: The kernel's migration namespace, applied before every plugin's.
+KERNEL = "kernel"
+
 
 class MigrationError(Exception):
     """The migrations cannot be applied or the database is ahead of the code."""
@@ -89,6 +92,9 @@ async def _ensure_table(db: Database) -> None:
         if await _table_exists(conn):
             return
     async with db.write() as tx:
+        # Two processes migrating a fresh PostgreSQL database at once would
+        # both try to create it (IF NOT EXISTS is not safe under concurrency).
+        await lock(tx, "migrate", "schema_migrations")
         await tx.execute(CreateTable(schema_migrations, if_not_exists=True))
 
 
@@ -123,7 +129,8 @@ async def migration_status(
     async with db.read() as conn:
         applied = await _applied(conn)
     result = []
-    for plugin in sorted(set(grouped) | set(applied)):
+    # The kernel's tables come first: plugins' tables refer to them.
+    for plugin in sorted(set(grouped) | set(applied), key=lambda name: (name != KERNEL, name)):
         code = grouped.get(plugin)
         db_version = applied.get(plugin, 0)
         pending = [m for m in code or [] if m.version > db_version]

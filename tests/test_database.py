@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import sqlalchemy as sa
@@ -166,3 +167,83 @@ async def test_a_long_read_on_the_event_loop_is_interrupted_but_a_background_rea
             assert await conn.fetch_val(SLOW_COUNT) == 3000000
     async with app.db.read(background=True) as conn:
         assert await conn.fetch_val(SLOW_COUNT) == 3000000
+
+
+async def test_two_engines_on_one_database_still_count_exactly(app, counter_db):
+    """A second engine on the same database (another process, or the CLI next
+    to the server) is not covered by the first one's lock. Catches: BEGIN
+    instead of BEGIN IMMEDIATE on SQLite (the deferred upgrade fails with
+    'database is locked'), or a missing FOR UPDATE on PostgreSQL."""
+    from buildmax.database import open_database
+
+    other = open_database(app.db.url)
+    await other.connect()
+    try:
+        results = await asyncio.gather(
+            *(_increment_in_transaction(db) for db in [app.db, other] * 25),
+            return_exceptions=True,
+        )
+    finally:
+        await other.close()
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert await _value(counter_db) == 50
+
+
+async def test_a_finished_transaction_refuses_further_statements(counter_db):
+    from buildmax.database import DatabaseError
+
+    async with counter_db.write() as tx:
+        pass
+    with pytest.raises(DatabaseError, match="has ended"):
+        await tx.execute(sa.update(counter).values(n=7))
+    async with counter_db.read() as conn:
+        pass
+    with pytest.raises(DatabaseError, match="has ended"):
+        await conn.fetch_val(sa.select(counter.c.n))
+    assert await _value(counter_db) == 0
+
+
+async def test_after_commit_runs_exactly_when_the_commit_happened(counter_db):
+    """Cancel a writer at every point: its after-commit callback runs if and
+    only if its change was committed, even when the cancellation lands after
+    COMMIT."""
+    for delay in range(14):
+        ran: list[int] = []
+        before = await _value(counter_db)
+
+        async def writer(ran: list[int]) -> None:
+            async with counter_db.write() as tx:
+                n = await tx.fetch_val(sa.select(counter.c.n).with_for_update())
+                await tx.execute(sa.update(counter).values(n=n + 1))
+                tx.after_commit(lambda: ran.append(1))
+
+        task = asyncio.create_task(writer(ran))
+        for _ in range(delay):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        committed = await _value(counter_db) == before + 1
+        assert bool(ran) == committed, delay
+
+
+async def test_an_operation_failing_while_cancelled_reports_its_own_failure():
+    """Catches: uncancellable turning a failed COMMIT into a bare cancellation
+    (the caller would skip ROLLBACK and poison the connection)."""
+    from buildmax.database.base import uncancellable
+
+    started = asyncio.Event()
+
+    async def failing_commit() -> None:
+        started.set()
+        await asyncio.sleep(0.05)
+        raise RuntimeError("commit failed")
+
+    async def caller() -> None:
+        await uncancellable(failing_commit())
+
+    task = asyncio.create_task(caller())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(RuntimeError, match="commit failed"):
+        await task

@@ -178,3 +178,22 @@ async def test_a_demoted_admin_stream_ends(app, http, client, admin, make_princi
         await increment(client, space, owner)
         [ended] = await reader.take(1)
     assert ended["event"] == "access-ended"
+
+
+async def test_concurrent_publishers_in_one_space_get_gap_free_sequences(
+    app, make_principal, make_space
+):
+    """Catches: the sequence read and incremented without the space row lock
+    (duplicate sequence numbers, or unique-key failures on PostgreSQL)."""
+    owner = await make_principal("human")
+    space = await make_space(owner)
+
+    async def publish(i: int) -> None:
+        async with app.db.write() as tx:
+            await app.events.publish(tx, space.pk, "test.concurrent", {"i": i})
+            await asyncio.sleep(0)
+
+    results = await asyncio.gather(*(publish(i) for i in range(30)), return_exceptions=True)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    rows = await app.events.read_after(space.pk, 0, limit=100)
+    assert [r["seq"] for r in rows] == list(range(1, 31))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import sqlalchemy as sa
 from click.testing import CliRunner
 
@@ -80,3 +82,63 @@ def test_db_migrate_and_status_commands(tmp_path, buildmax_database_url):
     lines = {line.split()[0]: line.split()[-1] for line in status.output.splitlines()[1:]}
     assert lines["kernel"] == "current"
     assert lines["testplugin"] == "current"
+
+
+async def test_the_kernel_migrates_before_any_plugin(app):
+    """Plugins' tables refer to the kernel's (spaces, principals): a plugin
+    whose namespace sorts before 'kernel' must still come after it."""
+    from buildmax_hookspecs import Migration
+
+    from buildmax.migrations import create_tables, migration_status
+
+    table = sa.Table(
+        "aaa_items",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("space_id", sa.Integer, sa.ForeignKey("spaces.id"), nullable=False),
+    )
+    early = Migration("aaa", 1, "items", create_tables(table))
+    statuses = await migration_status(app.db, [*app.migrations(), early])
+    assert [s.plugin for s in statuses] == ["kernel", "aaa", "testplugin"]
+
+
+async def test_concurrent_migrations_of_a_fresh_database_all_succeed(buildmax_engine, tmp_path):
+    """Several servers starting at once on an empty database. Catches: the
+    migrations table created without a lock, or the per-plugin lock removed."""
+    import os
+    import secrets
+
+    from buildmax.config import Config
+    from buildmax.migrations import migration_status
+    from buildmax.testing import TEST_DATABASE_ENV, pg_create_database, pg_drop_database
+
+    name = None
+    if buildmax_engine == "postgresql":
+        server = os.environ[TEST_DATABASE_ENV]
+        name = f"bmx_fresh_{secrets.token_hex(6)}"
+        settings = Config(database_url=await asyncio.to_thread(pg_create_database, server, name))
+    else:
+        settings = Config(data_dir=str(tmp_path / "fresh"))
+    apps = [create_app(settings) for _ in range(4)]
+    try:
+        for each in apps:
+            await each.db.connect()
+        barrier = asyncio.Barrier(len(apps))
+
+        async def go(each):
+            await barrier.wait()
+            return await migrate(each.db, each.migrations(), each.clock)
+
+        results = await asyncio.gather(*(go(each) for each in apps), return_exceptions=True)
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        assert sum(len(r) for r in results) == 2  # kernel 1 and testplugin 1, once each
+        statuses = await migration_status(apps[0].db, apps[0].migrations())
+        assert {s.plugin: s.state for s in statuses} == {
+            "kernel": "current",
+            "testplugin": "current",
+        }
+    finally:
+        for each in apps:
+            await each.db.close()
+        if name is not None:
+            await asyncio.to_thread(pg_drop_database, os.environ[TEST_DATABASE_ENV], name)

@@ -36,19 +36,20 @@ async def uncancellable(awaitable: Awaitable[T]) -> T:
     """Await ``awaitable`` to completion even if the caller is cancelled.
 
     A transaction's BEGIN, COMMIT and ROLLBACK must never be cut half-way
-    (Hypercorn cancels a handler whose client disconnects); a cancellation
-    that arrives meanwhile is re-raised once the operation has finished.
+    (Hypercorn cancels a handler whose client disconnects). The operation's
+    own failure always wins, so the caller can still roll back; otherwise a
+    cancellation that arrived meanwhile is re-raised once it has finished.
     """
     task = asyncio.ensure_future(awaitable)
     cancelled = False
-    while True:
+    while not task.done():
         try:
-            result = await asyncio.shield(task)
-            break
+            await asyncio.shield(task)
         except asyncio.CancelledError:
-            if task.done():
-                raise
             cancelled = True
+        except BaseException:
+            break
+    result = task.result()  # raises the operation's own exception, if any
     if cancelled:
         raise asyncio.CancelledError()
     return result
@@ -72,23 +73,34 @@ class Tx:
         self.dialect = dialect
         self._executor = executor
         self._after_commit: list[Callable[[], Any]] = []
+        #: Set once COMMIT has succeeded (even if the caller was cancelled).
+        self.committed = False
+        #: Set when the transaction or read connection has ended.
+        self.closed = False
+
+    def _open_executor(self) -> Executor:
+        if self.closed:
+            raise DatabaseError(
+                "this transaction has ended; open a new one (after-commit work too)"
+            )
+        return self._executor
 
     async def execute(self, statement: Any, params: Params = None) -> None:
         """Run a statement that returns no rows."""
-        await self._executor.execute(statement, params)
+        await self._open_executor().execute(statement, params)
 
     async def fetch_all(self, statement: Any, params: Params = None) -> Sequence[Row]:
         """Every row of ``statement`` as mappings."""
-        return await self._executor.fetch_all(statement, params)
+        return await self._open_executor().fetch_all(statement, params)
 
     async def fetch_one(self, statement: Any, params: Params = None) -> Row | None:
         """The first row of ``statement``, or ``None``."""
-        rows = await self._executor.fetch_all(statement, params)
+        rows = await self.fetch_all(statement, params)
         return rows[0] if rows else None
 
     async def fetch_val(self, statement: Any, params: Params = None) -> Any:
         """The first column of the first row, or ``None``."""
-        rows = await self._executor.fetch_all(statement, params)
+        rows = await self.fetch_all(statement, params)
         if not rows:
             return None
         return next(iter(rows[0].values()))
@@ -98,7 +110,12 @@ class Tx:
         self._after_commit.append(callback)
 
     async def run_after_commit(self) -> None:
-        """Run the registered callbacks; a failing one is logged, not raised."""
+        """Run the registered callbacks once COMMIT succeeded, even when the
+        caller has been cancelled meanwhile; a failing one is logged."""
+        if self.committed:
+            await uncancellable(self._run_callbacks())
+
+    async def _run_callbacks(self) -> None:
         for callback in self._after_commit:
             try:
                 result = callback()
@@ -178,13 +195,16 @@ async def transaction(
             raise
         try:
             await uncancellable(commit())
+            tx.committed = True
         except asyncio.CancelledError:
             # COMMIT finished (uncancellable); only the caller is gone.
+            tx.committed = True
             raise
         except BaseException:
             await uncancellable(rollback())
             raise
     finally:
+        tx.closed = True
         leave_write(token)
 
 

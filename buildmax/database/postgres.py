@@ -68,27 +68,34 @@ class PostgresDatabase:
     async def write(self) -> AsyncIterator[Tx]:
         """A transaction on a pooled connection (READ COMMITTED + row locks)."""
         conn = self._connection()
-        async with conn:
-            tx = Tx(self.dialect, _Executor(conn))
-            raw = conn.raw_connection
+        tx = Tx(self.dialect, _Executor(conn))
+        try:
+            async with conn:
+                raw = conn.raw_connection
 
-            async def begin() -> None:
-                await raw.execute("BEGIN")
+                async def begin() -> None:
+                    await raw.execute("BEGIN")
 
-            async def commit() -> None:
-                await raw.execute("COMMIT")
+                async def commit() -> None:
+                    await raw.execute("COMMIT")
 
-            async def rollback() -> None:
-                if raw.is_in_transaction():
-                    await raw.execute("ROLLBACK")
+                async def rollback() -> None:
+                    if raw.is_in_transaction():
+                        await raw.execute("ROLLBACK")
 
-            async with transaction(begin, commit, rollback, tx):
-                yield tx
-        await tx.run_after_commit()
+                async with transaction(begin, commit, rollback, tx):
+                    yield tx
+        finally:
+            # After the connection went back to the pool: callbacks may write.
+            await tx.run_after_commit()
 
     @asynccontextmanager
     async def read(self, *, background: bool = False) -> AsyncIterator[Tx]:
         """A pooled connection in autocommit mode (``background`` changes nothing here)."""
         conn = self._connection()
         async with conn:
-            yield Tx(self.dialect, _Executor(conn))
+            reader = Tx(self.dialect, _Executor(conn))
+            try:
+                yield reader
+            finally:
+                reader.closed = True

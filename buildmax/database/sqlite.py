@@ -179,9 +179,11 @@ class SQLiteDatabase:
             if writer.in_transaction:
                 await writer.execute_fetchall("ROLLBACK")
 
-        async with self._lock, transaction(begin, commit, rollback, tx):
-            yield tx
-        await tx.run_after_commit()
+        try:
+            async with self._lock, transaction(begin, commit, rollback, tx):
+                yield tx
+        finally:
+            await tx.run_after_commit()
 
     @asynccontextmanager
     async def read(self, *, background: bool = False) -> AsyncIterator[Tx]:
@@ -190,10 +192,16 @@ class SQLiteDatabase:
         if self._writer is None or self._loop_reader is None:
             raise DatabaseError("database is not connected")
         if not background:
-            yield Tx(self.dialect, self._loop_reader)
+            reader = Tx(self.dialect, self._loop_reader)
+            try:
+                yield reader
+            finally:
+                reader.closed = True
             return
         conn = await self._readers.get()
+        reader = Tx(self.dialect, _Executor(conn, self._compiler))
         try:
-            yield Tx(self.dialect, _Executor(conn, self._compiler))
+            yield reader
         finally:
+            reader.closed = True
             self._readers.put_nowait(conn)
