@@ -202,8 +202,8 @@ async def _startup(app: BuildMax) -> None:
         await app.events.start()
         await app.plugins.acall("buildmax_startup", app=app)
     except BaseException:
-        await app.events.stop()
-        await app.db.close()
+        # Whatever did start (a plugin's background task) is stopped again.
+        await _shutdown(app)
         raise
 
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from buildmax_hookspecs import SYSTEM_ACTOR
 
+from .database.locks import lock
 from .passwords import hash_password
 from .principals import count_admins, create_principal
 from .tokens import IssuedToken, issue_token
@@ -27,6 +28,7 @@ async def bootstrap_admin(
     a second all-powerful account by accident."""
     password_hash = await hash_password(password) if password else None
     async with app.db.write() as tx:
+        await lock(tx, "bootstrap")  # two first starts at once: one admin
         if await count_admins(tx) > 0:
             raise AlreadyBootstrapped("an admin exists already; use `buildmax token create`")
         now = app.clock.now_ms()

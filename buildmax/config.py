@@ -213,6 +213,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"log_level must be debug, info, warning, error or critical, got {config.log_level!r}"
         )
+    if config.events_keepalive_seconds < 1:
+        raise ConfigError("events_keepalive_seconds must be at least 1")
     if config.sqlite_readers < 1:
         raise ConfigError("sqlite_readers must be at least 1")
     url = config.database_url

@@ -130,6 +130,7 @@ class EventHub:
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda _c, ev=closed: ev.set())
                 await conn.add_listener(CHANNEL, on_notify)
+                log.info("listening for events on PostgreSQL")
                 # Anything published while we were not listening is picked
                 # up by the subscribers' periodic re-read.
                 for space_pk in list(self._waiters):

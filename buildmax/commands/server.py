@@ -91,7 +91,7 @@ async def _prepare(settings: Config) -> str | None:
     """Migrate (SQLite) or check (PostgreSQL); bootstrap an admin on a fresh database.
 
     Returns the one-time admin token when one was minted."""
-    from ..bootstrap import bootstrap_admin
+    from ..bootstrap import AlreadyBootstrapped, bootstrap_admin
     from ..migrations import MigrationError, migrate, migration_status, refuse_if_ahead
     from ..principals import count_admins
 
@@ -107,8 +107,10 @@ async def _prepare(settings: Config) -> str | None:
         async with app.db.read() as conn:
             admins = await count_admins(conn)
         if admins == 0:
-            issued = await bootstrap_admin(app)
-            return issued.secret
+            try:
+                return (await bootstrap_admin(app)).secret
+            except AlreadyBootstrapped:  # another server process was first
+                return None
         return None
     finally:
         await app.db.close()

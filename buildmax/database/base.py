@@ -18,7 +18,8 @@ T = TypeVar("T")
 
 #: The task that opened the write transaction this context is inside, if any.
 #: Tasks spawned inside a transaction inherit the variable but are other
-#: tasks, so they may open their own transactions.
+#: tasks: they are not refused, and on SQLite their write waits until the
+#: parent's transaction ends (so a parent must not await such a child).
 _in_write: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
     "buildmax_in_write", default=None
 )
