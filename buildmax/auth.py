@@ -42,10 +42,6 @@ class Caller:
         return self.actor.system_role == "operator"
 
 
-def _unauthenticated(detail: str) -> Unauthenticated:
-    return Unauthenticated(detail)
-
-
 async def authenticate(accept_scopes: Iterable[str] = ()) -> Caller:
     """The caller of the current request, or 401/403.
 
@@ -71,15 +67,15 @@ async def _load_caller() -> Caller:
     app = current_buildmax()
     secret = bearer_secret()
     if not secret:
-        raise _unauthenticated("send an API token as 'Authorization: Bearer <token>'")
+        raise Unauthenticated("send an API token as 'Authorization: Bearer <token>'")
     if not secret.startswith(SECRET_PREFIX) or len(secret) > 100:
-        raise _unauthenticated("the token is not valid")
+        raise Unauthenticated("the token is not valid")
     async with app.db.read() as conn:
         row = await lookup_token(conn, secret)
     now = app.clock.now_ms()
     refusal = token_refusal(row, now)
     if refusal is not None:
-        raise _unauthenticated(refusal)
+        raise Unauthenticated(refusal)
     assert row is not None
     app.token_toucher.touch(row["token_pk"], row["last_used_at"], now)
     actor = Actor(

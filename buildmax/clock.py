@@ -47,11 +47,3 @@ def to_rfc3339(epoch_ms: int | None) -> str | None:
         return None
     moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def from_rfc3339(text: str) -> int:
-    """Parse an RFC 3339 timestamp (with offset or ``Z``) to epoch milliseconds."""
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    if moment.tzinfo is None:
-        raise ValueError("timestamp needs a UTC offset or Z")
-    return int(moment.timestamp() * 1000)
