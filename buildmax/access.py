@@ -15,10 +15,10 @@ from buildmax_hookspecs import ResourceRef
 
 from .auth import Caller
 from .problems import Forbidden, NotFound
+from .roles import SPACE_ROLES
 from .schema import space_members, spaces
 
-ROLES = ("viewer", "member", "admin", "owner")
-_RANK = {role: rank for rank, role in enumerate(ROLES)}
+_RANK = {role: rank for rank, role in enumerate(SPACE_ROLES)}
 
 
 def role_at_least(role: str | None, minimum: str) -> bool:

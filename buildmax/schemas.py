@@ -7,12 +7,10 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from .clock import to_rfc3339
+from .roles import PRINCIPAL_KINDS, SPACE_ROLES, SYSTEM_ROLES
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}\Z"
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}\Z"
-PRINCIPAL_KINDS = ("human", "agent", "service")
-SYSTEM_ROLES = ("admin", "operator")
-SPACE_ROLES = ("owner", "admin", "member", "viewer")
 MAX_TOKEN_LIFETIME = 10 * 365 * 24 * 3600
 
 

@@ -302,6 +302,6 @@ async def test_help_describes_the_commands(run: Invoke) -> None:
         assert f"\n  {name} " in top.stdout
     add = await run("space", "member", "add", "--help")
     assert "Add PRINCIPAL to SPACE" in add.stdout
-    assert "--role [owner|admin|member|viewer]" in add.stdout
+    assert "--role [viewer|member|admin|owner]" in add.stdout
     assert "default: member" in add.stdout
     assert "--url URL" in add.stdout and "--token TOKEN" in add.stdout

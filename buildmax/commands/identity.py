@@ -21,11 +21,7 @@ from ..client import (
     save_login,
     sign_in,
 )
-
-# The server validates every value; these only make --help and typos friendlier.
-PRINCIPAL_KINDS = ("human", "agent", "service")
-SYSTEM_ROLES = ("admin", "operator")
-SPACE_ROLES = ("owner", "admin", "member", "viewer")
+from ..roles import PRINCIPAL_KINDS, SPACE_ROLES, SYSTEM_ROLES
 
 PRINCIPAL_COLUMNS = ("id", "name", "kind", "system_role", "display_name", "disabled_at")
 TOKEN_COLUMNS = ("id", "name", "principal_id", "origin", "created_at", "expires_at", "revoked_at")
