@@ -5,28 +5,36 @@ the pluggy markers, the hookspec modules, the records hooks pass and the
 Protocols services implement. This package imports nothing of BuildMax.
 """
 
-from . import app, audit, auth, storage
+from . import app, audit, auth, storage, workflow
 from .markers import PROJECT_NAME, hookimpl, hookspec
-from .protocols import BlobNotFound, BlobStore, BlobTooLarge, Row, Transaction
+from .protocols import BlobNotFound, BlobStore, BlobTooLarge, Row, TaskQueue, Transaction
 from .records import (
     SYSTEM_ACTOR,
     Actor,
+    AgentRevisionRef,
+    AttemptRef,
     AuditAction,
     AuditEvent,
     BlobRef,
     Migration,
     ResourceRef,
+    StageSpec,
+    SubmissionRef,
+    TaskRef,
     Verdict,
 )
+from .workflow import RunEnvironmentRefused
 
 #: The modules holding hookspecs, in the order the kernel registers them.
-HOOKSPEC_MODULES = (app, storage, audit, auth)
+HOOKSPEC_MODULES = (app, storage, audit, auth, workflow)
 
 __all__ = [
     "HOOKSPEC_MODULES",
     "PROJECT_NAME",
     "SYSTEM_ACTOR",
     "Actor",
+    "AgentRevisionRef",
+    "AttemptRef",
     "AuditAction",
     "AuditEvent",
     "BlobNotFound",
@@ -36,6 +44,11 @@ __all__ = [
     "Migration",
     "ResourceRef",
     "Row",
+    "RunEnvironmentRefused",
+    "StageSpec",
+    "SubmissionRef",
+    "TaskQueue",
+    "TaskRef",
     "Transaction",
     "Verdict",
     "hookimpl",

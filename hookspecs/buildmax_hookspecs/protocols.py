@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .records import BlobRef
+from .records import Actor, AgentRevisionRef, AttemptRef, BlobRef, SubmissionRef, TaskRef
 
 Row = Mapping[str, Any]
 
@@ -87,3 +87,58 @@ class BlobStore(Protocol):
 
     def list(self, prefix: str) -> AsyncIterator[BlobRef]:
         """Every blob whose key starts with ``prefix``."""
+
+
+@runtime_checkable
+class TaskQueue(Protocol):
+    """The tasks plugin's capability, for stage plugins and the marketplace.
+
+    Reads take any :class:`Transaction` (a read connection, or the caller's
+    write transaction to see its own writes). Task state is written only by
+    the tasks plugin: a stage plugin steers it by returning a ``Verdict``
+    from ``buildmax_attempt_submitted``.
+    """
+
+    async def task(self, conn: Transaction, task_id: str) -> TaskRef | None:
+        """A task by public id, or ``None``."""
+
+    async def attempt(self, conn: Transaction, attempt_id: str) -> AttemptRef | None:
+        """An attempt by public id, or ``None``."""
+
+    async def submission(self, conn: Transaction, submission_id: str) -> SubmissionRef | None:
+        """A submission by public id, or ``None``."""
+
+    async def submissions(self, conn: Transaction, task_id: str) -> Sequence[SubmissionRef]:
+        """Every submission of a task, oldest first."""
+
+    async def policy(self, conn: Transaction, project_id: str) -> Mapping[str, Any]:
+        """The project's current workflow policy: ``revision``,
+        ``approvals_required``, ``human_review_required``, ``integration``."""
+
+    async def agent_revision(
+        self, conn: Transaction, revision_id: str
+    ) -> AgentRevisionRef | None:
+        """An agent revision by public id, or ``None``."""
+
+    async def agents_naming(
+        self, conn: Transaction, space_id: str, plugin: str
+    ) -> Sequence[AgentRevisionRef]:
+        """The current revisions of the space's agents whose selection names ``plugin``."""
+
+    async def linked_work(self, conn: Transaction, submission_id: str) -> Sequence[TaskRef]:
+        """The stage work items created for a submission, by stage order and slot."""
+
+    async def open_decision(
+        self,
+        tx: Transaction,
+        task_id: str,
+        *,
+        question: str,
+        options: Sequence[str],
+        actor: Actor,
+        answerable_by: str = "human",
+        expires_at: int | None = None,
+    ) -> str:
+        """Open a human-required decision on a task (it parks the task until
+        answered or expired); audited; returns the decision's public id.
+        ``answerable_by`` is ``human`` (human members) or ``member`` (any member)."""

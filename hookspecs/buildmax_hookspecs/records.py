@@ -134,3 +134,92 @@ class BlobRef:
     key: str
     size: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A workflow stage a plugin supplies to the tasks plugin's stage engine.
+
+    When a submission enters the stage, the engine creates ``slots`` linked
+    work items of kind ``work_kind`` for it (each a task linked to the
+    subject task and the submission). ``slots`` is a fixed count, or the
+    name of an integer field of the project's workflow policy (e.g.
+    ``"approvals_required"``). ``human_slot`` names a boolean policy field:
+    when it is true, slot 0 is claimable by human principals only. A stage
+    whose slot count comes out as 0 is skipped.
+    """
+
+    name: str
+    order: int
+    work_kind: str
+    slots: int | str = 1
+    human_slot: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A task as plugins see it. ``stage``, ``slot``, ``subject_task_id``
+    and ``submission_id`` are set on linked stage work."""
+
+    id: str
+    space_id: str
+    project_id: str
+    kind: str
+    title: str
+    state: str
+    priority: int
+    generation: int
+    revision: int
+    labels: tuple[str, ...] = ()
+    agent_id: str | None = None
+    stage: str | None = None
+    slot: int | None = None
+    human_only: bool = False
+    subject_task_id: str | None = None
+    submission_id: str | None = None
+    resources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    """One attempt at a task. ``claimant_kind`` is ``human``/``agent``/``service``."""
+
+    id: str
+    task_id: str
+    space_id: str
+    generation: int
+    claimant_id: str
+    claimant_kind: str
+    state: str
+    lease_expires_at: int
+    agent_revision_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SubmissionRef:
+    """The immutable candidate an attempt handed in."""
+
+    id: str
+    task_id: str
+    attempt_id: str
+    generation: int
+    task_revision: int
+    submitted_by: str
+    summary: str
+    candidate: Mapping[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentRevisionRef:
+    """One immutable revision of an agent definition; ``plugins`` names the
+    catalog plugins the agent selects (never versions)."""
+
+    id: str
+    agent_id: str
+    space_id: str
+    agent_name: str
+    number: int
+    instructions: str
+    plugins: tuple[str, ...] = ()

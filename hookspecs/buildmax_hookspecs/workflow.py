@@ -1,0 +1,98 @@
+"""Hooks of the work queue: stages, claim checks, submissions, run environments.
+
+The tasks plugin owns task state and calls these hooks; stage plugins
+(reviews, integration) and the marketplace answer them. Every hook that
+takes ``tx`` is called inside the write transaction of the change, so what a
+plugin writes there commits if and only if the change does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any
+
+from .markers import hookspec
+from .protocols import Transaction
+from .records import Actor, AgentRevisionRef, AttemptRef, StageSpec, SubmissionRef, TaskRef, Verdict
+
+
+@hookspec
+def buildmax_workflow_stages() -> Iterable[StageSpec] | None:
+    """The workflow stages this plugin supplies.
+
+    Called by the tasks plugin once when the app is built. A submitted task
+    passes through every loaded stage in ``order``; with no stage loaded,
+    submit completes the task. Two stages with the same name are a start-up
+    error.
+    """
+
+
+@hookspec
+def buildmax_claim_check(
+    tx: Transaction, task: TaskRef, principal: Actor
+) -> Verdict | Awaitable[Verdict | None] | None:
+    """Refuse a claim of ``task`` by ``principal`` (e.g. a reviewer who
+    submitted the work under review).
+
+    Called by the tasks plugin inside the claim's write transaction, after
+    readiness and holds were checked and before anything is written. Return
+    ``Verdict("deny", reason)`` to refuse (a named claim answers 403 with
+    the reason; claim-next skips to the next candidate), or ``None`` for no
+    opinion. Do not write in ``tx``: a refused candidate must leave nothing.
+    """
+
+
+@hookspec
+def buildmax_attempt_submitted(
+    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef
+) -> Verdict | Awaitable[Verdict | None] | None:
+    """Judge work handed in.
+
+    Called by the tasks plugin inside the submit's write transaction, after
+    the submission row is written, for every submission. For linked stage
+    work (``task.subject_task_id`` set), the plugin owning ``task.stage``
+    records its own rows (reviews, findings, integrations) and returns a
+    :class:`Verdict` about the subject: ``pending`` (more work of the stage
+    is still due), ``pass`` (the subject moves to the next stage, or is
+    done), ``changes`` (the subject reopens with ``finding_ids`` visible to
+    its next attempt) or ``reject`` (the subject fails with the reason).
+    Every other plugin returns ``None``. Only the tasks plugin applies the
+    verdict to task state. An exception rolls the submit back.
+    """
+
+
+@hookspec
+def buildmax_run_environment(
+    tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+) -> Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None:
+    """What a run must have, resolved when an attempt is claimed (plugin pins).
+
+    Called by the tasks plugin inside the claim's write transaction, before
+    the attempt row is written; ``agent_revision`` is the assigned agent's
+    current revision, or ``None`` for an agentless task. Return a JSON-able
+    mapping with keys of your own (e.g. ``{"plugins": [...]}``); the answers
+    of every plugin are merged and recorded on the attempt, and a key
+    returned by two plugins is an error. Raise :class:`RunEnvironmentRefused`
+    when the run cannot be resolved: no attempt is created (a named claim
+    answers 422 naming the cause; claim-next skips the candidate).
+    """
+
+
+@hookspec
+def buildmax_agent_revision(
+    tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
+) -> Verdict | Awaitable[Verdict | None] | None:
+    """Validate an agent revision before it is saved.
+
+    Called by the tasks plugin inside the write transaction that saves the
+    revision; ``revision`` carries the public id it will have. Return
+    ``Verdict("deny", reason)`` to refuse (the request answers 422 with the
+    reason and nothing is saved), or ``None``. A plugin may write its own
+    rows (e.g. activate a plugin a space in open mode may use).
+    """
+
+
+class RunEnvironmentRefused(Exception):
+    """Raised by a ``buildmax_run_environment`` implementation: this attempt
+    cannot run (e.g. the agent names a plugin its space has not activated).
+    The message is shown to the claimant."""

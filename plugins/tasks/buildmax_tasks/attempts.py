@@ -1,0 +1,258 @@
+"""Operations on an active attempt, each fenced by its generation.
+
+Renew, checkpoint, release, fail, submit and cancel load the attempt under
+a row lock and refuse, changing nothing, when the caller is not its owner,
+the generation is not the attempt's, the attempt has ended or its lease has
+lapsed. Only the owner acts on an active attempt; a space admin or owner
+may override with a reason, and the audit trail says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax.clock import to_rfc3339
+from buildmax.ids import new_id
+from buildmax.problems import NotFound, ValidationFailed
+
+from .change import Change
+from .engine import StageEngine
+from .holds import describe_hold, holds_covering
+from .lifecycle import after_attempt, end_attempt, finish, set_task
+from .problems import AttemptEnded, LeaseLapsed, NotAttemptOwner, StaleGeneration, TaskHeld
+from .records import SUBMISSION_SELECT, load_attempt, load_task_by_pk
+from .schema import attempts, checkpoints, submissions
+
+
+@dataclass(frozen=True)
+class Authority:
+    """Who asks to act on an attempt, and whether they may override."""
+
+    principal_pk: int
+    scope_id: str | None
+    may_override: bool
+    override_reason: str | None
+
+
+async def fenced(
+    ch: Change,
+    attempt_id: str,
+    generation: int,
+    authority: Authority,
+    *,
+    allow_lapsed: bool = False,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The attempt and its task, locked, if the caller may act on it now.
+
+    Sets ``ch.admin_override`` when an admin or owner acts on someone
+    else's attempt."""
+    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk, for_update=True)
+    if attempt is None:
+        raise NotFound("no such attempt in this space")
+    if authority.scope_id is not None and authority.scope_id != attempt_id:
+        raise NotAttemptOwner("this token is scoped to another attempt")
+    if attempt["claimant_id"] != authority.principal_pk:
+        if authority.scope_id is not None or not authority.may_override:
+            raise NotAttemptOwner(
+                "only the attempt's owner acts on it (a space admin or owner may override "
+                "with override_reason)"
+            )
+        if not authority.override_reason:
+            raise ValidationFailed(
+                "acting on another principal's attempt needs override_reason",
+                errors={"override_reason": ["Required to override the attempt's owner."]},
+            )
+        ch.admin_override = True
+    if generation != attempt["generation"]:
+        raise StaleGeneration(
+            f"generation {generation} is not this attempt's ({attempt['generation']})",
+            generation=attempt["generation"],
+        )
+    if attempt["state"] != "active":
+        raise AttemptEnded(f"the attempt is {attempt['state']}", state=attempt["state"])
+    if attempt["lease_expires_at"] <= ch.now and not allow_lapsed:
+        raise LeaseLapsed(
+            f"the lease lapsed at {to_rfc3339(attempt['lease_expires_at'])}",
+            lease_expires_at=to_rfc3339(attempt["lease_expires_at"]),
+        )
+    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
+    assert task is not None
+    return attempt, task
+
+
+async def stopped_hold(ch: Change, task: dict[str, Any]) -> dict[str, Any] | None:
+    """The stopped hold covering a task, described, or ``None``."""
+    for hold in await holds_covering(ch.tx, task):
+        if hold["strength"] == "stopped":
+            return await describe_hold(ch.tx, hold)
+    return None
+
+
+def hold_refusal(hold: dict[str, Any], what: str) -> TaskHeld:
+    """The problem for an action a stopped hold refuses."""
+    return TaskHeld(
+        f"a stopped hold on the {hold['scope']['type']} refuses {what}: {hold['reason']}",
+        hold=hold,
+    )
+
+
+async def renew(
+    ch: Change, attempt: dict[str, Any], task: dict[str, Any], lease_ms: int, progress: Any
+) -> dict[str, Any]:
+    """Extend the lease from now; keep the latest progress report."""
+    hold = await stopped_hold(ch, task)
+    if hold is not None:
+        raise hold_refusal(hold, "renewals")
+    expires = ch.now + lease_ms
+    values: dict[str, Any] = {"lease_expires_at": expires, "renewed_at": ch.now}
+    if progress is not None:
+        values["progress"] = json.dumps(progress, separators=(",", ":"))
+    await ch.tx.execute(sa.update(attempts).where(attempts.c.id == attempt["id"]).values(**values))
+    await ch.audit(
+        "attempt.renewed",
+        "attempt",
+        attempt["public_id"],
+        generation=attempt["generation"],
+        lease_expires_at=to_rfc3339(expires),
+    )
+    await ch.event(
+        "attempt.renewed",
+        attempt_id=attempt["public_id"],
+        lease_expires_at=to_rfc3339(expires),
+    )
+    return {**attempt, **values}
+
+
+async def mark_hold_refused(ch: Change, attempt_id: str, generation: int) -> None:
+    """Remember that a stopped hold refused this attempt's renewal, so the
+    lapse that follows is not charged against the task's attempts."""
+    await ch.tx.execute(
+        sa.update(attempts)
+        .where(
+            attempts.c.public_id == attempt_id,
+            attempts.c.generation == generation,
+            attempts.c.state == "active",
+            attempts.c.hold_refused_at.is_(None),
+        )
+        .values(hold_refused_at=ch.now)
+    )
+
+
+async def checkpoint(ch: Change, attempt: dict[str, Any], data: Any) -> dict[str, Any]:
+    """Append a checkpoint to the attempt."""
+    pk = await ch.tx.fetch_val(
+        checkpoints.insert()
+        .values(
+            attempt_id=attempt["id"],
+            data=json.dumps(data, separators=(",", ":")),
+            created_at=ch.now,
+        )
+        .returning(checkpoints.c.id)
+    )
+    count = await ch.tx.fetch_val(
+        sa.select(sa.func.count()).where(checkpoints.c.attempt_id == attempt["id"])
+    )
+    await ch.audit(
+        "attempt.checkpointed", "attempt", attempt["public_id"], generation=attempt["generation"]
+    )
+    await ch.event("attempt.checkpointed", attempt_id=attempt["public_id"], number=count)
+    return {"number": int(count), "created_at": ch.now, "pk": pk}
+
+
+async def give_up(
+    ch: Change,
+    attempt: dict[str, Any],
+    task: dict[str, Any],
+    state: str,
+    reason: str | None,
+) -> str:
+    """End an attempt without a submission (``released``, ``failed`` or
+    ``canceled``); only ``failed`` is charged. The task's new state."""
+    charged = state == "failed"
+    await end_attempt(ch, attempt, state, reason, charge=charged)
+    await ch.audit(
+        f"attempt.{state}",
+        "attempt",
+        attempt["public_id"],
+        task_id=task["public_id"],
+        generation=attempt["generation"],
+        reason=reason,
+    )
+    await ch.event(f"attempt.{state}", attempt_id=attempt["public_id"], task_id=task["public_id"])
+    if task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]:
+        return await after_attempt(ch, task, charged=charged)
+    return str(task["state"])
+
+
+async def submit(
+    ch: Change,
+    engine: StageEngine,
+    attempt: dict[str, Any],
+    task: dict[str, Any],
+    body: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Record the submission, end the attempt, and let the stage engine move
+    the task on. The submission row and what the engine did."""
+    public_id = new_id("sb")
+    pk = await ch.tx.fetch_val(
+        submissions.insert()
+        .values(
+            public_id=public_id,
+            task_id=task["id"],
+            attempt_id=attempt["id"],
+            generation=attempt["generation"],
+            task_revision=task["revision"],
+            submitted_by=attempt["claimant_id"],
+            summary=body["summary"],
+            candidate=json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True),
+            evidence=json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True),
+            created_at=ch.now,
+        )
+        .returning(submissions.c.id)
+    )
+    await end_attempt(ch, attempt, "submitted", None, charge=False)
+    await set_task(ch, task["id"], current_submission_id=pk, finding_ids="[]")
+    await ch.audit(
+        "attempt.submitted",
+        "attempt",
+        attempt["public_id"],
+        task_id=task["public_id"],
+        generation=attempt["generation"],
+        submission_id=public_id,
+    )
+    await ch.event(
+        "attempt.submitted",
+        attempt_id=attempt["public_id"],
+        task_id=task["public_id"],
+        submission_id=public_id,
+    )
+    submission = dict(
+        await ch.tx.fetch_one(SUBMISSION_SELECT.where(submissions.c.id == pk))  # type: ignore[arg-type]
+    )
+    task = {**task, "current_submission_id": pk, "state": "claimed"}
+    outcome = await engine.submitted(ch, task, {**attempt, "state": "submitted"}, submission)
+    return submission, outcome
+
+
+async def cancel_task(ch: Change, task: dict[str, Any], reason: str) -> None:
+    """Cancel a task for good (its active attempt too)."""
+    active = await ch.tx.fetch_one(
+        sa.select(attempts.c.id, attempts.c.public_id, attempts.c.generation).where(
+            attempts.c.task_id == task["id"], attempts.c.state == "active"
+        )
+    )
+    if active is not None:
+        await end_attempt(ch, dict(active), "canceled", reason, charge=False)
+        await ch.audit(
+            "attempt.canceled",
+            "attempt",
+            active["public_id"],
+            task_id=task["public_id"],
+            generation=active["generation"],
+            reason=reason,
+        )
+    await finish(ch, task, "canceled", reason)

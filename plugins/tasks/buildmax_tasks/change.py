@@ -1,0 +1,44 @@
+"""One mutation in progress: its transaction, actor, space and time.
+
+Every write of the tasks plugin runs through a :class:`Change`, so each
+audit event and outbox event carries the same actor, space and moment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from buildmax_hookspecs import Actor, Transaction
+
+
+@dataclass
+class Change:
+    """The context of one write transaction."""
+
+    app: Any
+    tx: Transaction
+    actor: Actor
+    space_pk: int
+    space_id: str
+    now: int
+    admin_override: bool = False
+
+    async def audit(
+        self, action: str, target_type: str, target_id: str, **details: Any
+    ) -> None:
+        """Record one audit event about ``target`` in this transaction."""
+        await self.app.audit.record(
+            self.tx,
+            self.actor,
+            action,
+            space_id=self.space_id,
+            target_type=target_type,
+            target_id=target_id,
+            details=details,
+            admin_override=self.admin_override,
+        )
+
+    async def event(self, type: str, **data: Any) -> None:
+        """Append an event to the space's stream in this transaction."""
+        await self.app.events.publish(self.tx, self.space_pk, type, data)

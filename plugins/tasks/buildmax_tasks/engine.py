@@ -1,0 +1,281 @@
+"""The stage engine: what happens to a task after its work is handed in.
+
+With no stage loaded, a submission completes its task. Otherwise the task
+waits while each stage, in order, gets linked work items (one per slot)
+created for the submission; when linked work is handed in, the stage's
+plugin returns a :class:`Verdict` from ``buildmax_attempt_submitted`` and the
+engine applies it: ``pending`` waits for more, ``pass`` moves to the next
+stage or completes the subject, ``changes`` reopens the subject with the
+verdict's finding ids, ``reject`` fails it. Only the engine writes task state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import StageSpec, Verdict
+
+from buildmax.ids import new_id
+
+from .change import Change
+from .lifecycle import cancel_linked_work, complete, finish, reopen, set_task
+from .records import attempt_ref, submission_ref, task_ref
+from .schema import policies, projects, submissions, task_revisions, tasks
+
+VERDICTS = ("pending", "pass", "changes", "reject")
+
+
+class StageError(Exception):
+    """Stages are declared inconsistently, or a verdict is malformed."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A loaded stage and the plugin that supplied it."""
+
+    spec: StageSpec
+    plugin: str
+
+
+class StageEngine:
+    """The loaded stages, in order."""
+
+    def __init__(self, stages: list[Stage]) -> None:
+        names: dict[str, str] = {}
+        for stage in stages:
+            if stage.spec.name in names:
+                raise StageError(
+                    f"stage {stage.spec.name!r} is supplied by both "
+                    f"{names[stage.spec.name]!r} and {stage.plugin!r}"
+                )
+            names[stage.spec.name] = stage.plugin
+        self.stages = sorted(stages, key=lambda s: (s.spec.order, s.spec.name))
+        self._by_name = {s.spec.name: s for s in self.stages}
+
+    @classmethod
+    def from_plugins(cls, plugins: Any) -> StageEngine:
+        """Collect the stages of every loaded plugin."""
+        found = []
+        for impl in plugins.pm.hook.buildmax_workflow_stages.get_hookimpls():
+            for spec in impl.function() or ():
+                found.append(Stage(spec, impl.plugin_name))
+        return cls(found)
+
+    def known(self, name: str | None) -> bool:
+        """True when a stage of that name is loaded."""
+        return name in self._by_name
+
+    def after(self, name: str | None) -> list[Stage]:
+        """The stages after ``name`` (all of them for ``None``)."""
+        if name is None:
+            return list(self.stages)
+        current = self._by_name[name]
+        key = (current.spec.order, current.spec.name)
+        return [s for s in self.stages if (s.spec.order, s.spec.name) > key]
+
+    async def submitted(
+        self,
+        ch: Change,
+        task: dict[str, Any],
+        attempt: dict[str, Any],
+        submission: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Apply a fresh submission (already written) to task state; what happened."""
+        linked = task["subject_task_id"] is not None
+        subject = None
+        if linked:
+            # Serialises every hand-in of one subject's stage work: two
+            # last approvals arriving together cannot both count as pending.
+            from .records import load_task_by_pk
+
+            subject = await load_task_by_pk(ch.tx, task["subject_task_id"], for_update=True)
+            await complete(ch, task)
+            task = {**task, "state": "done"}
+        verdicts = await ch.app.plugins.acall(
+            "buildmax_attempt_submitted",
+            tx=ch.tx,
+            task=task_ref(task),
+            attempt=attempt_ref(attempt),
+            submission=submission_ref(submission),
+        )
+        if not linked:
+            return await self._enter_next(ch, task, submission["id"], None)
+        assert subject is not None
+        verdict = _one_verdict(verdicts, task["stage"])
+        if verdict is None:
+            return {"verdict": None}
+        await ch.tx.execute(
+            sa.update(submissions)
+            .where(submissions.c.id == submission["id"])
+            .values(verdict=verdict.outcome)
+        )
+        current = (
+            subject["state"] == "waiting"
+            and subject["current_submission_id"] == task["subject_submission_id"]
+            and subject["stage"] == task["stage"]
+        )
+        if not current:
+            # The subject moved on (another slot asked for changes): the
+            # verdict is kept on the submission and changes nothing else.
+            return {"verdict": verdict.outcome, "applied": False}
+        await self._apply(ch, subject, task["stage"], verdict)
+        return {"verdict": verdict.outcome, "applied": True}
+
+    async def _apply(
+        self, ch: Change, subject: dict[str, Any], stage: str, verdict: Verdict
+    ) -> None:
+        submission_pk = subject["current_submission_id"]
+        if verdict.outcome == "pending":
+            return
+        if verdict.outcome == "pass":
+            await self._enter_next(ch, subject, submission_pk, stage)
+            return
+        reason = verdict.reason or f"the {stage} stage answered {verdict.outcome}"
+        await cancel_linked_work(ch, submission_pk, reason)
+        if verdict.outcome == "changes":
+            findings = list(verdict.finding_ids)
+            await reopen(ch, subject, stage=None, finding_ids=json.dumps(findings))
+            await ch.audit(
+                "task.reopened",
+                "task",
+                subject["public_id"],
+                stage=stage,
+                finding_ids=findings,
+                reason=reason,
+            )
+            return
+        await finish(ch, {**subject, "current_submission_id": None}, "failed", reason)
+
+    async def _enter_next(
+        self, ch: Change, subject: dict[str, Any], submission_pk: int, after: str | None
+    ) -> dict[str, Any]:
+        policy = await current_policy(ch.tx, subject["project_id"])
+        for stage in self.after(after):
+            slots = _slot_count(stage.spec, policy)
+            if slots == 0:
+                continue
+            human = bool(stage.spec.human_slot and policy.get(stage.spec.human_slot))
+            work = await _create_linked_work(ch, subject, submission_pk, stage.spec, slots, human)
+            await set_task(ch, subject["id"], state="waiting", stage=stage.spec.name)
+            await ch.audit(
+                "task.stage_entered",
+                "task",
+                subject["public_id"],
+                stage=stage.spec.name,
+                work_ids=work,
+            )
+            await ch.event(
+                "task.state",
+                task_id=subject["public_id"],
+                state="waiting",
+                stage=stage.spec.name,
+            )
+            return {"stage": stage.spec.name, "work_ids": work}
+        released = await complete(ch, subject)
+        return {"stage": None, "released": released}
+
+
+def _one_verdict(verdicts: list[Any], stage: str) -> Verdict | None:
+    found = [v for v in verdicts if v is not None]
+    if len(found) > 1:
+        raise StageError(f"more than one plugin judged work of stage {stage!r}")
+    if not found:
+        return None
+    verdict = found[0]
+    if not isinstance(verdict, Verdict) or verdict.outcome not in VERDICTS:
+        raise StageError(f"stage {stage!r} returned {verdict!r}, not a stage Verdict")
+    return verdict
+
+
+def _slot_count(spec: StageSpec, policy: dict[str, Any]) -> int:
+    if isinstance(spec.slots, int):
+        return spec.slots
+    value = policy.get(spec.slots)
+    if not isinstance(value, int):
+        raise StageError(f"stage {spec.name!r} counts slots by unknown policy field {spec.slots!r}")
+    return value
+
+
+async def _create_linked_work(
+    ch: Change,
+    subject: dict[str, Any],
+    submission_pk: int,
+    spec: StageSpec,
+    slots: int,
+    human_first: bool,
+) -> list[str]:
+    """Create the stage's work items, once per (submission, stage, slot): the
+    unique index refuses a second set, which rolls the transaction back."""
+    created = []
+    for slot in range(slots):
+        public_id = new_id("ta")
+        title = f"{spec.name} {slot + 1}/{slots}: {subject['title']}"[:500]
+        pk = await ch.tx.fetch_val(
+            tasks.insert()
+            .values(
+                public_id=public_id,
+                space_id=subject["space_id"],
+                project_id=subject["project_id"],
+                kind=spec.work_kind,
+                title=title,
+                priority=subject["priority"],
+                labels="[]",
+                state="ready",
+                stage=spec.name,
+                subject_task_id=subject["id"],
+                subject_submission_id=submission_pk,
+                slot=slot,
+                human_only=int(human_first and slot == 0),
+                max_attempts=subject["max_attempts"],
+                ready_at=ch.now,
+                created_at=ch.now,
+                created_by=None,
+                updated_at=ch.now,
+            )
+            .returning(tasks.c.id)
+        )
+        await ch.tx.execute(
+            task_revisions.insert().values(
+                task_id=pk,
+                number=1,
+                title=title,
+                body=spec.description,
+                criteria="",
+                created_at=ch.now,
+                created_by=None,
+            )
+        )
+        await ch.event("task.created", task_id=public_id, stage=spec.name, slot=slot)
+        created.append(public_id)
+    return created
+
+
+DEFAULT_POLICY = {
+    "revision": 0,
+    "approvals_required": 1,
+    "human_review_required": False,
+    "integration": "automatic",
+}
+
+
+async def current_policy(conn: Any, project_pk: int) -> dict[str, Any]:
+    """The project's current workflow policy (the defaults before any revision)."""
+    row = await conn.fetch_one(
+        sa.select(
+            policies.c.revision,
+            policies.c.approvals_required,
+            policies.c.human_review_required,
+            policies.c.integration,
+            policies.c.created_at,
+        )
+        .select_from(projects.join(policies, policies.c.id == projects.c.policy_id))
+        .where(projects.c.id == project_pk)
+    )
+    if row is None:
+        return dict(DEFAULT_POLICY)
+    policy = dict(row)
+    policy["human_review_required"] = bool(policy["human_review_required"])
+    return policy

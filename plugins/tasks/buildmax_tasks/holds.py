@@ -1,0 +1,118 @@
+"""Holds and parking: what keeps ready work from being claimed.
+
+A hold covers a space, a project or a task. ``suspended`` refuses new
+claims and lets active attempts finish; ``stopped`` also refuses renewals
+(submit is still accepted, so finished work is not lost). A pending
+decision parks its task. Neither is a stored task state: the ready queue
+excludes held scopes and parked tasks by query, so placing or lifting a
+hold rewrites no task row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+
+from .schema import decisions, holds, projects, tasks
+
+
+def live_holds_of(space_pk: int, scope_type: str) -> Any:
+    """The scope keys of a space's live holds of one scope type (a subquery)."""
+    return sa.select(holds.c.scope_pk).where(
+        holds.c.space_id == space_pk,
+        holds.c.scope_type == scope_type,
+        holds.c.lifted_at.is_(None),
+    )
+
+
+def pending_decision_tasks(space_pk: int, now: int) -> Any:
+    """Tasks of a space with a pending, unexpired decision (a subquery)."""
+    return sa.select(decisions.c.task_id).where(
+        decisions.c.space_id == space_pk,
+        decisions.c.state == "pending",
+        sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
+    )
+
+
+def claimable(space_pk: int, now: int) -> list[Any]:
+    """Conditions that keep held and parked tasks out of the ready queue."""
+    space_hold = sa.exists(
+        sa.select(holds.c.id).where(
+            holds.c.space_id == space_pk,
+            holds.c.scope_type == "space",
+            holds.c.lifted_at.is_(None),
+        )
+    )
+    return [
+        ~space_hold,
+        tasks.c.project_id.not_in(live_holds_of(space_pk, "project")),
+        tasks.c.id.not_in(live_holds_of(space_pk, "task")),
+        tasks.c.id.not_in(pending_decision_tasks(space_pk, now)),
+    ]
+
+
+async def holds_covering(conn: Transaction, task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The live holds covering a task (space, its project, itself), strongest first."""
+    rows = await conn.fetch_all(
+        sa.select(
+            holds.c.public_id,
+            holds.c.scope_type,
+            holds.c.scope_pk,
+            holds.c.strength,
+            holds.c.reason,
+            holds.c.created_at,
+        )
+        .where(
+            holds.c.space_id == task["space_id"],
+            holds.c.lifted_at.is_(None),
+            sa.or_(
+                holds.c.scope_type == "space",
+                sa.and_(holds.c.scope_type == "project", holds.c.scope_pk == task["project_id"]),
+                sa.and_(holds.c.scope_type == "task", holds.c.scope_pk == task["id"]),
+            ),
+        )
+        .order_by(holds.c.strength.desc(), holds.c.id)
+    )
+    return [dict(r) for r in rows]
+
+
+async def pending_decisions(conn: Transaction, task_pk: int, now: int) -> list[dict[str, Any]]:
+    """A task's pending, unexpired decisions."""
+    rows = await conn.fetch_all(
+        sa.select(decisions.c.public_id, decisions.c.question, decisions.c.expires_at)
+        .where(
+            decisions.c.task_id == task_pk,
+            decisions.c.state == "pending",
+            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
+        )
+        .order_by(decisions.c.id)
+    )
+    return [dict(r) for r in rows]
+
+
+async def scope_public_id(conn: Transaction, scope_type: str, scope_pk: int | None) -> str | None:
+    """The public id of a hold's scope (``None`` for a space hold)."""
+    if scope_type == "project":
+        return await conn.fetch_val(  # type: ignore[no-any-return]
+            sa.select(projects.c.public_id).where(projects.c.id == scope_pk)
+        )
+    if scope_type == "task":
+        return await conn.fetch_val(  # type: ignore[no-any-return]
+            sa.select(tasks.c.public_id).where(tasks.c.id == scope_pk)
+        )
+    return None
+
+
+async def describe_hold(conn: Transaction, hold: dict[str, Any]) -> dict[str, Any]:
+    """A hold as problems and task views show it."""
+    return {
+        "id": hold["public_id"],
+        "scope": {
+            "type": hold["scope_type"],
+            "id": await scope_public_id(conn, hold["scope_type"], hold["scope_pk"]),
+        },
+        "strength": hold["strength"],
+        "reason": hold["reason"],
+    }

@@ -1,0 +1,176 @@
+"""Task and attempt state transitions shared by every operation.
+
+These functions are the only code that writes ``task_tasks.state`` and
+``task_attempts.state``; each runs inside the caller's :class:`Change`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax.tokens import end_scope
+
+from .change import Change
+from .schema import attempts, dependencies, reservations, tasks
+
+#: States in which a task is finished for good (until an explicit retry).
+TERMINAL = ("done", "canceled", "failed")
+#: Linked work that is still due.
+UNFINISHED = ("open", "ready", "claimed")
+
+
+async def prerequisites_done(ch: Change, task_pk: int) -> bool:
+    """True when every prerequisite of the task is done."""
+    prereq = tasks.alias("prereq")
+    undone = await ch.tx.fetch_val(
+        sa.select(sa.func.count())
+        .select_from(dependencies.join(prereq, prereq.c.id == dependencies.c.prerequisite_id))
+        .where(dependencies.c.task_id == task_pk, prereq.c.state != "done")
+    )
+    return int(undone or 0) == 0
+
+
+async def set_task(ch: Change, task_pk: int, **values: Any) -> None:
+    """Write task columns and its ``updated_at``."""
+    await ch.tx.execute(
+        sa.update(tasks).where(tasks.c.id == task_pk).values(updated_at=ch.now, **values)
+    )
+
+
+async def reopen(ch: Change, task: dict[str, Any], **values: Any) -> str:
+    """Make a task claimable again: ``ready``, or ``open`` while a
+    prerequisite is not done. Returns the new state."""
+    state = "ready" if await prerequisites_done(ch, task["id"]) else "open"
+    await set_task(ch, task["id"], state=state, ready_at=ch.now, **values)
+    await ch.event("task.state", task_id=task["public_id"], state=state)
+    return state
+
+
+async def release_dependents(ch: Change, task_pk: int) -> list[str]:
+    """After ``task_pk`` is done: every ``open`` dependent whose prerequisites
+    are now all done becomes ``ready``. Returns their public ids.
+
+    The dependents' rows are locked first, so two prerequisites finishing at
+    once on PostgreSQL cannot each miss the other (the second waits, then
+    its check sees the first committed)."""
+    dependent_ids = sa.select(dependencies.c.task_id).where(
+        dependencies.c.prerequisite_id == task_pk
+    )
+    await ch.tx.fetch_all(
+        sa.select(tasks.c.id)
+        .where(tasks.c.id.in_(dependent_ids), tasks.c.state == "open")
+        .order_by(tasks.c.id)
+        .with_for_update()
+    )
+    prereq = tasks.alias("prereq")
+    edge = dependencies.alias("edge")
+    undone = sa.exists(
+        sa.select(edge.c.prerequisite_id)
+        .select_from(edge.join(prereq, prereq.c.id == edge.c.prerequisite_id))
+        .where(edge.c.task_id == tasks.c.id, prereq.c.state != "done")
+    )
+    rows = await ch.tx.fetch_all(
+        sa.update(tasks)
+        .where(tasks.c.id.in_(dependent_ids), tasks.c.state == "open", ~undone)
+        .values(state="ready", ready_at=ch.now, updated_at=ch.now)
+        .returning(tasks.c.public_id)
+    )
+    ready = sorted(r["public_id"] for r in rows)
+    for public_id in ready:
+        await ch.event("task.state", task_id=public_id, state="ready")
+    return ready
+
+
+async def complete(ch: Change, task: dict[str, Any]) -> list[str]:
+    """Mark a task done and release its dependents; their public ids."""
+    await set_task(ch, task["id"], state="done", stage=None, outcome_reason=None)
+    await ch.audit("task.done", "task", task["public_id"])
+    await ch.event("task.state", task_id=task["public_id"], state="done")
+    return await release_dependents(ch, task["id"])
+
+
+async def finish(ch: Change, task: dict[str, Any], state: str, reason: str) -> None:
+    """End a task as ``failed`` or ``canceled`` (with its unfinished linked work)."""
+    await set_task(ch, task["id"], state=state, stage=None, outcome_reason=reason)
+    await ch.audit(f"task.{state}", "task", task["public_id"], reason=reason)
+    await ch.event("task.state", task_id=task["public_id"], state=state)
+    if task["current_submission_id"] is not None:
+        await cancel_linked_work(ch, task["current_submission_id"], reason)
+
+
+async def end_attempt(
+    ch: Change, attempt: dict[str, Any], state: str, reason: str | None, *, charge: bool
+) -> bool:
+    """End an active attempt: its state, its reservations, its scoped tokens.
+
+    Returns ``False`` (and changes nothing) when it was no longer active."""
+    ended = await ch.tx.fetch_val(
+        sa.update(attempts)
+        .where(attempts.c.id == attempt["id"], attempts.c.state == "active")
+        .values(state=state, ended_at=ch.now, end_reason=reason, charged=int(charge))
+        .returning(attempts.c.id)
+    )
+    if ended is None:
+        return False
+    await ch.tx.execute(sa.delete(reservations).where(reservations.c.attempt_public_id == attempt["public_id"]))
+    await end_scope(ch.tx, "attempt", attempt["public_id"], now=ch.now)
+    return True
+
+
+async def after_attempt(ch: Change, task: dict[str, Any], *, charged: bool) -> str:
+    """The task of an attempt that ended without a submission: back to the
+    queue, or ``failed`` once a charged attempt spends its budget."""
+    used = task["attempts_used"] + (1 if charged else 0)
+    if charged and used >= task["max_attempts"]:
+        await set_task(ch, task["id"], attempts_used=used)
+        await finish(ch, task, "failed", f"all {task['max_attempts']} attempts were spent")
+        return "failed"
+    return await reopen(ch, task, attempts_used=used)
+
+
+async def retire_lapsed(ch: Change, attempt: dict[str, Any], task: dict[str, Any]) -> str:
+    """Expire an attempt whose lease lapsed, and put its task back.
+
+    The lapse is charged against ``max_attempts`` unless a stopped hold
+    refused the attempt's renewal. Returns the task's new state."""
+    charge = attempt["hold_refused_at"] is None
+    if not await end_attempt(ch, attempt, "expired", "the lease lapsed", charge=charge):
+        return str(task["state"])
+    await ch.audit(
+        "attempt.expired",
+        "attempt",
+        attempt["public_id"],
+        task_id=task["public_id"],
+        generation=attempt["generation"],
+        charged=charge,
+    )
+    await ch.event(
+        "attempt.expired", attempt_id=attempt["public_id"], task_id=task["public_id"]
+    )
+    if task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]:
+        return await after_attempt(ch, task, charged=charge)
+    return str(task["state"])
+
+
+async def cancel_linked_work(ch: Change, submission_pk: int, reason: str) -> list[str]:
+    """Cancel the unfinished stage work of a submission (and end its active
+    attempts); the public ids of the canceled tasks."""
+    rows = await ch.tx.fetch_all(
+        sa.select(tasks.c.id, tasks.c.public_id)
+        .where(tasks.c.subject_submission_id == submission_pk, tasks.c.state.in_(UNFINISHED))
+        .order_by(tasks.c.id)
+        .with_for_update()
+    )
+    for row in rows:
+        active = await ch.tx.fetch_all(
+            sa.select(attempts.c.id, attempts.c.public_id).where(
+                attempts.c.task_id == row["id"], attempts.c.state == "active"
+            )
+        )
+        for attempt in active:
+            await end_attempt(ch, dict(attempt), "canceled", reason, charge=False)
+        await set_task(ch, row["id"], state="canceled", outcome_reason=reason)
+        await ch.event("task.state", task_id=row["public_id"], state="canceled")
+    return [r["public_id"] for r in rows]

@@ -1,0 +1,173 @@
+"""The tasks plugin's hook implementations (entry point ``tasks``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import click
+from buildmax_hookspecs import AuditAction, Migration, TaskQueue, hookimpl
+
+from buildmax.migrations import create_tables
+
+from .queue import SqlTaskQueue
+from .reaper import reap_forever
+from .schema import TABLES
+from .settings import task_settings
+
+_REAPER = "buildmax_tasks.reaper"
+
+
+@hookimpl
+def buildmax_migrations() -> list[Migration]:
+    return [
+        Migration(
+            "tasks",
+            1,
+            "projects, policies, agents, tasks, dependencies, attempts, submissions, "
+            "reservations, holds, decisions",
+            create_tables(*TABLES),
+        )
+    ]
+
+
+@hookimpl
+def buildmax_blueprints(app: Any) -> list[Any]:
+    from .routes import blueprints
+
+    task_settings(app)  # a bad [plugins.tasks] table stops the app being built
+    return blueprints()
+
+
+@hookimpl
+def buildmax_services(app: Any) -> dict[type, Any]:
+    return {TaskQueue: SqlTaskQueue(app)}
+
+
+@hookimpl
+def buildmax_register_commands(cli: click.Group) -> None:
+    from .commands import register
+
+    register(cli)
+
+
+@hookimpl
+def buildmax_startup(app: Any) -> None:
+    from .routes import tasks_state
+    from .routes.attempts import TOKEN_KIND, remint_attempt_token
+
+    tasks_state(app)  # inconsistent stages stop start-up here
+    app.idempotency.register_reminter(TOKEN_KIND, remint_attempt_token)
+    interval = task_settings(app).reap_interval_seconds
+    app.extensions[_REAPER] = asyncio.get_running_loop().create_task(reap_forever(app, interval))
+
+
+@hookimpl
+async def buildmax_shutdown(app: Any) -> None:
+    task = app.extensions.pop(_REAPER, None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _action(name: str, description: str, target: str, *keys: str) -> AuditAction:
+    return AuditAction(name, description, frozenset(keys), target)
+
+
+@hookimpl
+def buildmax_audit_actions() -> list[AuditAction]:
+    attempt_keys = ("task_id", "generation", "reason")
+    return [
+        _action("project.created", "A project was created", "project", "name"),
+        _action("project.updated", "A project was edited", "project", "fields", "revision"),
+        _action(
+            "policy.revised",
+            "A project's workflow policy got a new revision",
+            "project",
+            "revision",
+            "approvals_required",
+            "human_review_required",
+            "integration",
+        ),
+        _action(
+            "task.created",
+            "A task was created",
+            "task",
+            "project_id",
+            "kind",
+            "priority",
+            "prerequisites",
+        ),
+        _action("task.revised", "A task got a new revision", "task", "revision", "fields"),
+        _action("task.dependency.added", "A prerequisite was added", "task", "prerequisite_id"),
+        _action("task.dependency.removed", "A prerequisite was removed", "task", "prerequisite_id"),
+        _action(
+            "task.claimed",
+            "A task was claimed: a new attempt with a lease",
+            "task",
+            "attempt_id",
+            "generation",
+            "lease_expires_at",
+            "agent_revision_id",
+            "skipped",
+        ),
+        _action("task.done", "A task was completed", "task"),
+        _action("task.failed", "A task failed", "task", "reason"),
+        _action("task.canceled", "A task was canceled", "task", "reason"),
+        _action("task.retried", "A task was retried", "task", "previous_state", "state"),
+        _action(
+            "task.reopened",
+            "A stage asked for changes: the task is claimable again",
+            "task",
+            "stage",
+            "finding_ids",
+            "reason",
+        ),
+        _action("task.stage_entered", "A task entered a workflow stage", "task", "stage", "work_ids"),
+        _action(
+            "attempt.renewed", "An attempt's lease was renewed", "attempt", "generation", "lease_expires_at"
+        ),
+        _action("attempt.checkpointed", "An attempt recorded a checkpoint", "attempt", "generation"),
+        _action("attempt.released", "An attempt was released", "attempt", *attempt_keys),
+        _action("attempt.failed", "An attempt failed", "attempt", *attempt_keys),
+        _action("attempt.canceled", "An attempt was canceled", "attempt", *attempt_keys),
+        _action(
+            "attempt.expired",
+            "An attempt's lease lapsed and it was retired",
+            "attempt",
+            "task_id",
+            "generation",
+            "charged",
+        ),
+        _action(
+            "attempt.submitted",
+            "An attempt handed in its work",
+            "attempt",
+            "task_id",
+            "generation",
+            "submission_id",
+        ),
+        _action(
+            "hold.created",
+            "A hold was placed",
+            "hold",
+            "scope_type",
+            "scope_id",
+            "strength",
+            "reason",
+        ),
+        _action("hold.lifted", "A hold was lifted", "hold"),
+        _action(
+            "decision.opened",
+            "A decision was asked",
+            "decision",
+            "task_id",
+            "answerable_by",
+            "options",
+        ),
+        _action("decision.answered", "A decision was answered", "decision", "task_id", "answer"),
+        _action("agent.created", "An agent was defined", "agent", "name"),
+        _action("agent.revised", "An agent got a new revision", "agent", "revision", "plugins"),
+    ]

@@ -1,0 +1,229 @@
+"""Reading tasks, attempts and submissions, and turning rows into the
+contract's records (:class:`TaskRef`, :class:`AttemptRef`, ...).
+
+Every lookup is scoped by space: a public id of another space finds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, TaskRef, Transaction
+
+from buildmax.schema import principals, spaces
+
+from .schema import (
+    agent_revisions,
+    agents,
+    attempts,
+    projects,
+    resources,
+    submissions,
+    tasks,
+    task_revisions,
+)
+
+_subject = tasks.alias("subject")
+_subject_submission = submissions.alias("subject_submission")
+_current_attempt = attempts.alias("current_attempt")
+_current_submission = submissions.alias("current_submission")
+
+#: A task with the public ids of everything it points at.
+TASK_SELECT = sa.select(
+    tasks,
+    spaces.c.public_id.label("space_public_id"),
+    projects.c.public_id.label("project_public_id"),
+    agents.c.public_id.label("agent_public_id"),
+    _subject.c.public_id.label("subject_public_id"),
+    _subject_submission.c.public_id.label("subject_submission_public_id"),
+    _current_attempt.c.public_id.label("current_attempt_public_id"),
+    _current_submission.c.public_id.label("current_submission_public_id"),
+    task_revisions.c.body,
+    task_revisions.c.criteria,
+).select_from(
+    tasks.join(spaces, spaces.c.id == tasks.c.space_id)
+    .join(projects, projects.c.id == tasks.c.project_id)
+    .join(
+        task_revisions,
+        sa.and_(
+            task_revisions.c.task_id == tasks.c.id, task_revisions.c.number == tasks.c.revision
+        ),
+    )
+    .outerjoin(agents, agents.c.id == tasks.c.agent_id)
+    .outerjoin(_subject, _subject.c.id == tasks.c.subject_task_id)
+    .outerjoin(_subject_submission, _subject_submission.c.id == tasks.c.subject_submission_id)
+    .outerjoin(_current_attempt, _current_attempt.c.id == tasks.c.current_attempt_id)
+    .outerjoin(_current_submission, _current_submission.c.id == tasks.c.current_submission_id)
+)
+
+
+async def load_task(
+    conn: Transaction,
+    public_id: str,
+    *,
+    space_pk: int | None = None,
+    for_update: bool = False,
+) -> dict[str, Any] | None:
+    """A task row (with its resources) by public id, or ``None``.
+
+    ``for_update`` locks the task row until the transaction ends (PostgreSQL;
+    SQLite's writer lock already excludes other writers)."""
+    query = TASK_SELECT.where(tasks.c.public_id == public_id)
+    if space_pk is not None:
+        query = query.where(tasks.c.space_id == space_pk)
+    if for_update:
+        query = query.with_for_update(of=tasks)
+    row = await conn.fetch_one(query)
+    if row is None:
+        return None
+    task = dict(row)
+    task["resources"] = await task_resources(conn, task["id"])
+    return task
+
+
+async def load_task_by_pk(
+    conn: Transaction, pk: int, *, for_update: bool = False
+) -> dict[str, Any] | None:
+    """A task row by numeric key (for rows reached from another row)."""
+    query = TASK_SELECT.where(tasks.c.id == pk)
+    if for_update:
+        query = query.with_for_update(of=tasks)
+    row = await conn.fetch_one(query)
+    if row is None:
+        return None
+    task = dict(row)
+    task["resources"] = await task_resources(conn, pk)
+    return task
+
+
+async def task_resources(conn: Transaction, task_pk: int) -> list[str]:
+    """The canonical resources a task needs, sorted."""
+    rows = await conn.fetch_all(
+        sa.select(resources.c.resource)
+        .where(resources.c.task_id == task_pk)
+        .order_by(resources.c.resource)
+    )
+    return [r["resource"] for r in rows]
+
+
+def task_ref(task: dict[str, Any]) -> TaskRef:
+    """The contract's view of a task row from :data:`TASK_SELECT`."""
+    return TaskRef(
+        id=task["public_id"],
+        space_id=task["space_public_id"],
+        project_id=task["project_public_id"],
+        kind=task["kind"],
+        title=task["title"],
+        state=task["state"],
+        priority=task["priority"],
+        generation=task["generation"],
+        revision=task["revision"],
+        labels=tuple(json.loads(task["labels"])),
+        agent_id=task["agent_public_id"],
+        stage=task["stage"],
+        slot=task["slot"],
+        human_only=bool(task["human_only"]),
+        subject_task_id=task["subject_public_id"],
+        submission_id=task["subject_submission_public_id"],
+        resources=tuple(task.get("resources", ())),
+    )
+
+
+#: An attempt with its task's and claimant's public ids.
+ATTEMPT_SELECT = sa.select(
+    attempts,
+    tasks.c.public_id.label("task_public_id"),
+    spaces.c.public_id.label("space_public_id"),
+    principals.c.public_id.label("claimant_public_id"),
+    principals.c.kind.label("claimant_kind"),
+    agent_revisions.c.public_id.label("agent_revision_public_id"),
+).select_from(
+    attempts.join(tasks, tasks.c.id == attempts.c.task_id)
+    .join(spaces, spaces.c.id == attempts.c.space_id)
+    .join(principals, principals.c.id == attempts.c.claimant_id)
+    .outerjoin(agent_revisions, agent_revisions.c.id == attempts.c.agent_revision_id)
+)
+
+
+async def load_attempt(
+    conn: Transaction, public_id: str, *, space_pk: int | None = None, for_update: bool = False
+) -> dict[str, Any] | None:
+    """An attempt row by public id, or ``None``."""
+    query = ATTEMPT_SELECT.where(attempts.c.public_id == public_id)
+    if space_pk is not None:
+        query = query.where(attempts.c.space_id == space_pk)
+    if for_update:
+        query = query.with_for_update(of=attempts)
+    row = await conn.fetch_one(query)
+    return dict(row) if row is not None else None
+
+
+def attempt_ref(attempt: dict[str, Any]) -> AttemptRef:
+    """The contract's view of an attempt row from :data:`ATTEMPT_SELECT`."""
+    return AttemptRef(
+        id=attempt["public_id"],
+        task_id=attempt["task_public_id"],
+        space_id=attempt["space_public_id"],
+        generation=attempt["generation"],
+        claimant_id=attempt["claimant_public_id"],
+        claimant_kind=attempt["claimant_kind"],
+        state=attempt["state"],
+        lease_expires_at=attempt["lease_expires_at"],
+        agent_revision_id=attempt["agent_revision_public_id"],
+    )
+
+
+#: A submission with the public ids it points at.
+SUBMISSION_SELECT = sa.select(
+    submissions,
+    tasks.c.public_id.label("task_public_id"),
+    attempts.c.public_id.label("attempt_public_id"),
+    principals.c.public_id.label("submitted_by_public_id"),
+).select_from(
+    submissions.join(tasks, tasks.c.id == submissions.c.task_id)
+    .join(attempts, attempts.c.id == submissions.c.attempt_id)
+    .join(principals, principals.c.id == submissions.c.submitted_by)
+)
+
+
+def submission_ref(row: dict[str, Any]) -> SubmissionRef:
+    """The contract's view of a submission row from :data:`SUBMISSION_SELECT`."""
+    return SubmissionRef(
+        id=row["public_id"],
+        task_id=row["task_public_id"],
+        attempt_id=row["attempt_public_id"],
+        generation=row["generation"],
+        task_revision=row["task_revision"],
+        submitted_by=row["submitted_by_public_id"],
+        summary=row["summary"],
+        candidate=json.loads(row["candidate"]),
+        evidence=json.loads(row["evidence"]),
+    )
+
+
+#: An agent revision with its agent and space.
+AGENT_REVISION_SELECT = sa.select(
+    agent_revisions,
+    agents.c.public_id.label("agent_public_id"),
+    agents.c.name.label("agent_name"),
+    spaces.c.public_id.label("space_public_id"),
+).select_from(
+    agent_revisions.join(agents, agents.c.id == agent_revisions.c.agent_id).join(
+        spaces, spaces.c.id == agents.c.space_id
+    )
+)
+
+
+def agent_revision_ref(row: dict[str, Any]) -> AgentRevisionRef:
+    """The contract's view of a row from :data:`AGENT_REVISION_SELECT`."""
+    return AgentRevisionRef(
+        id=row["public_id"],
+        agent_id=row["agent_public_id"],
+        space_id=row["space_public_id"],
+        agent_name=row["agent_name"],
+        number=row["number"],
+        instructions=row["instructions"],
+        plugins=tuple(json.loads(row["plugins"])),
+    )

@@ -1,0 +1,432 @@
+"""Claims, attempts and submissions.
+
+Claim answers carry a token scoped to the new attempt, shown once: a
+replay of the claim (same ``Idempotency-Key``) revokes the unseen token and
+answers with a fresh one for the same attempt. Attempt routes accept that
+token (for its own attempt only) or the claimant's own token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response
+
+from buildmax.access import SpaceAccess, require_space
+from buildmax.apidoc import api
+from buildmax.app import current_buildmax
+from buildmax.auth import Caller, authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.idempotency import Reply
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import NotFound
+from buildmax.schema import spaces
+from buildmax.tokens import reissue_token
+
+from .. import attempts as ops
+from ..change import Change
+from ..claims import Claim, ClaimFilters, claim_named, claim_next
+from ..problems import TaskHeld
+from ..records import ATTEMPT_SELECT, SUBMISSION_SELECT, load_attempt
+from ..schema import attempts, submissions
+from ..schemas import (
+    AttemptOut,
+    AttemptPage,
+    CancelAttemptBody,
+    CheckpointBody,
+    CheckpointOut,
+    ClaimBody,
+    ClaimNextBody,
+    ClaimOut,
+    FailBody,
+    ReleaseBody,
+    RenewBody,
+    SubmissionOut,
+    SubmissionPage,
+    SubmitBody,
+)
+from ..views import attempt_body, submission_body
+from . import change, lease_ms, may_override, tasks_state
+from .projects import find_project
+from .tasks import agent_pk, render_one, task_or_404
+
+blueprint = Blueprint("buildmax_tasks_attempts", __name__)
+ATTEMPT_SCOPE = ["attempt"]
+TOKEN_KIND = "attempt_token"
+
+
+async def _claim_body(tx: Transaction, claim: Claim | None, skipped: int, now: int) -> dict[str, Any]:
+    if claim is None:
+        return {"task": None, "attempt": None, "token": None, "token_id": None, "skipped": skipped}
+    return {
+        "task": await render_one(tx, claim.task, now),
+        "attempt": attempt_body(claim.attempt),
+        "token": claim.token,
+        "token_id": claim.token_id,
+        "skipped": skipped,
+    }
+
+
+def _claim_reply(body: dict[str, Any], status: int) -> Reply:
+    secret = body["token"] is not None
+    return Reply(
+        status,
+        body,
+        secret_field="token" if secret else None,
+        secret_kind=TOKEN_KIND if secret else None,
+    )
+
+
+async def remint_attempt_token(
+    tx: Transaction, caller: Caller, body: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A replayed claim: replace the token nobody saw, if its attempt is still active."""
+    app = current_buildmax()
+    attempt = await tx.fetch_one(
+        sa.select(attempts.c.id, attempts.c.state, spaces.c.public_id.label("space_id"))
+        .join(spaces, spaces.c.id == attempts.c.space_id)
+        .where(attempts.c.public_id == body["attempt"]["id"])
+    )
+    if attempt is None or attempt["state"] != "active":
+        return None
+    issued = await reissue_token(tx, body["token_id"], now=app.clock.now_ms())
+    if issued is None:
+        return None
+    await tx.execute(
+        sa.update(attempts).where(attempts.c.id == attempt["id"]).values(token_id=issued.public_id)
+    )
+    await app.audit.record(
+        tx,
+        caller.actor,
+        "token.rotated",
+        space_id=attempt["space_id"],
+        target_type="token",
+        target_id=issued.public_id,
+        details={"principal_id": caller.actor.principal_id, "replaces": body["token_id"]},
+    )
+    return {**body, "token": issued.secret, "token_id": issued.public_id}
+
+
+@blueprint.post("/v1/spaces/<space>/tasks/<task>/claim")
+@api(
+    "Claim a task (members): an attempt with a lease and a token scoped to it",
+    body=ClaimBody,
+    response=ClaimOut,
+    status=201,
+    idempotent=True,
+    tags=["claims"],
+)
+async def claim(space: str, task: str) -> Response:
+    """409 when another attempt holds it or a resource it needs is reserved
+    (the holder is named), 403 when a hold or a claim check refuses, 422
+    when the run environment cannot be resolved."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.claim")
+    data = await load_body(ClaimBody())
+    lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        made = await claim_named(ch, caller.principal_pk, task, lease)
+        return _claim_reply(await _claim_body(tx, made, 0, ch.now), 201)
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/claims")
+@api(
+    "Claim the next ready task matching the filters (members)",
+    body=ClaimNextBody,
+    response=ClaimOut,
+    status=201,
+    idempotent=True,
+    tags=["claims"],
+)
+async def claim_next_route(space: str) -> Response:
+    """201 with the claim; 200 with ``task: null`` when nothing is claimable.
+    ``skipped`` counts candidates passed over (vetoed, resource reserved,
+    run environment unresolved)."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.claim")
+    data = await load_body(ClaimNextBody())
+    state = tasks_state(app)
+    lease = lease_ms(state.settings, data["lease_seconds"])
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        filters = ClaimFilters(
+            project_pk=(await find_project(tx, access.pk, data["project"]))["id"]
+            if data["project"]
+            else None,
+            kind=data["kind"],
+            label=data.get("label"),
+            agent_pk=await agent_pk(tx, access, data["agent"]),
+        )
+        made, skipped = await claim_next(
+            ch, caller.principal_pk, filters, lease, state.settings.claim_scan_limit
+        )
+        return _claim_reply(await _claim_body(tx, made, skipped, ch.now), 201 if made else 200)
+
+    return await app.idempotency.run(caller, work)
+
+
+def _authority(access: SpaceAccess, caller: Caller, reason: str | None) -> ops.Authority:
+    return ops.Authority(
+        principal_pk=caller.principal_pk,
+        scope_id=caller.actor.scope_id if caller.actor.scope_type == "attempt" else None,
+        may_override=may_override(access, caller),
+        override_reason=reason,
+    )
+
+
+Operation = Callable[[Change, dict[str, Any], dict[str, Any], dict[str, Any]], Awaitable[Reply]]
+
+
+async def _on_attempt(
+    space: str,
+    attempt: str,
+    schema: Any,
+    action: str,
+    operation: Operation,
+    *,
+    allow_lapsed: bool = False,
+) -> Response:
+    """Authenticate (attempt tokens accepted), load the body, fence the
+    attempt and run ``operation`` in one write transaction."""
+    app = current_buildmax()
+    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
+    access = await require_space(space, "member", caller, action)
+    data = await load_body(schema)
+    authority = _authority(access, caller, data.get("override_reason"))
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row, task = await ops.fenced(
+            ch, attempt, data["generation"], authority, allow_lapsed=allow_lapsed
+        )
+        return await operation(ch, row, task, data)
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/attempts/<attempt>/renew")
+@api(
+    "Renew an attempt's lease, with optional progress (the owner)",
+    body=RenewBody,
+    response=AttemptOut,
+    scopes=ATTEMPT_SCOPE,
+    idempotent=True,
+    tags=["attempts"],
+)
+async def renew(space: str, attempt: str) -> Response:
+    """The lease runs ``lease_seconds`` (default: the configured lease) from
+    now. A stopped hold refuses renewals (403); the lapse that follows is not
+    charged against the task's attempts."""
+    app = current_buildmax()
+
+    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+        lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
+        updated = await ops.renew(ch, row, task, lease, data["progress"])
+        return Reply(200, attempt_body(updated))
+
+    try:
+        return await _on_attempt(space, attempt, RenewBody(), "tasks.attempt.renew", operation)
+    except TaskHeld:
+        # Remembered in its own transaction: the refused renewal changed nothing else.
+        caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
+        access = await require_space(space, "member", caller, "tasks.attempt.renew")
+        data = await load_body(RenewBody())
+        async with app.db.write() as tx:
+            await ops.mark_hold_refused(change(app, tx, caller, access), attempt, data["generation"])
+        raise
+
+
+@blueprint.post("/v1/spaces/<space>/attempts/<attempt>/checkpoint")
+@api(
+    "Record a checkpoint (the owner)",
+    body=CheckpointBody,
+    response=CheckpointOut,
+    status=201,
+    scopes=ATTEMPT_SCOPE,
+    idempotent=True,
+    tags=["attempts"],
+)
+async def checkpoint(space: str, attempt: str) -> Response:
+    """Checkpoints are kept in order; ``data`` is any JSON value."""
+
+    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+        made = await ops.checkpoint(ch, row, data["data"])
+        return Reply(
+            201,
+            CheckpointOut().dump(
+                {"attempt_id": row["public_id"], "number": made["number"], "created_at": ch.now}
+            ),
+        )
+
+    return await _on_attempt(space, attempt, CheckpointBody(), "tasks.attempt.update", operation)
+
+
+async def _give_up(space: str, attempt: str, schema: Any, state: str, action: str) -> Response:
+    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+        await ops.give_up(ch, row, task, state, data.get("reason"))
+        fresh = await load_attempt(ch.tx, row["public_id"])
+        assert fresh is not None
+        return Reply(200, attempt_body(fresh))
+
+    return await _on_attempt(
+        space, attempt, schema, action, operation, allow_lapsed=state == "canceled"
+    )
+
+
+@blueprint.post("/v1/spaces/<space>/attempts/<attempt>/release")
+@api(
+    "Release an attempt: the task goes back to the queue (the owner)",
+    body=ReleaseBody,
+    response=AttemptOut,
+    scopes=ATTEMPT_SCOPE,
+    idempotent=True,
+    tags=["attempts"],
+)
+async def release(space: str, attempt: str) -> Response:
+    """Not charged against the task's attempts."""
+    return await _give_up(space, attempt, ReleaseBody(), "released", "tasks.attempt.update")
+
+
+@blueprint.post("/v1/spaces/<space>/attempts/<attempt>/fail")
+@api(
+    "Fail an attempt (the owner); the task fails once its attempts are spent",
+    body=FailBody,
+    response=AttemptOut,
+    scopes=ATTEMPT_SCOPE,
+    idempotent=True,
+    tags=["attempts"],
+)
+async def fail(space: str, attempt: str) -> Response:
+    """Charged against ``max_attempts``; otherwise the task is ready again."""
+    return await _give_up(space, attempt, FailBody(), "failed", "tasks.attempt.update")
+
+
+@blueprint.post("/v1/spaces/<space>/attempts/<attempt>/cancel")
+@api(
+    "Cancel an attempt (the owner, or a space admin with override_reason)",
+    body=CancelAttemptBody,
+    response=AttemptOut,
+    idempotent=True,
+    tags=["attempts"],
+)
+async def cancel(space: str, attempt: str) -> Response:
+    """Terminal for the attempt (later reports are refused); the task is ready again."""
+    return await _give_up(space, attempt, CancelAttemptBody(), "canceled", "tasks.attempt.cancel")
+
+
+@blueprint.post("/v1/spaces/<space>/attempts/<attempt>/submit")
+@api(
+    "Hand in the attempt's work (the owner)",
+    body=SubmitBody,
+    scopes=ATTEMPT_SCOPE,
+    idempotent=True,
+    tags=["attempts"],
+)
+async def submit(space: str, attempt: str) -> Response:
+    """Accepted under a stopped hold, so finished work is not lost. With no
+    workflow stage loaded the task is done; otherwise it waits while the
+    first stage's linked work is created."""
+    app = current_buildmax()
+
+    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+        submission, outcome = await ops.submit(ch, tasks_state(app).engine, row, task, data)
+        access_task = await task_or_404(ch.tx, ch.space_pk, task["public_id"])
+        return Reply(
+            201,
+            {
+                "submission": submission_body(submission),
+                "task": await render_one(ch.tx, access_task, ch.now),
+                "stage": outcome.get("stage"),
+                "work_ids": outcome.get("work_ids", []),
+            },
+        )
+
+    return await _on_attempt(space, attempt, SubmitBody(), "tasks.attempt.update", operation)
+
+
+@blueprint.get("/v1/spaces/<space>/attempts/<attempt>")
+@api("Show an attempt (viewers; its own token too)", response=AttemptOut, scopes=ATTEMPT_SCOPE, tags=["attempts"])
+async def show(space: str, attempt: str) -> Response:
+    """With its lease, run environment and last progress."""
+    app = current_buildmax()
+    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    if caller.actor.scope_type == "attempt" and caller.actor.scope_id != attempt:
+        raise ops.NotAttemptOwner("this token is scoped to another attempt")
+    async with app.db.read() as conn:
+        row = await load_attempt(conn, attempt, space_pk=access.pk)
+    if row is None:
+        raise NotFound("no such attempt in this space")
+    return json_response(attempt_body(row))
+
+
+@blueprint.get("/v1/spaces/<space>/tasks/<task>/attempts")
+@api("A task's attempts, by generation (viewers)", response=AttemptPage, tags=["attempts"])
+async def list_attempts(space: str, task: str) -> Response:
+    """Every attempt, ended ones included."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    async with app.db.read() as conn:
+        row = await task_or_404(conn, access.pk, task)
+        query = (
+            ATTEMPT_SELECT.where(attempts.c.task_id == row["id"])
+            .order_by(attempts.c.generation)
+            .limit(page.limit + 1)
+        )
+        if page.after is not None:
+            query = query.where(attempts.c.generation > page.after[0])
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [attempt_body(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["generation"],)))
+
+
+@blueprint.get("/v1/spaces/<space>/tasks/<task>/submissions")
+@api("A task's submissions, oldest first (viewers)", response=SubmissionPage, tags=["attempts"])
+async def list_submissions(space: str, task: str) -> Response:
+    """Submissions are immutable."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    async with app.db.read() as conn:
+        row = await task_or_404(conn, access.pk, task)
+        query = (
+            SUBMISSION_SELECT.where(submissions.c.task_id == row["id"])
+            .order_by(submissions.c.id)
+            .limit(page.limit + 1)
+        )
+        if page.after is not None:
+            query = query.where(submissions.c.id > page.after[0])
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [submission_body(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+
+
+@blueprint.get("/v1/spaces/<space>/submissions/<submission>")
+@api("Show a submission (viewers)", response=SubmissionOut, tags=["attempts"])
+async def show_submission(space: str, submission: str) -> Response:
+    """The immutable candidate an attempt handed in."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    async with app.db.read() as conn:
+        row = await conn.fetch_one(
+            SUBMISSION_SELECT.where(
+                submissions.c.public_id == submission, attempts.c.space_id == access.pk
+            )
+        )
+    if row is None:
+        raise NotFound("no such submission in this space")
+    return json_response(submission_body(dict(row)))

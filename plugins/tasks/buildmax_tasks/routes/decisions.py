@@ -1,0 +1,201 @@
+"""Decisions: open, list, answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response, request
+
+from buildmax.access import require_space
+from buildmax.apidoc import api
+from buildmax.app import current_buildmax
+from buildmax.auth import authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.idempotency import Reply
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import Forbidden, NotFound, ValidationFailed
+from buildmax.schema import principals
+
+from ..decisions import open_decision
+from ..lifecycle import TERMINAL
+from ..problems import InvalidState
+from ..schema import decisions, tasks
+from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
+from . import change
+from .tasks import task_or_404
+
+blueprint = Blueprint("buildmax_tasks_decisions", __name__)
+DECISION_OUT = DecisionOut()
+_opener = principals.alias("opener")
+_answerer = principals.alias("answerer")
+DECISION_SELECT = sa.select(
+    decisions,
+    tasks.c.public_id.label("task_public_id"),
+    _opener.c.public_id.label("opened_by_public_id"),
+    _answerer.c.public_id.label("answered_by_public_id"),
+).select_from(
+    decisions.join(tasks, tasks.c.id == decisions.c.task_id)
+    .outerjoin(_opener, _opener.c.id == decisions.c.opened_by)
+    .outerjoin(_answerer, _answerer.c.id == decisions.c.answered_by)
+)
+
+
+def _render(row: dict[str, Any], now: int) -> dict[str, Any]:
+    state = row["state"]
+    if state == "pending" and row["expires_at"] is not None and row["expires_at"] <= now:
+        state = "expired"
+    return DECISION_OUT.dump(  # type: ignore[no-any-return]
+        {
+            "id": row["public_id"],
+            "task_id": row["task_public_id"],
+            "question": row["question"],
+            "options": json.loads(row["options"]),
+            "answerable_by": row["answerable_by"],
+            "state": state,
+            "answer": row["answer"],
+            "comment": row["comment"],
+            "opened_by": row["opened_by_public_id"],
+            "answered_by": row["answered_by_public_id"],
+            "created_at": row["created_at"],
+            "expires_at": row["expires_at"],
+            "answered_at": row["answered_at"],
+        }
+    )
+
+
+@blueprint.post("/v1/spaces/<space>/tasks/<task>/decisions")
+@api(
+    "Ask a decision about a task (members); it parks the task until answered",
+    body=DecisionCreate,
+    response=DecisionOut,
+    status=201,
+    idempotent=True,
+    tags=["decisions"],
+)
+async def create(space: str, task: str) -> Response:
+    """``answerable_by``: ``human`` (default; human members only) or ``member``."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.decision.open")
+    data = await load_body(DecisionCreate())
+    if len(set(data["options"])) != len(data["options"]):
+        raise ValidationFailed("options must be distinct", errors={"options": ["Duplicates."]})
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await task_or_404(tx, access.pk, task, for_update=True)
+        if row["state"] in TERMINAL:
+            raise InvalidState(f"the task is {row['state']}")
+        expires = data["expires_in_seconds"]
+        public_id = await open_decision(
+            ch,
+            row,
+            question=data["question"],
+            options=data["options"],
+            answerable_by=data["answerable_by"],
+            expires_at=ch.now + expires * 1000 if expires else None,
+            opened_by=caller.principal_pk,
+        )
+        made = await tx.fetch_one(DECISION_SELECT.where(decisions.c.public_id == public_id))
+        assert made is not None
+        return Reply(201, _render(dict(made), ch.now))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/spaces/<space>/decisions")
+@api("List decisions, pending ones unless state=all|answered (viewers)", response=DecisionPage, tags=["decisions"])
+async def list_decisions(space: str) -> Response:
+    """Newest first; ``task`` filters by task."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    now = app.clock.now_ms()
+    query = (
+        DECISION_SELECT.where(decisions.c.space_id == access.pk)
+        .order_by(decisions.c.id.desc())
+        .limit(page.limit + 1)
+    )
+    state = request.args.get("state", "pending")
+    if state == "pending":
+        query = query.where(
+            decisions.c.state == "pending",
+            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
+        )
+    elif state == "answered":
+        query = query.where(decisions.c.state == "answered")
+    elif state != "all":
+        raise ValidationFailed("state must be pending, answered or all")
+    if page.after is not None:
+        query = query.where(decisions.c.id < page.after[0])
+    async with app.db.read() as conn:
+        task = request.args.get("task")
+        if task is not None:
+            query = query.where(decisions.c.task_id == (await task_or_404(conn, access.pk, task))["id"])
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [_render(r, now) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+
+
+@blueprint.post("/v1/spaces/<space>/decisions/<decision>/answer")
+@api("Answer a decision (a human member, or any member when allowed)", body=DecisionAnswer, response=DecisionOut, idempotent=True, tags=["decisions"])
+async def answer(space: str, decision: str) -> Response:
+    """The answer must be one of the options; the task is claimable again
+    once no other decision or hold parks it."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.decision.answer")
+    data = await load_body(DecisionAnswer())
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await tx.fetch_one(
+            DECISION_SELECT.where(
+                decisions.c.public_id == decision, decisions.c.space_id == access.pk
+            ).with_for_update(of=decisions)
+        )
+        if row is None:
+            raise NotFound("no such decision in this space")
+        if row["answerable_by"] == "human" and caller.actor.kind != "human":
+            raise Forbidden("this decision needs a human's answer")
+        if row["state"] != "pending":
+            raise InvalidState(f"the decision is already {row['state']}")
+        if row["expires_at"] is not None and row["expires_at"] <= ch.now:
+            raise InvalidState("the decision has expired")
+        if data["answer"] not in json.loads(row["options"]):
+            raise ValidationFailed(
+                "the answer must be one of the options", errors={"answer": ["Not an option."]}
+            )
+        await tx.execute(
+            sa.update(decisions)
+            .where(decisions.c.id == row["id"])
+            .values(
+                state="answered",
+                answer=data["answer"],
+                comment=data["comment"],
+                answered_by=caller.principal_pk,
+                answered_at=ch.now,
+            )
+        )
+        await ch.audit(
+            "decision.answered",
+            "decision",
+            decision,
+            task_id=row["task_public_id"],
+            answer=data["answer"],
+        )
+        await ch.event(
+            "decision.answered",
+            decision_id=decision,
+            task_id=row["task_public_id"],
+            answer=data["answer"],
+        )
+        made = await tx.fetch_one(DECISION_SELECT.where(decisions.c.id == row["id"]))
+        assert made is not None
+        return Reply(200, _render(dict(made), ch.now))
+
+    return await app.idempotency.run(caller, work)

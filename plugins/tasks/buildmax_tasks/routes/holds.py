@@ -1,0 +1,191 @@
+"""Holds: suspend or stop a space, a project or a task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response, request
+
+from buildmax.access import require_space
+from buildmax.apidoc import api
+from buildmax.app import current_buildmax
+from buildmax.auth import authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.idempotency import Reply
+from buildmax.ids import new_id
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import NotFound, ValidationFailed
+from buildmax.schema import principals
+
+from ..holds import scope_public_id
+from ..problems import InvalidState
+from ..schema import holds
+from ..schemas import HoldCreate, HoldOut, HoldPage
+from . import change
+from .projects import find_project
+from .tasks import task_or_404
+
+blueprint = Blueprint("buildmax_tasks_holds", __name__)
+HOLD_OUT = HoldOut()
+_creator = principals.alias("creator")
+_lifter = principals.alias("lifter")
+HOLD_SELECT = sa.select(
+    holds,
+    _creator.c.public_id.label("created_by_public_id"),
+    _lifter.c.public_id.label("lifted_by_public_id"),
+).select_from(
+    holds.outerjoin(_creator, _creator.c.id == holds.c.created_by).outerjoin(
+        _lifter, _lifter.c.id == holds.c.lifted_by
+    )
+)
+
+
+async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
+    return HOLD_OUT.dump(  # type: ignore[no-any-return]
+        {
+            "id": row["public_id"],
+            "scope": {
+                "type": row["scope_type"],
+                "id": await scope_public_id(conn, row["scope_type"], row["scope_pk"]),
+            },
+            "strength": row["strength"],
+            "reason": row["reason"],
+            "created_by": row["created_by_public_id"],
+            "created_at": row["created_at"],
+            "lifted_by": row["lifted_by_public_id"],
+            "lifted_at": row["lifted_at"],
+        }
+    )
+
+
+@blueprint.post("/v1/spaces/<space>/holds")
+@api(
+    "Place a hold on the space, a project or a task (space admins)",
+    body=HoldCreate,
+    response=HoldOut,
+    status=201,
+    idempotent=True,
+    tags=["holds"],
+)
+async def create(space: str) -> Response:
+    """``suspended`` refuses new claims; ``stopped`` also refuses renewals.
+    ``target`` names the project or task (omit it for the space)."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, "tasks.hold.manage")
+    data = await load_body(HoldCreate())
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        scope_pk = None
+        target_id = access.public_id
+        if data["scope"] == "space":
+            if data["target"] is not None:
+                raise ValidationFailed(
+                    "a space hold names no target", errors={"target": ["Omit for a space hold."]}
+                )
+        elif data["target"] is None:
+            raise ValidationFailed(
+                f"a {data['scope']} hold needs a target", errors={"target": ["Required."]}
+            )
+        elif data["scope"] == "project":
+            project = await find_project(tx, access.pk, data["target"])
+            scope_pk, target_id = project["id"], project["public_id"]
+        else:
+            task = await task_or_404(tx, access.pk, data["target"])
+            scope_pk, target_id = task["id"], task["public_id"]
+        public_id = new_id("hd")
+        await tx.execute(
+            holds.insert().values(
+                public_id=public_id,
+                space_id=access.pk,
+                scope_type=data["scope"],
+                scope_pk=scope_pk,
+                strength=data["strength"],
+                reason=data["reason"],
+                created_by=caller.principal_pk,
+                created_at=ch.now,
+            )
+        )
+        await ch.audit(
+            "hold.created",
+            "hold",
+            public_id,
+            scope_type=data["scope"],
+            scope_id=target_id,
+            strength=data["strength"],
+            reason=data["reason"],
+        )
+        await ch.event(
+            "hold.created",
+            hold_id=public_id,
+            scope_type=data["scope"],
+            scope_id=target_id,
+            strength=data["strength"],
+        )
+        row = await tx.fetch_one(HOLD_SELECT.where(holds.c.public_id == public_id))
+        assert row is not None
+        return Reply(201, await _render(tx, dict(row)))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/holds/<hold>/lift")
+@api("Lift a hold (space admins): its scope is claimable again", response=HoldOut, idempotent=True, tags=["holds"])
+async def lift(space: str, hold: str) -> Response:
+    """Lifting an already lifted hold is refused with 409."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, "tasks.hold.manage")
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        lifted = await tx.fetch_val(
+            sa.update(holds)
+            .where(
+                holds.c.public_id == hold,
+                holds.c.space_id == access.pk,
+                holds.c.lifted_at.is_(None),
+            )
+            .values(lifted_at=ch.now, lifted_by=caller.principal_pk)
+            .returning(holds.c.id)
+        )
+        if lifted is None:
+            exists = await tx.fetch_val(
+                sa.select(holds.c.id).where(holds.c.public_id == hold, holds.c.space_id == access.pk)
+            )
+            if exists is None:
+                raise NotFound("no such hold in this space")
+            raise InvalidState("the hold was already lifted")
+        await ch.audit("hold.lifted", "hold", hold)
+        await ch.event("hold.lifted", hold_id=hold)
+        row = await tx.fetch_one(HOLD_SELECT.where(holds.c.id == lifted))
+        assert row is not None
+        return Reply(200, await _render(tx, dict(row)))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/spaces/<space>/holds")
+@api("List holds, live ones unless all=true (viewers)", response=HoldPage, tags=["holds"])
+async def list_holds(space: str) -> Response:
+    """Newest first."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    query = (
+        HOLD_SELECT.where(holds.c.space_id == access.pk)
+        .order_by(holds.c.id.desc())
+        .limit(page.limit + 1)
+    )
+    if request.args.get("all") != "true":
+        query = query.where(holds.c.lifted_at.is_(None))
+    if page.after is not None:
+        query = query.where(holds.c.id < page.after[0])
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+        items = [await _render(conn, r) for r in rows[: page.limit]]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))

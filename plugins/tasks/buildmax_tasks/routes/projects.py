@@ -1,0 +1,257 @@
+"""Projects and their workflow policy revisions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response
+
+from buildmax.access import require_space
+from buildmax.apidoc import api
+from buildmax.app import current_buildmax
+from buildmax.auth import authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.conflicts import insert_ignoring_conflict
+from buildmax.idempotency import Reply
+from buildmax.ids import new_id
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import NotFound
+
+from ..engine import current_policy
+from ..problems import NameTaken, RevisionConflict
+from ..schema import policies, projects
+from ..schemas import (
+    PolicyBody,
+    PolicyOut,
+    ProjectCreate,
+    ProjectOut,
+    ProjectPage,
+    ProjectUpdate,
+)
+from . import change
+
+blueprint = Blueprint("buildmax_tasks_projects", __name__)
+PROJECT_OUT = ProjectOut()
+POLICY_OUT = PolicyOut()
+
+
+async def find_project(conn: Transaction, space_pk: int, ref: str) -> dict[str, Any]:
+    """A project of the space by public id or name, or 404."""
+    row = await conn.fetch_one(
+        sa.select(projects).where(
+            projects.c.space_id == space_pk,
+            sa.or_(projects.c.public_id == ref, projects.c.name == ref),
+        )
+    )
+    if row is None:
+        raise NotFound("no such project in this space")
+    return dict(row)
+
+
+async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
+    policy = await current_policy(conn, row["id"])
+    return PROJECT_OUT.dump(  # type: ignore[no-any-return]
+        {
+            "id": row["public_id"],
+            "name": row["name"],
+            "description": row["description"],
+            "repository_url": row["repository_url"],
+            "target_branch": row["target_branch"],
+            "revision": row["revision"],
+            "policy": policy,
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+        }
+    )
+
+
+@blueprint.post("/v1/spaces/<space>/projects")
+@api(
+    "Create a project (members)",
+    body=ProjectCreate,
+    response=ProjectOut,
+    status=201,
+    idempotent=True,
+    tags=["projects"],
+)
+async def create(space: str) -> Response:
+    """The name is unique in the space."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.project.create")
+    data = await load_body(ProjectCreate())
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await tx.fetch_one(
+            insert_ignoring_conflict(tx.dialect, projects)
+            .values(
+                public_id=new_id("pj"),
+                space_id=access.pk,
+                created_at=ch.now,
+                updated_at=ch.now,
+                created_by=caller.principal_pk,
+                **data,
+            )
+            .returning(*projects.c)
+        )
+        if row is None:
+            raise NameTaken(f"a project named {data['name']!r} already exists in this space")
+        await ch.audit("project.created", "project", row["public_id"], name=data["name"])
+        await ch.event("project.created", project_id=row["public_id"], name=data["name"])
+        return Reply(201, await _render(tx, dict(row)))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/spaces/<space>/projects")
+@api("List projects (viewers)", response=ProjectPage, tags=["projects"])
+async def list_projects(space: str) -> Response:
+    """Ordered by name."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    query = (
+        sa.select(projects)
+        .where(projects.c.space_id == access.pk)
+        .order_by(projects.c.name)
+        .limit(page.limit + 1)
+    )
+    if page.after is not None:
+        query = query.where(projects.c.name > page.after[0])
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+        items = [await _render(conn, r) for r in rows[: page.limit]]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
+
+
+@blueprint.get("/v1/spaces/<space>/projects/<project>")
+@api("Show a project and its current policy (viewers)", response=ProjectOut, tags=["projects"])
+async def show(space: str, project: str) -> Response:
+    """By public id or name."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    async with app.db.read() as conn:
+        row = await find_project(conn, access.pk, project)
+        body = await _render(conn, row)
+    return json_response(body)
+
+
+@blueprint.patch("/v1/spaces/<space>/projects/<project>")
+@api(
+    "Edit a project (members; expected_revision must match)",
+    body=ProjectUpdate,
+    response=ProjectOut,
+    idempotent=True,
+    tags=["projects"],
+)
+async def update(space: str, project: str) -> Response:
+    """Description, repository URL and target branch; the name is permanent."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.project.update")
+    data = await load_body(ProjectUpdate())
+    expected = data.pop("expected_revision")
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await find_project(tx, access.pk, project)
+        updated = await tx.fetch_one(
+            sa.update(projects)
+            .where(projects.c.id == row["id"], projects.c.revision == expected)
+            .values(revision=projects.c.revision + 1, updated_at=ch.now, **data)
+            .returning(*projects.c)
+        )
+        if updated is None:
+            raise RevisionConflict(
+                f"the project is at revision {row['revision']}, not {expected}",
+                revision=row["revision"],
+            )
+        await ch.audit(
+            "project.updated", "project", row["public_id"], fields=sorted(data), revision=updated["revision"]
+        )
+        await ch.event("project.updated", project_id=row["public_id"])
+        return Reply(200, await _render(tx, dict(updated)))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/projects/<project>/policy")
+@api(
+    "Set the project's workflow policy: a new immutable revision (space admins)",
+    body=PolicyBody,
+    response=PolicyOut,
+    status=201,
+    idempotent=True,
+    tags=["projects"],
+)
+async def set_policy(space: str, project: str) -> Response:
+    """``expected_revision`` (the current policy revision, 0 before the first)
+    refuses a concurrent edit with 409."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, "tasks.policy.update")
+    data = await load_body(PolicyBody())
+    expected = data.pop("expected_revision")
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await find_project(tx, access.pk, project)
+        locked = await tx.fetch_one(
+            sa.select(projects.c.id).where(projects.c.id == row["id"]).with_for_update()
+        )
+        assert locked is not None
+        current = await current_policy(tx, row["id"])
+        if expected is not None and expected != current["revision"]:
+            raise RevisionConflict(
+                f"the policy is at revision {current['revision']}, not {expected}",
+                revision=current["revision"],
+            )
+        revision = current["revision"] + 1
+        pk = await tx.fetch_val(
+            policies.insert()
+            .values(
+                project_id=row["id"],
+                revision=revision,
+                approvals_required=data["approvals_required"],
+                human_review_required=int(data["human_review_required"]),
+                integration=data["integration"],
+                created_at=ch.now,
+                created_by=caller.principal_pk,
+            )
+            .returning(policies.c.id)
+        )
+        await tx.execute(
+            sa.update(projects).where(projects.c.id == row["id"]).values(policy_id=pk)
+        )
+        await ch.audit("policy.revised", "project", row["public_id"], revision=revision, **data)
+        await ch.event("policy.revised", project_id=row["public_id"], revision=revision)
+        body = POLICY_OUT.dump({**data, "revision": revision, "created_at": ch.now})
+        return Reply(201, body)
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/spaces/<space>/projects/<project>/policies")
+@api("Every policy revision of a project, newest first (viewers)", tags=["projects"])
+async def list_policies(space: str, project: str) -> Response:
+    """Revisions are immutable; the first is the current one."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    async with app.db.read() as conn:
+        row = await find_project(conn, access.pk, project)
+        rows = await conn.fetch_all(
+            sa.select(policies)
+            .where(policies.c.project_id == row["id"])
+            .order_by(policies.c.revision.desc())
+        )
+    items = [
+        POLICY_OUT.dump({**dict(r), "human_review_required": bool(r["human_review_required"])})
+        for r in rows
+    ]
+    return json_response({"items": items, "next_cursor": None})

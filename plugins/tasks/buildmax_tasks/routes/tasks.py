@@ -1,0 +1,544 @@
+"""Tasks: create, list, show, revise, dependencies, the ready queue,
+cancel and retry."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+from quart import Blueprint, Response, request
+
+from buildmax.access import SpaceAccess, require_space
+from buildmax.apidoc import api
+from buildmax.app import current_buildmax
+from buildmax.auth import Caller, authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.idempotency import Reply
+from buildmax.ids import new_id
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import Forbidden, NotFound, ValidationFailed
+
+from ..attempts import cancel_task
+from ..change import Change
+from ..claims import ClaimFilters, ready_query
+from ..graph import (
+    add_dependency,
+    dependent_ids_query,
+    lock_graph,
+    prerequisite_ids_query,
+    remove_dependency,
+)
+from ..lifecycle import TERMINAL, reopen, set_task
+from ..problems import InvalidState, RevisionConflict
+from ..records import TASK_SELECT, load_task
+from ..schema import (
+    TASK_KINDS,
+    TASK_STATES,
+    agents,
+    attempts,
+    dependencies,
+    resources,
+    task_revisions,
+    tasks,
+)
+from ..schemas import (
+    DependenciesOut,
+    DependencyBody,
+    Reason,
+    RevisionOut,
+    RevisionPage,
+    TaskCreate,
+    TaskOut,
+    TaskPage,
+    TaskUpdate,
+)
+from ..views import render_tasks
+from . import change, may_override, tasks_state
+from .projects import find_project
+
+blueprint = Blueprint("buildmax_tasks_tasks", __name__)
+REVISION_OUT = RevisionOut()
+
+
+async def task_or_404(
+    conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False
+) -> dict[str, Any]:
+    """A task of the space, or 404 (also for a task of another space)."""
+    task = await load_task(conn, ref, space_pk=space_pk, for_update=for_update)
+    if task is None:
+        raise NotFound("no such task in this space")
+    return task
+
+
+async def render_one(conn: Transaction, task: dict[str, Any], now: int) -> dict[str, Any]:
+    """One task as the API shows it."""
+    app = current_buildmax()
+    return (await render_tasks(conn, [task], now, tasks_state(app).engine))[0]
+
+
+async def agent_pk(conn: Transaction, access: SpaceAccess, ref: str | None) -> int | None:
+    """An agent of this space by public id or name; 422 for another space's."""
+    if ref is None:
+        return None
+    pk = await conn.fetch_val(
+        sa.select(agents.c.id).where(
+            agents.c.space_id == access.pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
+        )
+    )
+    if pk is None:
+        raise ValidationFailed(
+            "no agent of that name or id in this space",
+            errors={"agent": ["Not an agent of this space."]},
+        )
+    return int(pk)
+
+
+async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
+    found = []
+    for ref in dict.fromkeys(refs):
+        task = await load_task(ch.tx, ref, space_pk=ch.space_pk, for_update=True)
+        if task is None:
+            raise ValidationFailed(
+                f"no task {ref!r} in this space",
+                errors={"prerequisites": [f"No task {ref!r} in this space."]},
+            )
+        found.append(task)
+    return found
+
+
+@blueprint.post("/v1/spaces/<space>/tasks")
+@api(
+    "Create a task (members)",
+    body=TaskCreate,
+    response=TaskOut,
+    status=201,
+    idempotent=True,
+    tags=["tasks"],
+)
+async def create(space: str) -> Response:
+    """Ready at once, or open until every prerequisite is done."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.task.create")
+    data = await load_body(TaskCreate())
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        project = await find_project(tx, access.pk, data["project"])
+        agent = await agent_pk(tx, access, data["agent"])
+        if data["prerequisites"]:
+            await lock_graph(ch)
+        prereqs = await _prerequisites(ch, data["prerequisites"])
+        undone = any(p["state"] != "done" for p in prereqs)
+        public_id = new_id("ta")
+        pk = await tx.fetch_val(
+            tasks.insert()
+            .values(
+                public_id=public_id,
+                space_id=access.pk,
+                project_id=project["id"],
+                kind=data["kind"],
+                title=data["title"],
+                priority=data["priority"],
+                labels=json.dumps(sorted(set(data["labels"]))),
+                agent_id=agent,
+                state="open" if undone else "ready",
+                max_attempts=data["max_attempts"],
+                ready_at=ch.now,
+                created_at=ch.now,
+                created_by=caller.principal_pk,
+                updated_at=ch.now,
+            )
+            .returning(tasks.c.id)
+        )
+        await tx.execute(
+            task_revisions.insert().values(
+                task_id=pk,
+                number=1,
+                title=data["title"],
+                body=data["body"],
+                criteria=data["criteria"],
+                created_at=ch.now,
+                created_by=caller.principal_pk,
+            )
+        )
+        for resource in sorted(set(data["resources"])):
+            await tx.execute(resources.insert().values(task_id=pk, resource=resource))
+        for prereq in prereqs:
+            await tx.execute(
+                dependencies.insert().values(task_id=pk, prerequisite_id=prereq["id"], created_at=ch.now)
+            )
+        await ch.audit(
+            "task.created",
+            "task",
+            public_id,
+            project_id=project["public_id"],
+            kind=data["kind"],
+            priority=data["priority"],
+            prerequisites=[p["public_id"] for p in prereqs],
+        )
+        await ch.event("task.created", task_id=public_id, project_id=project["public_id"])
+        task = await task_or_404(tx, access.pk, public_id)
+        return Reply(201, await render_one(tx, task, ch.now))
+
+    return await app.idempotency.run(caller, work)
+
+
+def _filters(access: SpaceAccess) -> list[Any]:
+    conditions: list[Any] = []
+    state = request.args.get("state")
+    if state is not None:
+        if state not in TASK_STATES:
+            raise ValidationFailed(f"state must be one of {', '.join(TASK_STATES)}")
+        conditions.append(tasks.c.state == state)
+    kind = request.args.get("kind")
+    if kind is not None:
+        if kind not in TASK_KINDS:
+            raise ValidationFailed(f"kind must be one of {', '.join(TASK_KINDS)}")
+        conditions.append(tasks.c.kind == kind)
+    label = request.args.get("label")
+    if label is not None:
+        conditions.append(tasks.c.labels.contains(json.dumps(label)))
+    search = request.args.get("q")
+    if search is not None:
+        if len(search) > 200:
+            raise ValidationFailed("q is at most 200 characters")
+        escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        conditions.append(tasks.c.title.ilike(f"%{escaped}%", escape="\\"))
+    return conditions
+
+
+async def _query_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters:
+    project = request.args.get("project")
+    agent = request.args.get("agent")
+    return ClaimFilters(
+        project_pk=(await find_project(conn, access.pk, project))["id"] if project else None,
+        agent_pk=await agent_pk(conn, access, agent) if agent else None,
+        extra=_filters(access),
+    )
+
+
+@blueprint.get("/v1/spaces/<space>/tasks")
+@api("List and search tasks (viewers)", response=TaskPage, tags=["tasks"])
+async def list_tasks(space: str) -> Response:
+    """Filters: ``state``, ``kind``, ``label``, ``project``, ``agent``, ``q``
+    (title contains); newest first."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    async with app.db.read() as conn:
+        filters = await _query_filters(conn, access)
+        query = (
+            TASK_SELECT.where(tasks.c.space_id == access.pk, *filters.conditions())
+            .order_by(tasks.c.id.desc())
+            .limit(page.limit + 1)
+        )
+        if page.after is not None:
+            query = query.where(tasks.c.id < page.after[0])
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+        items = await render_tasks(
+            conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
+        )
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+
+
+@blueprint.get("/v1/spaces/<space>/ready")
+@api("The ready queue: claimable tasks by priority, then age (viewers)", response=TaskPage, tags=["tasks"])
+async def ready(space: str) -> Response:
+    """Held and parked tasks are left out. Filters as for the task list."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int, int, int))
+    now = app.clock.now_ms()
+    async with app.db.read() as conn:
+        filters = await _query_filters(conn, access)
+        query = ready_query(access.pk, now, filters).add_columns(
+            tasks.c.priority, tasks.c.ready_at
+        ).limit(page.limit + 1)
+        if page.after is not None:
+            priority, ready_at, pk = page.after
+            query = query.where(
+                sa.tuple_(-tasks.c.priority, tasks.c.ready_at, tasks.c.id)
+                > sa.tuple_(-priority, ready_at, pk)
+            )
+        keys = [dict(r) for r in await conn.fetch_all(query)]
+        rows = []
+        for key in keys[: page.limit]:
+            row = await conn.fetch_one(TASK_SELECT.where(tasks.c.id == key["id"]))
+            if row is not None:
+                rows.append(dict(row))
+        items = await render_tasks(conn, rows, now, tasks_state(app).engine)
+    return json_response(
+        page_body(items, keys, page.limit, lambda r: (r["priority"], r["ready_at"], r["id"]))
+    )
+
+
+@blueprint.get("/v1/spaces/<space>/tasks/<task>")
+@api("Show a task (viewers; an attempt's token may read its own task)", response=TaskOut, scopes=["attempt"], tags=["tasks"])
+async def show(space: str, task: str) -> Response:
+    """With its state, why it is parked, its stage and current attempt."""
+    app = current_buildmax()
+    caller = await authenticate(accept_scopes=["attempt"])
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    async with app.db.read() as conn:
+        row = await task_or_404(conn, access.pk, task)
+        if caller.actor.scope_type == "attempt":
+            owned = await conn.fetch_val(
+                sa.select(attempts.c.id).where(
+                    attempts.c.public_id == caller.actor.scope_id,
+                    attempts.c.task_id == row["id"],
+                )
+            )
+            if owned is None:
+                raise Forbidden("this token is scoped to an attempt of another task")
+        body = await render_one(conn, row, app.clock.now_ms())
+    return json_response(body)
+
+
+async def require_editable(
+    ch: Change, task: dict[str, Any], access: SpaceAccess, caller: Caller, reason: str | None
+) -> None:
+    """Members edit unowned work; a task another principal holds needs an
+    admin or owner override with a reason."""
+    if task["state"] != "claimed":
+        return
+    holder = await ch.tx.fetch_val(
+        sa.select(attempts.c.claimant_id).where(
+            attempts.c.task_id == task["id"], attempts.c.state == "active"
+        )
+    )
+    if holder is None or holder == caller.principal_pk:
+        return
+    if not may_override(access, caller):
+        raise Forbidden("another principal's attempt holds this task; only its owner edits it")
+    if not reason:
+        raise ValidationFailed(
+            "editing a task someone else holds needs override_reason",
+            errors={"override_reason": ["Required to override the attempt's owner."]},
+        )
+    ch.admin_override = True
+
+
+@blueprint.patch("/v1/spaces/<space>/tasks/<task>")
+@api(
+    "Revise a task (members; expected_revision must match)",
+    body=TaskUpdate,
+    response=TaskOut,
+    idempotent=True,
+    tags=["tasks"],
+)
+async def update(space: str, task: str) -> Response:
+    """Changing title, body or criteria makes a new immutable revision."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.task.update")
+    data = await load_body(TaskUpdate())
+    expected = data.pop("expected_revision")
+    reason = data.pop("override_reason")
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await task_or_404(tx, access.pk, task, for_update=True)
+        if row["revision"] != expected:
+            raise RevisionConflict(
+                f"the task is at revision {row['revision']}, not {expected}",
+                revision=row["revision"],
+            )
+        if row["state"] in TERMINAL:
+            raise InvalidState(f"the task is {row['state']}; retry it before editing")
+        await require_editable(ch, row, access, caller, reason)
+        values: dict[str, Any] = {"revision": row["revision"] + 1}
+        text = {k: data[k] for k in ("title", "body", "criteria") if k in data}
+        if "priority" in data:
+            values["priority"] = data["priority"]
+        if "labels" in data:
+            values["labels"] = json.dumps(sorted(set(data["labels"])))
+        if "agent" in data:
+            values["agent_id"] = await agent_pk(tx, access, data["agent"])
+        if "max_attempts" in data:
+            values["max_attempts"] = data["max_attempts"]
+        if "title" in text:
+            values["title"] = text["title"]
+        await tx.execute(
+            task_revisions.insert().values(
+                task_id=row["id"],
+                number=values["revision"],
+                title=text.get("title", row["title"]),
+                body=text.get("body", row["body"]),
+                criteria=text.get("criteria", row["criteria"]),
+                created_at=ch.now,
+                created_by=caller.principal_pk,
+            )
+        )
+        if "resources" in data:
+            await tx.execute(sa.delete(resources).where(resources.c.task_id == row["id"]))
+            for resource in sorted(set(data["resources"])):
+                await tx.execute(resources.insert().values(task_id=row["id"], resource=resource))
+        await set_task(ch, row["id"], **values)
+        await ch.audit(
+            "task.revised", "task", row["public_id"], revision=values["revision"], fields=sorted(data)
+        )
+        await ch.event("task.revised", task_id=row["public_id"], revision=values["revision"])
+        fresh = await task_or_404(tx, access.pk, task)
+        return Reply(200, await render_one(tx, fresh, ch.now))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.get("/v1/spaces/<space>/tasks/<task>/revisions")
+@api("A task's revisions, newest first (viewers)", response=RevisionPage, tags=["tasks"])
+async def revisions(space: str, task: str) -> Response:
+    """Revisions are immutable."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    async with app.db.read() as conn:
+        row = await task_or_404(conn, access.pk, task)
+        query = (
+            sa.select(task_revisions)
+            .where(task_revisions.c.task_id == row["id"])
+            .order_by(task_revisions.c.number.desc())
+            .limit(page.limit + 1)
+        )
+        if page.after is not None:
+            query = query.where(task_revisions.c.number < page.after[0])
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [REVISION_OUT.dump(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["number"],)))
+
+
+@blueprint.get("/v1/spaces/<space>/tasks/<task>/dependencies")
+@api("A task's prerequisites and dependents (viewers)", response=DependenciesOut, tags=["tasks"])
+async def list_dependencies(space: str, task: str) -> Response:
+    """Each with its state."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    async with app.db.read() as conn:
+        row = await task_or_404(conn, access.pk, task)
+        prereqs = await conn.fetch_all(prerequisite_ids_query(row["id"]))
+        dependents = await conn.fetch_all(dependent_ids_query(row["id"]))
+
+    def links(rows: Any) -> list[dict[str, Any]]:
+        return [{"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in rows]
+
+    return json_response({"prerequisites": links(prereqs), "dependents": links(dependents)})
+
+
+@blueprint.post("/v1/spaces/<space>/tasks/<task>/dependencies")
+@api(
+    "Add a prerequisite (members); a cycle is refused with 409",
+    body=DependencyBody,
+    response=DependenciesOut,
+    status=201,
+    idempotent=True,
+    tags=["tasks"],
+)
+async def add(space: str, task: str) -> Response:
+    """The task becomes open until the prerequisite is done."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.task.update")
+    data = await load_body(DependencyBody())
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        await lock_graph(ch)
+        row = await task_or_404(tx, access.pk, task, for_update=True)
+        prereq = await load_task(tx, data["prerequisite"], space_pk=access.pk, for_update=True)
+        if prereq is None:
+            raise ValidationFailed(
+                "no such prerequisite task in this space",
+                errors={"prerequisite": ["No such task in this space."]},
+            )
+        added = await add_dependency(ch, row, prereq)
+        if added:
+            await ch.audit(
+                "task.dependency.added", "task", row["public_id"], prerequisite_id=prereq["public_id"]
+            )
+            await ch.event(
+                "task.dependency.added", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
+            )
+        prereqs = await tx.fetch_all(prerequisite_ids_query(row["id"]))
+        dependents = await tx.fetch_all(dependent_ids_query(row["id"]))
+        body = {
+            "prerequisites": [
+                {"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in prereqs
+            ],
+            "dependents": [
+                {"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in dependents
+            ],
+        }
+        return Reply(201 if added else 200, body)
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.delete("/v1/spaces/<space>/tasks/<task>/dependencies/<prerequisite>")
+@api("Remove a prerequisite (members)", status=204, tags=["tasks"])
+async def remove(space: str, task: str, prerequisite: str) -> Response:
+    """The task becomes ready when nothing else holds it back."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.task.update")
+    async with app.db.write() as tx:
+        ch = change(app, tx, caller, access)
+        row = await task_or_404(tx, access.pk, task, for_update=True)
+        prereq = await task_or_404(tx, access.pk, prerequisite)
+        if not await remove_dependency(ch, row, prereq):
+            raise NotFound("the task has no such prerequisite")
+        await ch.audit(
+            "task.dependency.removed", "task", row["public_id"], prerequisite_id=prereq["public_id"]
+        )
+        await ch.event(
+            "task.dependency.removed", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
+        )
+    return Response(status=204)
+
+
+@blueprint.post("/v1/spaces/<space>/tasks/<task>/cancel")
+@api("Cancel a task for good (members; a held task needs an override)", body=Reason, response=TaskOut, idempotent=True, tags=["tasks"])
+async def cancel(space: str, task: str) -> Response:
+    """Its active attempt and unfinished stage work are canceled too."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "tasks.task.cancel")
+    data = await load_body(Reason())
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await task_or_404(tx, access.pk, task, for_update=True)
+        if row["state"] in TERMINAL:
+            raise InvalidState(f"the task is already {row['state']}")
+        await require_editable(ch, row, access, caller, data["override_reason"])
+        await cancel_task(ch, row, data["reason"])
+        fresh = await task_or_404(tx, access.pk, task)
+        return Reply(200, await render_one(tx, fresh, ch.now))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/tasks/<task>/retry")
+@api("Retry a failed or canceled task with a fresh attempt budget (space admins)", response=TaskOut, idempotent=True, tags=["tasks"])
+async def retry(space: str, task: str) -> Response:
+    """Earlier attempts stay as they were; the next claim has the next generation."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, "tasks.task.retry")
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await task_or_404(tx, access.pk, task, for_update=True)
+        if row["state"] not in ("failed", "canceled"):
+            raise InvalidState(f"only failed or canceled tasks are retried; this one is {row['state']}")
+        state = await reopen(ch, row, attempts_used=0, outcome_reason=None, stage=None)
+        await ch.audit("task.retried", "task", row["public_id"], previous_state=row["state"], state=state)
+        fresh = await task_or_404(tx, access.pk, task)
+        return Reply(200, await render_one(tx, fresh, ch.now))
+
+    return await app.idempotency.run(caller, work)

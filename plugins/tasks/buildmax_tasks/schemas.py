@@ -1,0 +1,403 @@
+"""marshmallow schemas of the tasks plugin's request bodies and responses."""
+
+from __future__ import annotations
+
+from marshmallow import Schema, fields, validate
+
+from buildmax.schemas import NAME_PATTERN, Timestamp
+
+from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
+
+LABEL = fields.String(validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}\Z"))
+RESOURCE = fields.String(validate=validate.Regexp(r"^[a-z]+:\S{1,500}\Z"))
+MAX_JSON_TEXT = 64 * 1024
+
+
+class _Strict(Schema):
+    """Unknown fields are refused (the default), named here for readers."""
+
+
+class Override(_Strict):
+    override_reason = fields.String(
+        load_default=None, allow_none=True, validate=validate.Length(min=1, max=1000)
+    )
+
+
+# -- projects and policies ---------------------------------------------------
+
+
+class ProjectCreate(_Strict):
+    name = fields.String(required=True, validate=validate.Regexp(NAME_PATTERN))
+    description = fields.String(load_default="", validate=validate.Length(max=10_000))
+    repository_url = fields.String(
+        load_default=None, allow_none=True, validate=validate.Length(min=1, max=2000)
+    )
+    target_branch = fields.String(
+        load_default=None, allow_none=True, validate=validate.Length(min=1, max=200)
+    )
+
+
+class ProjectUpdate(_Strict):
+    expected_revision = fields.Integer(required=True, strict=True)
+    description = fields.String(validate=validate.Length(max=10_000))
+    repository_url = fields.String(allow_none=True, validate=validate.Length(min=1, max=2000))
+    target_branch = fields.String(allow_none=True, validate=validate.Length(min=1, max=200))
+
+
+class PolicyBody(_Strict):
+    expected_revision = fields.Integer(load_default=None, allow_none=True, strict=True)
+    approvals_required = fields.Integer(
+        required=True, strict=True, validate=validate.Range(min=0, max=10)
+    )
+    human_review_required = fields.Boolean(load_default=False)
+    integration = fields.String(load_default="automatic", validate=validate.OneOf(INTEGRATION_MODES))
+
+
+class PolicyOut(Schema):
+    revision = fields.Integer()
+    approvals_required = fields.Integer()
+    human_review_required = fields.Boolean()
+    integration = fields.String()
+    created_at = Timestamp(allow_none=True)
+
+
+class ProjectOut(Schema):
+    id = fields.String()
+    name = fields.String()
+    description = fields.String()
+    repository_url = fields.String(allow_none=True)
+    target_branch = fields.String(allow_none=True)
+    revision = fields.Integer()
+    policy = fields.Nested(PolicyOut)
+    created_at = Timestamp()
+    updated_at = Timestamp()
+
+
+class ProjectPage(Schema):
+    items = fields.List(fields.Nested(ProjectOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+# -- tasks -------------------------------------------------------------------
+
+
+class TaskCreate(_Strict):
+    project = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    title = fields.String(required=True, validate=validate.Length(min=1, max=500))
+    body = fields.String(load_default="", validate=validate.Length(max=100_000))
+    criteria = fields.String(load_default="", validate=validate.Length(max=100_000))
+    kind = fields.String(load_default="code", validate=validate.OneOf(TASK_KINDS))
+    priority = fields.Integer(
+        load_default=0, strict=True, validate=validate.Range(min=-1000, max=1000)
+    )
+    labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=20))
+    agent = fields.String(load_default=None, allow_none=True)
+    max_attempts = fields.Integer(load_default=3, strict=True, validate=validate.Range(min=1, max=100))
+    resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
+    prerequisites = fields.List(fields.String(), load_default=list, validate=validate.Length(max=100))
+
+
+class TaskUpdate(Override):
+    expected_revision = fields.Integer(required=True, strict=True)
+    title = fields.String(validate=validate.Length(min=1, max=500))
+    body = fields.String(validate=validate.Length(max=100_000))
+    criteria = fields.String(validate=validate.Length(max=100_000))
+    priority = fields.Integer(strict=True, validate=validate.Range(min=-1000, max=1000))
+    labels = fields.List(LABEL, validate=validate.Length(max=20))
+    agent = fields.String(allow_none=True)
+    max_attempts = fields.Integer(strict=True, validate=validate.Range(min=1, max=100))
+    resources = fields.List(RESOURCE, validate=validate.Length(max=20))
+
+
+class Reason(Override):
+    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+
+
+class DependencyBody(_Strict):
+    prerequisite = fields.String(required=True, validate=validate.Length(min=1, max=200))
+
+
+class HoldRef(Schema):
+    id = fields.String()
+    scope = fields.Dict()
+    strength = fields.String()
+    reason = fields.String()
+
+
+class TaskOut(Schema):
+    id = fields.String()
+    project_id = fields.String()
+    kind = fields.String()
+    title = fields.String()
+    body = fields.String()
+    criteria = fields.String()
+    revision = fields.Integer()
+    priority = fields.Integer()
+    labels = fields.List(fields.String())
+    agent_id = fields.String(allow_none=True)
+    state = fields.String(validate=validate.OneOf(TASK_STATES))
+    parked = fields.Boolean()
+    held_by = fields.List(fields.Nested(HoldRef))
+    pending_decisions = fields.List(fields.String())
+    stage = fields.String(allow_none=True)
+    stage_missing = fields.Boolean()
+    slot = fields.Integer(allow_none=True)
+    human_only = fields.Boolean()
+    subject_task_id = fields.String(allow_none=True)
+    submission_id = fields.String(allow_none=True)
+    generation = fields.Integer()
+    max_attempts = fields.Integer()
+    attempts_used = fields.Integer()
+    current_attempt_id = fields.String(allow_none=True)
+    current_submission_id = fields.String(allow_none=True)
+    finding_ids = fields.List(fields.String())
+    outcome_reason = fields.String(allow_none=True)
+    resources = fields.List(fields.String())
+    ready_at = Timestamp(allow_none=True)
+    created_at = Timestamp()
+    updated_at = Timestamp()
+
+
+class TaskPage(Schema):
+    items = fields.List(fields.Nested(TaskOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class RevisionOut(Schema):
+    number = fields.Integer()
+    title = fields.String()
+    body = fields.String()
+    criteria = fields.String()
+    created_at = Timestamp()
+
+
+class RevisionPage(Schema):
+    items = fields.List(fields.Nested(RevisionOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class TaskLink(Schema):
+    id = fields.String()
+    state = fields.String()
+    title = fields.String()
+
+
+class DependenciesOut(Schema):
+    prerequisites = fields.List(fields.Nested(TaskLink))
+    dependents = fields.List(fields.Nested(TaskLink))
+
+
+# -- claims and attempts -----------------------------------------------------
+
+
+class ClaimBody(_Strict):
+    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True)
+
+
+class ClaimNextBody(ClaimBody):
+    project = fields.String(load_default=None, allow_none=True)
+    kind = fields.String(load_default=None, allow_none=True, validate=validate.OneOf(TASK_KINDS))
+    label = LABEL
+    agent = fields.String(load_default=None, allow_none=True)
+
+
+class AttemptOut(Schema):
+    id = fields.String()
+    task_id = fields.String()
+    generation = fields.Integer()
+    claimant_id = fields.String()
+    agent_revision_id = fields.String(allow_none=True)
+    state = fields.String()
+    lease_expires_at = Timestamp()
+    run_environment = fields.Dict()
+    progress = fields.Raw(allow_none=True)
+    end_reason = fields.String(allow_none=True)
+    created_at = Timestamp()
+    renewed_at = Timestamp(allow_none=True)
+    ended_at = Timestamp(allow_none=True)
+
+
+class AttemptPage(Schema):
+    items = fields.List(fields.Nested(AttemptOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class ClaimOut(Schema):
+    task = fields.Nested(TaskOut, allow_none=True)
+    attempt = fields.Nested(AttemptOut, allow_none=True)
+    token = fields.String(allow_none=True)
+    token_id = fields.String(allow_none=True)
+    skipped = fields.Integer()
+
+
+class Generation(Override):
+    generation = fields.Integer(required=True, strict=True)
+
+
+class RenewBody(Generation):
+    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True)
+    progress = fields.Raw(load_default=None, allow_none=True)
+
+
+class CheckpointBody(Generation):
+    data = fields.Raw(required=True)
+
+
+class ReleaseBody(Generation):
+    reason = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=2000))
+
+
+class FailBody(Generation):
+    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+
+
+class CancelAttemptBody(Generation):
+    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+
+
+class SubmitBody(Generation):
+    summary = fields.String(required=True, validate=validate.Length(min=1, max=20_000))
+    candidate = fields.Dict(load_default=dict)
+    evidence = fields.Dict(load_default=dict)
+
+
+class SubmissionOut(Schema):
+    id = fields.String()
+    task_id = fields.String()
+    attempt_id = fields.String()
+    generation = fields.Integer()
+    task_revision = fields.Integer()
+    submitted_by = fields.String()
+    summary = fields.String()
+    candidate = fields.Dict()
+    evidence = fields.Dict()
+    verdict = fields.String(allow_none=True)
+    created_at = Timestamp()
+
+
+class SubmissionPage(Schema):
+    items = fields.List(fields.Nested(SubmissionOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class SubmitOut(Schema):
+    submission = fields.Nested(SubmissionOut)
+    task = fields.Nested(TaskOut)
+    stage = fields.String(allow_none=True)
+    work_ids = fields.List(fields.String())
+
+
+class CheckpointOut(Schema):
+    attempt_id = fields.String()
+    number = fields.Integer()
+    created_at = Timestamp()
+
+
+# -- holds, decisions, agents -------------------------------------------------
+
+
+class HoldCreate(_Strict):
+    scope = fields.String(required=True, validate=validate.OneOf(HOLD_SCOPES))
+    target = fields.String(load_default=None, allow_none=True)
+    strength = fields.String(required=True, validate=validate.OneOf(HOLD_STRENGTHS))
+    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+
+
+class HoldOut(Schema):
+    id = fields.String()
+    scope = fields.Dict()
+    strength = fields.String()
+    reason = fields.String()
+    created_by = fields.String(allow_none=True)
+    created_at = Timestamp()
+    lifted_by = fields.String(allow_none=True)
+    lifted_at = Timestamp(allow_none=True)
+
+
+class HoldPage(Schema):
+    items = fields.List(fields.Nested(HoldOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class DecisionCreate(_Strict):
+    question = fields.String(required=True, validate=validate.Length(min=1, max=5000))
+    options = fields.List(
+        fields.String(validate=validate.Length(min=1, max=200)),
+        required=True,
+        validate=validate.Length(min=1, max=20),
+    )
+    answerable_by = fields.String(load_default="human", validate=validate.OneOf(("human", "member")))
+    expires_in_seconds = fields.Integer(
+        load_default=None, allow_none=True, strict=True, validate=validate.Range(min=1)
+    )
+
+
+class DecisionAnswer(_Strict):
+    answer = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    comment = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=5000))
+
+
+class DecisionOut(Schema):
+    id = fields.String()
+    task_id = fields.String()
+    question = fields.String()
+    options = fields.List(fields.String())
+    answerable_by = fields.String()
+    state = fields.String()
+    answer = fields.String(allow_none=True)
+    comment = fields.String(allow_none=True)
+    opened_by = fields.String(allow_none=True)
+    answered_by = fields.String(allow_none=True)
+    created_at = Timestamp()
+    expires_at = Timestamp(allow_none=True)
+    answered_at = Timestamp(allow_none=True)
+
+
+class DecisionPage(Schema):
+    items = fields.List(fields.Nested(DecisionOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class AgentCreate(_Strict):
+    name = fields.String(required=True, validate=validate.Regexp(NAME_PATTERN))
+    instructions = fields.String(load_default="", validate=validate.Length(max=100_000))
+    plugins = fields.List(
+        fields.String(validate=validate.Regexp(NAME_PATTERN)),
+        load_default=list,
+        validate=validate.Length(max=50),
+    )
+
+
+class AgentRevise(_Strict):
+    expected_revision = fields.Integer(load_default=None, allow_none=True, strict=True)
+    instructions = fields.String(required=True, validate=validate.Length(max=100_000))
+    plugins = fields.List(
+        fields.String(validate=validate.Regexp(NAME_PATTERN)),
+        required=True,
+        validate=validate.Length(max=50),
+    )
+
+
+class AgentRevisionOut(Schema):
+    id = fields.String()
+    number = fields.Integer()
+    instructions = fields.String()
+    plugins = fields.List(fields.String())
+    created_at = Timestamp()
+
+
+class AgentOut(Schema):
+    id = fields.String()
+    name = fields.String()
+    revision = fields.Nested(AgentRevisionOut)
+    created_at = Timestamp()
+
+
+class AgentPage(Schema):
+    items = fields.List(fields.Nested(AgentOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class AgentRevisionPage(Schema):
+    items = fields.List(fields.Nested(AgentRevisionOut))
+    next_cursor = fields.String(allow_none=True)

@@ -1,0 +1,51 @@
+"""The tasks plugin's settings, from the ``[plugins.tasks]`` table of the
+server's TOML file."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from buildmax.config import ConfigError
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """Leases, the reaper and the claim-next search bound."""
+
+    #: Lease of a claim when the claimant asks for none.
+    lease_seconds: int = 600
+    #: The longest lease a claim or renewal may ask for.
+    lease_max_seconds: int = 3600
+    #: How often the reaper looks for lapsed leases.
+    reap_interval_seconds: int = 5
+    #: Candidates claim-next looks at before giving up.
+    claim_scan_limit: int = 100
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> TaskSettings:
+        """Settings from a ``[plugins.tasks]`` table; unknown keys are refused."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"[plugins.tasks]: unknown setting(s) {', '.join(unknown)}")
+        values: dict[str, int] = {}
+        for key, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"[plugins.tasks] {key}: expected a positive integer")
+            values[key] = value
+        settings = cls(**values)
+        if settings.lease_seconds > settings.lease_max_seconds:
+            raise ConfigError("[plugins.tasks] lease_seconds exceeds lease_max_seconds")
+        return settings
+
+
+def task_settings(app: Any) -> TaskSettings:
+    """The app's tasks settings (parsed once, kept on the app)."""
+    cached = app.extensions.get("buildmax_tasks.settings")
+    if cached is None:
+        cached = TaskSettings.from_mapping(app.settings.plugins.get("tasks", {}))
+        app.extensions["buildmax_tasks.settings"] = cached
+    return cached  # type: ignore[no-any-return]

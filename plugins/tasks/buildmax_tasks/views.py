@@ -1,0 +1,151 @@
+"""API representations of tasks, attempts and submissions.
+
+A task's ``parked`` flag, the holds covering it and its pending decisions
+are derived when it is shown (never stored); a page of tasks costs two
+extra queries, not two per task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+
+from .engine import StageEngine
+from .holds import describe_hold
+from .records import task_resources
+from .schema import decisions, holds
+from .schemas import AttemptOut, SubmissionOut, TaskOut
+
+TASK_OUT = TaskOut()
+ATTEMPT_OUT = AttemptOut()
+SUBMISSION_OUT = SubmissionOut()
+
+
+async def render_tasks(
+    conn: Transaction, rows: list[dict[str, Any]], now: int, engine: StageEngine
+) -> list[dict[str, Any]]:
+    """Task rows (from ``TASK_SELECT``) as the API shows them."""
+    if not rows:
+        return []
+    space_pk = rows[0]["space_id"]
+    live = await conn.fetch_all(
+        sa.select(holds).where(holds.c.space_id == space_pk, holds.c.lifted_at.is_(None))
+    )
+    described = [(dict(h), await describe_hold(conn, dict(h))) for h in live]
+    task_pks = [r["id"] for r in rows]
+    pending: defaultdict[int, list[str]] = defaultdict(list)
+    for row in await conn.fetch_all(
+        sa.select(decisions.c.task_id, decisions.c.public_id)
+        .where(
+            decisions.c.task_id.in_(task_pks),
+            decisions.c.state == "pending",
+            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
+        )
+        .order_by(decisions.c.id)
+    ):
+        pending[row["task_id"]].append(row["public_id"])
+    rendered = []
+    for row in rows:
+        covering = [
+            view
+            for hold, view in described
+            if hold["scope_type"] == "space"
+            or (hold["scope_type"] == "project" and hold["scope_pk"] == row["project_id"])
+            or (hold["scope_type"] == "task" and hold["scope_pk"] == row["id"])
+        ]
+        if "resources" not in row:
+            row = {**row, "resources": await task_resources(conn, row["id"])}
+        rendered.append(task_body(row, covering, pending[row["id"]], engine))
+    return rendered
+
+
+def task_body(
+    row: dict[str, Any],
+    covering: list[dict[str, Any]],
+    pending: list[str],
+    engine: StageEngine,
+) -> dict[str, Any]:
+    """One task's API body."""
+    live_state = row["state"] in ("open", "ready", "claimed", "waiting")
+    body: dict[str, Any] = TASK_OUT.dump(
+        {
+            "id": row["public_id"],
+            "project_id": row["project_public_id"],
+            "kind": row["kind"],
+            "title": row["title"],
+            "body": row["body"],
+            "criteria": row["criteria"],
+            "revision": row["revision"],
+            "priority": row["priority"],
+            "labels": json.loads(row["labels"]),
+            "agent_id": row["agent_public_id"],
+            "state": row["state"],
+            "parked": live_state and bool(covering or pending),
+            "held_by": covering if live_state else [],
+            "pending_decisions": pending,
+            "stage": row["stage"],
+            "stage_missing": row["state"] == "waiting" and not engine.known(row["stage"]),
+            "slot": row["slot"],
+            "human_only": bool(row["human_only"]),
+            "subject_task_id": row["subject_public_id"],
+            "submission_id": row["subject_submission_public_id"],
+            "generation": row["generation"],
+            "max_attempts": row["max_attempts"],
+            "attempts_used": row["attempts_used"],
+            "current_attempt_id": row["current_attempt_public_id"],
+            "current_submission_id": row["current_submission_public_id"],
+            "finding_ids": json.loads(row["finding_ids"]),
+            "outcome_reason": row["outcome_reason"],
+            "resources": row["resources"],
+            "ready_at": row["ready_at"],
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+        }
+    )
+    return body
+
+
+def attempt_body(row: dict[str, Any]) -> dict[str, Any]:
+    """One attempt's API body (from ``ATTEMPT_SELECT``)."""
+    body: dict[str, Any] = ATTEMPT_OUT.dump(
+        {
+            "id": row["public_id"],
+            "task_id": row["task_public_id"],
+            "generation": row["generation"],
+            "claimant_id": row["claimant_public_id"],
+            "agent_revision_id": row["agent_revision_public_id"],
+            "state": row["state"],
+            "lease_expires_at": row["lease_expires_at"],
+            "run_environment": json.loads(row["run_environment"]),
+            "progress": json.loads(row["progress"]) if row["progress"] else None,
+            "end_reason": row["end_reason"],
+            "created_at": row["created_at"],
+            "renewed_at": row["renewed_at"],
+            "ended_at": row["ended_at"],
+        }
+    )
+    return body
+
+
+def submission_body(row: dict[str, Any]) -> dict[str, Any]:
+    """One submission's API body (from ``SUBMISSION_SELECT``)."""
+    body: dict[str, Any] = SUBMISSION_OUT.dump(
+        {
+            "id": row["public_id"],
+            "task_id": row["task_public_id"],
+            "attempt_id": row["attempt_public_id"],
+            "generation": row["generation"],
+            "task_revision": row["task_revision"],
+            "submitted_by": row["submitted_by_public_id"],
+            "summary": row["summary"],
+            "candidate": json.loads(row["candidate"]),
+            "evidence": json.loads(row["evidence"]),
+            "verdict": row["verdict"],
+            "created_at": row["created_at"],
+        }
+    )
+    return body

@@ -1,0 +1,104 @@
+"""Fixtures of the tasks plugin's tests: a space with an owner, members and
+a project, and a small HTTP helper that checks problem types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from buildmax.spaces import put_member
+from buildmax.testing import PrincipalHandle, SpaceHandle
+
+PROBLEM = "urn:buildmax:problem:"
+
+
+@dataclass
+class Work:
+    """A space to work in: its owner, two agent members, a viewer, a project."""
+
+    app: Any
+    client: Any
+    space: SpaceHandle
+    owner: PrincipalHandle
+    agent: PrincipalHandle
+    agent2: PrincipalHandle
+    viewer: PrincipalHandle
+    project: str
+
+    @property
+    def base(self) -> str:
+        return f"/v1/spaces/{self.space.id}"
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        who: PrincipalHandle | str | None = None,
+        *,
+        expect: int | None = None,
+        problem: str | None = None,
+        json: Any = None,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Call ``base + path`` as ``who`` (a principal, or a raw token);
+        check the status and problem slug; return the JSON body."""
+        if isinstance(who, str):
+            auth = {"Authorization": f"Bearer {who}"}
+        else:
+            auth = (who or self.owner).headers
+        sent = {**auth, **(headers or {})}
+        if key is not None:
+            sent["Idempotency-Key"] = key
+        url = path if path.startswith("/v1/") and not path.startswith("/v1/spaces/{") else path
+        if not url.startswith("/v1/"):
+            url = self.base + path
+        kwargs: dict[str, Any] = {"headers": sent}
+        if json is not None:
+            kwargs["json"] = json
+        response = await getattr(self.client, method.lower())(url, **kwargs)
+        body = await response.get_json() if response.status_code != 204 else None
+        if expect is not None:
+            assert response.status_code == expect, (response.status_code, body)
+        if problem is not None:
+            assert body["type"] == PROBLEM + problem, body
+        return body
+
+    async def task(self, title: str = "do it", **fields: Any) -> dict[str, Any]:
+        """Create a task in the project; its body."""
+        body = {"project": self.project, "title": title, **fields}
+        return await self.call("POST", "/tasks", json=body, expect=201)  # type: ignore[no-any-return]
+
+    async def claim(self, task_id: str, who: PrincipalHandle | None = None, **body: Any) -> Any:
+        """Claim a task; the claim body (201 expected)."""
+        return await self.call(
+            "POST", f"/tasks/{task_id}/claim", who or self.agent, json=body, expect=201
+        )
+
+    async def rows(self, table: sa.Table, *where: Any) -> list[dict[str, Any]]:
+        """Rows of a table, straight from the database."""
+        async with self.app.db.read() as conn:
+            return [dict(r) for r in await conn.fetch_all(sa.select(table).where(*where))]
+
+
+async def add_member(app: Any, space: SpaceHandle, who: PrincipalHandle, role: str) -> None:
+    """Make ``who`` a member of ``space`` with ``role``."""
+    async with app.db.write() as tx:
+        await put_member(tx, space.pk, who.pk, role, app.clock.now_ms())
+
+
+@pytest.fixture
+async def work(app, client, make_principal, make_space) -> Work:
+    owner = await make_principal("human")
+    agent = await make_principal("agent")
+    agent2 = await make_principal("agent")
+    viewer = await make_principal("agent")
+    space = await make_space(owner)
+    for who, role in ((agent, "member"), (agent2, "member"), (viewer, "viewer")):
+        await add_member(app, space, who, role)
+    w = Work(app, client, space, owner, agent, agent2, viewer, "main")
+    await w.call("POST", "/projects", json={"name": "main"}, expect=201)
+    return w
