@@ -115,9 +115,7 @@ class TaskQueue(Protocol):
         """The project's current workflow policy: ``revision``,
         ``approvals_required``, ``human_review_required``, ``integration``."""
 
-    async def agent_revision(
-        self, conn: Transaction, revision_id: str
-    ) -> AgentRevisionRef | None:
+    async def agent_revision(self, conn: Transaction, revision_id: str) -> AgentRevisionRef | None:
         """An agent revision by public id, or ``None``."""
 
     async def agents_naming(

@@ -25,13 +25,16 @@ async def save_revision(
 ) -> dict[str, Any]:
     """Append a revision to ``agent`` and make it current; 422 when a plugin
     refuses it through ``buildmax_agent_revision`` (nothing is saved)."""
-    number = int(
-        await ch.tx.fetch_val(
-            sa.select(sa.func.coalesce(sa.func.max(agent_revisions.c.number), 0)).where(
-                agent_revisions.c.agent_id == agent["id"]
+    number = (
+        int(
+            await ch.tx.fetch_val(
+                sa.select(sa.func.coalesce(sa.func.max(agent_revisions.c.number), 0)).where(
+                    agent_revisions.c.agent_id == agent["id"]
+                )
             )
         )
-    ) + 1
+        + 1
+    )
     names = sorted(set(plugins))
     public_id = new_id("ar")
     ref = AgentRevisionRef(
@@ -66,9 +69,7 @@ async def save_revision(
     await ch.tx.execute(
         sa.update(agents).where(agents.c.id == agent["id"]).values(current_revision_id=pk)
     )
-    await ch.audit(
-        "agent.revised", "agent", agent["public_id"], revision=number, plugins=names
-    )
+    await ch.audit("agent.revised", "agent", agent["public_id"], revision=number, plugins=names)
     await ch.event("agent.revised", agent_id=agent["public_id"], revision=number)
     return {
         "id": public_id,

@@ -24,9 +24,7 @@ class Change:
     now: int
     admin_override: bool = False
 
-    async def audit(
-        self, action: str, target_type: str, target_id: str, **details: Any
-    ) -> None:
+    async def audit(self, action: str, target_type: str, target_id: str, **details: Any) -> None:
         """Record one audit event about ``target`` in this transaction."""
         await self.app.audit.record(
             self.tx,

@@ -103,9 +103,7 @@ class Skip(Exception):
         self.problem = problem
 
 
-async def claim_named(
-    ch: Change, caller_pk: int, task_id: str, lease_ms: int
-) -> Claim:
+async def claim_named(ch: Change, caller_pk: int, task_id: str, lease_ms: int) -> Claim:
     """Claim one task by public id, or raise the problem that refuses it."""
     task = await load_task(ch.tx, task_id, space_pk=ch.space_pk, for_update=True)
     if task is None:
@@ -174,11 +172,7 @@ async def _claim(
     if task["state"] == "claimed":
         task = await _retire_if_lapsed(ch, task)
     if task["state"] != "ready":
-        raise Skip(
-            TaskNotClaimable(
-                f"the task is {task['state']}, not ready", state=task["state"]
-            )
-        )
+        raise Skip(TaskNotClaimable(f"the task is {task['state']}, not ready", state=task["state"]))
     held = await holds_covering(ch.tx, task)
     if held:
         described = await describe_hold(ch.tx, held[0])
@@ -227,7 +221,9 @@ async def _claim(
         await ch.tx.execute(
             sa.delete(reservations).where(reservations.c.attempt_public_id == attempt_id)
         )
-        raise Skip(RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}"))
+        raise Skip(
+            RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
+        ) from None
     # The guard: only a ready task becomes claimed, whoever else tries.
     bumped = await ch.tx.fetch_val(
         sa.update(tasks)

@@ -76,9 +76,7 @@ async def add_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[st
     return True
 
 
-async def remove_dependency(
-    ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]
-) -> bool:
+async def remove_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]) -> bool:
     """Remove ``task -> prerequisite``; ``False`` when there was no such edge."""
     await lock(ch.tx, "task_graph", ch.space_pk)
     removed = await ch.tx.fetch_all(

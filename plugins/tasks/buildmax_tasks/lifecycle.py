@@ -114,7 +114,9 @@ async def end_attempt(
     )
     if ended is None:
         return False
-    await ch.tx.execute(sa.delete(reservations).where(reservations.c.attempt_public_id == attempt["public_id"]))
+    await ch.tx.execute(
+        sa.delete(reservations).where(reservations.c.attempt_public_id == attempt["public_id"])
+    )
     await end_scope(ch.tx, "attempt", attempt["public_id"], now=ch.now)
     return True
 
@@ -146,9 +148,7 @@ async def retire_lapsed(ch: Change, attempt: dict[str, Any], task: dict[str, Any
         generation=attempt["generation"],
         charged=charge,
     )
-    await ch.event(
-        "attempt.expired", attempt_id=attempt["public_id"], task_id=task["public_id"]
-    )
+    await ch.event("attempt.expired", attempt_id=attempt["public_id"], task_id=task["public_id"])
     if task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]:
         return await after_attempt(ch, task, charged=charge)
     return str(task["state"])

@@ -125,11 +125,19 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "finding_ids",
             "reason",
         ),
-        _action("task.stage_entered", "A task entered a workflow stage", "task", "stage", "work_ids"),
         _action(
-            "attempt.renewed", "An attempt's lease was renewed", "attempt", "generation", "lease_expires_at"
+            "task.stage_entered", "A task entered a workflow stage", "task", "stage", "work_ids"
         ),
-        _action("attempt.checkpointed", "An attempt recorded a checkpoint", "attempt", "generation"),
+        _action(
+            "attempt.renewed",
+            "An attempt's lease was renewed",
+            "attempt",
+            "generation",
+            "lease_expires_at",
+        ),
+        _action(
+            "attempt.checkpointed", "An attempt recorded a checkpoint", "attempt", "generation"
+        ),
         _action("attempt.released", "An attempt was released", "attempt", *attempt_keys),
         _action("attempt.failed", "An attempt failed", "attempt", *attempt_keys),
         _action("attempt.canceled", "An attempt was canceled", "attempt", *attempt_keys),

@@ -67,4 +67,3 @@ class AgentRevisionRefused(ValidationFailed):
 
 class NameTaken(Conflict):
     slug, title = "name-taken", "The name is already used in this space"
-

@@ -50,7 +50,9 @@ class SqlTaskQueue:
         return attempt_ref(dict(row)) if row is not None else None
 
     async def submission(self, conn: Transaction, submission_id: str) -> SubmissionRef | None:
-        row = await conn.fetch_one(SUBMISSION_SELECT.where(submissions.c.public_id == submission_id))
+        row = await conn.fetch_one(
+            SUBMISSION_SELECT.where(submissions.c.public_id == submission_id)
+        )
         return submission_ref(dict(row)) if row is not None else None
 
     async def submissions(self, conn: Transaction, task_id: str) -> Sequence[SubmissionRef]:
@@ -60,7 +62,9 @@ class SqlTaskQueue:
         return [submission_ref(dict(r)) for r in rows]
 
     async def policy(self, conn: Transaction, project_id: str) -> Mapping[str, Any]:
-        pk = await conn.fetch_val(sa.select(projects.c.id).where(projects.c.public_id == project_id))
+        pk = await conn.fetch_val(
+            sa.select(projects.c.id).where(projects.c.public_id == project_id)
+        )
         if pk is None:
             raise LookupError(f"no project {project_id!r}")
         return await current_policy(conn, pk)
@@ -139,4 +143,3 @@ class SqlTaskQueue:
             expires_at=expires_at,
             opened_by=opener,
         )
-

@@ -21,8 +21,8 @@ from .schema import (
     projects,
     resources,
     submissions,
-    tasks,
     task_revisions,
+    tasks,
 )
 
 _subject = tasks.alias("subject")

@@ -50,7 +50,9 @@ class PolicyBody(_Strict):
         required=True, strict=True, validate=validate.Range(min=0, max=10)
     )
     human_review_required = fields.Boolean(load_default=False)
-    integration = fields.String(load_default="automatic", validate=validate.OneOf(INTEGRATION_MODES))
+    integration = fields.String(
+        load_default="automatic", validate=validate.OneOf(INTEGRATION_MODES)
+    )
 
 
 class PolicyOut(Schema):
@@ -92,9 +94,13 @@ class TaskCreate(_Strict):
     )
     labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=20))
     agent = fields.String(load_default=None, allow_none=True)
-    max_attempts = fields.Integer(load_default=3, strict=True, validate=validate.Range(min=1, max=100))
+    max_attempts = fields.Integer(
+        load_default=3, strict=True, validate=validate.Range(min=1, max=100)
+    )
     resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
-    prerequisites = fields.List(fields.String(), load_default=list, validate=validate.Length(max=100))
+    prerequisites = fields.List(
+        fields.String(), load_default=list, validate=validate.Length(max=100)
+    )
 
 
 class TaskUpdate(Override):
@@ -326,7 +332,9 @@ class DecisionCreate(_Strict):
         required=True,
         validate=validate.Length(min=1, max=20),
     )
-    answerable_by = fields.String(load_default="human", validate=validate.OneOf(("human", "member")))
+    answerable_by = fields.String(
+        load_default="human", validate=validate.OneOf(("human", "member"))
+    )
     expires_in_seconds = fields.Integer(
         load_default=None, allow_none=True, strict=True, validate=validate.Range(min=1)
     )

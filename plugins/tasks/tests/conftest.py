@@ -53,9 +53,7 @@ class Work:
         sent = {**auth, **(headers or {})}
         if key is not None:
             sent["Idempotency-Key"] = key
-        url = path if path.startswith("/v1/") and not path.startswith("/v1/spaces/{") else path
-        if not url.startswith("/v1/"):
-            url = self.base + path
+        url = path if path.startswith("/v1/") else self.base + path
         kwargs: dict[str, Any] = {"headers": sent}
         if json is not None:
             kwargs["json"] = json

@@ -10,7 +10,11 @@ async def test_claim_renew_submit_completes_a_task(work):
     attempt = claim["attempt"]
     assert attempt["generation"] == 1 and claim["token"].startswith("bmx_")
     renewed = await work.call(
-        "POST", f"/attempts/{attempt['id']}/renew", claim["token"], json={"generation": 1}, expect=200
+        "POST",
+        f"/attempts/{attempt['id']}/renew",
+        claim["token"],
+        json={"generation": 1},
+        expect=200,
     )
     assert renewed["state"] == "active"
     done = await work.call(

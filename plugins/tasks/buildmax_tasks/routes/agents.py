@@ -33,7 +33,7 @@ from ..schemas import (
 )
 from . import change
 
-blueprint = Blueprint("buildmax_tasks_agents", __name__)
+blueprint = Blueprint("tasks_agents", __name__)
 AGENT_OUT = AgentOut()
 REVISION_OUT = AgentRevisionOut()
 AGENT_SELECT = sa.select(
@@ -64,7 +64,11 @@ def _render(row: dict[str, Any]) -> dict[str, Any]:
     revision = None
     if row["revision_public_id"] is not None:
         revision = _revision(
-            {**row, "public_id": row["revision_public_id"], "created_at": row["revision_created_at"]}
+            {
+                **row,
+                "public_id": row["revision_public_id"],
+                "created_at": row["revision_created_at"],
+            }
         )
     return AGENT_OUT.dump(  # type: ignore[no-any-return]
         {
@@ -76,7 +80,9 @@ def _render(row: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-async def _agent(conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False) -> dict[str, Any]:
+async def _agent(
+    conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False
+) -> dict[str, Any]:
     query = AGENT_SELECT.where(
         agents.c.space_id == space_pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
     )
@@ -89,7 +95,14 @@ async def _agent(conn: Transaction, space_pk: int, ref: str, *, for_update: bool
 
 
 @blueprint.post("/v1/spaces/<space>/agents")
-@api("Define an agent (space admins): revision 1", body=AgentCreate, response=AgentOut, status=201, idempotent=True, tags=["agents"])
+@api(
+    "Define an agent (space admins): revision 1",
+    body=AgentCreate,
+    response=AgentOut,
+    status=201,
+    idempotent=True,
+    tags=["agents"],
+)
 async def create(space: str) -> Response:
     """``plugins`` names catalog plugins (never versions); plugins may refuse
     the revision (422, nothing saved)."""
@@ -129,7 +142,14 @@ async def create(space: str) -> Response:
 
 
 @blueprint.post("/v1/spaces/<space>/agents/<agent>/revisions")
-@api("Revise an agent (space admins): a new immutable revision becomes current", body=AgentRevise, response=AgentOut, status=201, idempotent=True, tags=["agents"])
+@api(
+    "Revise an agent (space admins): a new immutable revision becomes current",
+    body=AgentRevise,
+    response=AgentOut,
+    status=201,
+    idempotent=True,
+    tags=["agents"],
+)
 async def revise(space: str, agent: str) -> Response:
     """``expected_revision`` refuses a concurrent edit with 409."""
     app = current_buildmax()
@@ -165,12 +185,18 @@ async def list_agents(space: str) -> Response:
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request(app.settings.page_size_default, app.settings.page_size_max)
-    query = AGENT_SELECT.where(agents.c.space_id == access.pk).order_by(agents.c.name).limit(page.limit + 1)
+    query = (
+        AGENT_SELECT.where(agents.c.space_id == access.pk)
+        .order_by(agents.c.name)
+        .limit(page.limit + 1)
+    )
     if page.after is not None:
         query = query.where(agents.c.name > page.after[0])
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
-    return json_response(page_body([_render(r) for r in rows], rows, page.limit, lambda r: (r["name"],)))
+    return json_response(
+        page_body([_render(r) for r in rows], rows, page.limit, lambda r: (r["name"],))
+    )
 
 
 @blueprint.get("/v1/spaces/<space>/agents/<agent>")
@@ -204,4 +230,6 @@ async def revisions(space: str, agent: str) -> Response:
         if page.after is not None:
             query = query.where(agent_revisions.c.number < page.after[0])
         rows = [dict(r) for r in await conn.fetch_all(query)]
-    return json_response(page_body([_revision(r) for r in rows], rows, page.limit, lambda r: (r["number"],)))
+    return json_response(
+        page_body([_revision(r) for r in rows], rows, page.limit, lambda r: (r["number"],))
+    )

@@ -29,7 +29,7 @@ from buildmax.tokens import reissue_token
 from .. import attempts as ops
 from ..change import Change
 from ..claims import Claim, ClaimFilters, claim_named, claim_next
-from ..problems import TaskHeld
+from ..problems import NotAttemptOwner, TaskHeld
 from ..records import ATTEMPT_SELECT, SUBMISSION_SELECT, load_attempt
 from ..schema import attempts, submissions
 from ..schemas import (
@@ -53,12 +53,14 @@ from . import change, lease_ms, may_override, tasks_state
 from .projects import find_project
 from .tasks import agent_pk, render_one, task_or_404
 
-blueprint = Blueprint("buildmax_tasks_attempts", __name__)
+blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
 TOKEN_KIND = "attempt_token"
 
 
-async def _claim_body(tx: Transaction, claim: Claim | None, skipped: int, now: int) -> dict[str, Any]:
+async def _claim_body(
+    tx: Transaction, claim: Claim | None, skipped: int, now: int
+) -> dict[str, Any]:
     if claim is None:
         return {"task": None, "attempt": None, "token": None, "token_id": None, "skipped": skipped}
     return {
@@ -229,7 +231,9 @@ async def renew(space: str, attempt: str) -> Response:
     charged against the task's attempts."""
     app = current_buildmax()
 
-    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+    async def operation(
+        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
+    ) -> Reply:
         lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
         updated = await ops.renew(ch, row, task, lease, data["progress"])
         return Reply(200, attempt_body(updated))
@@ -242,7 +246,9 @@ async def renew(space: str, attempt: str) -> Response:
         access = await require_space(space, "member", caller, "tasks.attempt.renew")
         data = await load_body(RenewBody())
         async with app.db.write() as tx:
-            await ops.mark_hold_refused(change(app, tx, caller, access), attempt, data["generation"])
+            await ops.mark_hold_refused(
+                change(app, tx, caller, access), attempt, data["generation"]
+            )
         raise
 
 
@@ -259,7 +265,9 @@ async def renew(space: str, attempt: str) -> Response:
 async def checkpoint(space: str, attempt: str) -> Response:
     """Checkpoints are kept in order; ``data`` is any JSON value."""
 
-    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+    async def operation(
+        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
+    ) -> Reply:
         made = await ops.checkpoint(ch, row, data["data"])
         return Reply(
             201,
@@ -272,7 +280,9 @@ async def checkpoint(space: str, attempt: str) -> Response:
 
 
 async def _give_up(space: str, attempt: str, schema: Any, state: str, action: str) -> Response:
-    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+    async def operation(
+        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
+    ) -> Reply:
         await ops.give_up(ch, row, task, state, data.get("reason"))
         fresh = await load_attempt(ch.tx, row["public_id"])
         assert fresh is not None
@@ -338,7 +348,9 @@ async def submit(space: str, attempt: str) -> Response:
     first stage's linked work is created."""
     app = current_buildmax()
 
-    async def operation(ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]) -> Reply:
+    async def operation(
+        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
+    ) -> Reply:
         submission, outcome = await ops.submit(ch, tasks_state(app).engine, row, task, data)
         access_task = await task_or_404(ch.tx, ch.space_pk, task["public_id"])
         return Reply(
@@ -355,14 +367,19 @@ async def submit(space: str, attempt: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/attempts/<attempt>")
-@api("Show an attempt (viewers; its own token too)", response=AttemptOut, scopes=ATTEMPT_SCOPE, tags=["attempts"])
+@api(
+    "Show an attempt (viewers; its own token too)",
+    response=AttemptOut,
+    scopes=ATTEMPT_SCOPE,
+    tags=["attempts"],
+)
 async def show(space: str, attempt: str) -> Response:
     """With its lease, run environment and last progress."""
     app = current_buildmax()
     caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
     access = await require_space(space, "viewer", caller, "tasks.read")
     if caller.actor.scope_type == "attempt" and caller.actor.scope_id != attempt:
-        raise ops.NotAttemptOwner("this token is scoped to another attempt")
+        raise NotAttemptOwner("this token is scoped to another attempt")
     async with app.db.read() as conn:
         row = await load_attempt(conn, attempt, space_pk=access.pk)
     if row is None:

@@ -27,7 +27,7 @@ from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
 from . import change
 from .tasks import task_or_404
 
-blueprint = Blueprint("buildmax_tasks_decisions", __name__)
+blueprint = Blueprint("tasks_decisions", __name__)
 DECISION_OUT = DecisionOut()
 _opener = principals.alias("opener")
 _answerer = principals.alias("answerer")
@@ -107,7 +107,11 @@ async def create(space: str, task: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/decisions")
-@api("List decisions, pending ones unless state=all|answered (viewers)", response=DecisionPage, tags=["decisions"])
+@api(
+    "List decisions, pending ones unless state=all|answered (viewers)",
+    response=DecisionPage,
+    tags=["decisions"],
+)
 async def list_decisions(space: str) -> Response:
     """Newest first; ``task`` filters by task."""
     app = current_buildmax()
@@ -135,14 +139,22 @@ async def list_decisions(space: str) -> Response:
     async with app.db.read() as conn:
         task = request.args.get("task")
         if task is not None:
-            query = query.where(decisions.c.task_id == (await task_or_404(conn, access.pk, task))["id"])
+            query = query.where(
+                decisions.c.task_id == (await task_or_404(conn, access.pk, task))["id"]
+            )
         rows = [dict(r) for r in await conn.fetch_all(query)]
     items = [_render(r, now) for r in rows]
     return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
 
 
 @blueprint.post("/v1/spaces/<space>/decisions/<decision>/answer")
-@api("Answer a decision (a human member, or any member when allowed)", body=DecisionAnswer, response=DecisionOut, idempotent=True, tags=["decisions"])
+@api(
+    "Answer a decision (a human member, or any member when allowed)",
+    body=DecisionAnswer,
+    response=DecisionOut,
+    idempotent=True,
+    tags=["decisions"],
+)
 async def answer(space: str, decision: str) -> Response:
     """The answer must be one of the options; the task is claimable again
     once no other decision or hold parks it."""

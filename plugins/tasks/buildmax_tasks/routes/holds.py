@@ -27,7 +27,7 @@ from . import change
 from .projects import find_project
 from .tasks import task_or_404
 
-blueprint = Blueprint("buildmax_tasks_holds", __name__)
+blueprint = Blueprint("tasks_holds", __name__)
 HOLD_OUT = HoldOut()
 _creator = principals.alias("creator")
 _lifter = principals.alias("lifter")
@@ -133,7 +133,12 @@ async def create(space: str) -> Response:
 
 
 @blueprint.post("/v1/spaces/<space>/holds/<hold>/lift")
-@api("Lift a hold (space admins): its scope is claimable again", response=HoldOut, idempotent=True, tags=["holds"])
+@api(
+    "Lift a hold (space admins): its scope is claimable again",
+    response=HoldOut,
+    idempotent=True,
+    tags=["holds"],
+)
 async def lift(space: str, hold: str) -> Response:
     """Lifting an already lifted hold is refused with 409."""
     app = current_buildmax()
@@ -154,7 +159,9 @@ async def lift(space: str, hold: str) -> Response:
         )
         if lifted is None:
             exists = await tx.fetch_val(
-                sa.select(holds.c.id).where(holds.c.public_id == hold, holds.c.space_id == access.pk)
+                sa.select(holds.c.id).where(
+                    holds.c.public_id == hold, holds.c.space_id == access.pk
+                )
             )
             if exists is None:
                 raise NotFound("no such hold in this space")

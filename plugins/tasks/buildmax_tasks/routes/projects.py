@@ -32,7 +32,7 @@ from ..schemas import (
 )
 from . import change
 
-blueprint = Blueprint("buildmax_tasks_projects", __name__)
+blueprint = Blueprint("tasks_projects", __name__)
 PROJECT_OUT = ProjectOut()
 POLICY_OUT = PolicyOut()
 
@@ -172,7 +172,11 @@ async def update(space: str, project: str) -> Response:
                 revision=row["revision"],
             )
         await ch.audit(
-            "project.updated", "project", row["public_id"], fields=sorted(data), revision=updated["revision"]
+            "project.updated",
+            "project",
+            row["public_id"],
+            fields=sorted(data),
+            revision=updated["revision"],
         )
         await ch.event("project.updated", project_id=row["public_id"])
         return Reply(200, await _render(tx, dict(updated)))
@@ -225,9 +229,7 @@ async def set_policy(space: str, project: str) -> Response:
             )
             .returning(policies.c.id)
         )
-        await tx.execute(
-            sa.update(projects).where(projects.c.id == row["id"]).values(policy_id=pk)
-        )
+        await tx.execute(sa.update(projects).where(projects.c.id == row["id"]).values(policy_id=pk))
         await ch.audit("policy.revised", "project", row["public_id"], revision=revision, **data)
         await ch.event("policy.revised", project_id=row["public_id"], revision=revision)
         body = POLICY_OUT.dump({**data, "revision": revision, "created_at": ch.now})

@@ -58,7 +58,7 @@ from ..views import render_tasks
 from . import change, may_override, tasks_state
 from .projects import find_project
 
-blueprint = Blueprint("buildmax_tasks_tasks", __name__)
+blueprint = Blueprint("tasks_tasks", __name__)
 REVISION_OUT = RevisionOut()
 
 
@@ -168,7 +168,9 @@ async def create(space: str) -> Response:
             await tx.execute(resources.insert().values(task_id=pk, resource=resource))
         for prereq in prereqs:
             await tx.execute(
-                dependencies.insert().values(task_id=pk, prerequisite_id=prereq["id"], created_at=ch.now)
+                dependencies.insert().values(
+                    task_id=pk, prerequisite_id=prereq["id"], created_at=ch.now
+                )
             )
         await ch.audit(
             "task.created",
@@ -246,7 +248,11 @@ async def list_tasks(space: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/ready")
-@api("The ready queue: claimable tasks by priority, then age (viewers)", response=TaskPage, tags=["tasks"])
+@api(
+    "The ready queue: claimable tasks by priority, then age (viewers)",
+    response=TaskPage,
+    tags=["tasks"],
+)
 async def ready(space: str) -> Response:
     """Held and parked tasks are left out. Filters as for the task list."""
     app = current_buildmax()
@@ -256,9 +262,11 @@ async def ready(space: str) -> Response:
     now = app.clock.now_ms()
     async with app.db.read() as conn:
         filters = await _query_filters(conn, access)
-        query = ready_query(access.pk, now, filters).add_columns(
-            tasks.c.priority, tasks.c.ready_at
-        ).limit(page.limit + 1)
+        query = (
+            ready_query(access.pk, now, filters)
+            .add_columns(tasks.c.priority, tasks.c.ready_at)
+            .limit(page.limit + 1)
+        )
         if page.after is not None:
             priority, ready_at, pk = page.after
             query = query.where(
@@ -278,7 +286,12 @@ async def ready(space: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>")
-@api("Show a task (viewers; an attempt's token may read its own task)", response=TaskOut, scopes=["attempt"], tags=["tasks"])
+@api(
+    "Show a task (viewers; an attempt's token may read its own task)",
+    response=TaskOut,
+    scopes=["attempt"],
+    tags=["tasks"],
+)
 async def show(space: str, task: str) -> Response:
     """With its state, why it is parked, its stage and current attempt."""
     app = current_buildmax()
@@ -380,7 +393,11 @@ async def update(space: str, task: str) -> Response:
                 await tx.execute(resources.insert().values(task_id=row["id"], resource=resource))
         await set_task(ch, row["id"], **values)
         await ch.audit(
-            "task.revised", "task", row["public_id"], revision=values["revision"], fields=sorted(data)
+            "task.revised",
+            "task",
+            row["public_id"],
+            revision=values["revision"],
+            fields=sorted(data),
         )
         await ch.event("task.revised", task_id=row["public_id"], revision=values["revision"])
         fresh = await task_or_404(tx, access.pk, task)
@@ -459,10 +476,15 @@ async def add(space: str, task: str) -> Response:
         added = await add_dependency(ch, row, prereq)
         if added:
             await ch.audit(
-                "task.dependency.added", "task", row["public_id"], prerequisite_id=prereq["public_id"]
+                "task.dependency.added",
+                "task",
+                row["public_id"],
+                prerequisite_id=prereq["public_id"],
             )
             await ch.event(
-                "task.dependency.added", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
+                "task.dependency.added",
+                task_id=row["public_id"],
+                prerequisite_id=prereq["public_id"],
             )
         prereqs = await tx.fetch_all(prerequisite_ids_query(row["id"]))
         dependents = await tx.fetch_all(dependent_ids_query(row["id"]))
@@ -502,7 +524,13 @@ async def remove(space: str, task: str, prerequisite: str) -> Response:
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/cancel")
-@api("Cancel a task for good (members; a held task needs an override)", body=Reason, response=TaskOut, idempotent=True, tags=["tasks"])
+@api(
+    "Cancel a task for good (members; a held task needs an override)",
+    body=Reason,
+    response=TaskOut,
+    idempotent=True,
+    tags=["tasks"],
+)
 async def cancel(space: str, task: str) -> Response:
     """Its active attempt and unfinished stage work are canceled too."""
     app = current_buildmax()
@@ -524,7 +552,12 @@ async def cancel(space: str, task: str) -> Response:
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/retry")
-@api("Retry a failed or canceled task with a fresh attempt budget (space admins)", response=TaskOut, idempotent=True, tags=["tasks"])
+@api(
+    "Retry a failed or canceled task with a fresh attempt budget (space admins)",
+    response=TaskOut,
+    idempotent=True,
+    tags=["tasks"],
+)
 async def retry(space: str, task: str) -> Response:
     """Earlier attempts stay as they were; the next claim has the next generation."""
     app = current_buildmax()
@@ -535,9 +568,13 @@ async def retry(space: str, task: str) -> Response:
         ch = change(app, tx, caller, access)
         row = await task_or_404(tx, access.pk, task, for_update=True)
         if row["state"] not in ("failed", "canceled"):
-            raise InvalidState(f"only failed or canceled tasks are retried; this one is {row['state']}")
+            raise InvalidState(
+                f"only failed or canceled tasks are retried; this one is {row['state']}"
+            )
         state = await reopen(ch, row, attempts_used=0, outcome_reason=None, stage=None)
-        await ch.audit("task.retried", "task", row["public_id"], previous_state=row["state"], state=state)
+        await ch.audit(
+            "task.retried", "task", row["public_id"], previous_state=row["state"], state=state
+        )
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 
