@@ -77,7 +77,7 @@ class ClaimFilters:
         if self.kind is not None:
             conditions.append(tasks.c.kind == self.kind)
         if self.label is not None:
-            conditions.append(tasks.c.labels.contains(json.dumps(self.label)))
+            conditions.append(tasks.c.labels.contains(json.dumps(self.label), autoescape=True))
         if self.agent_pk is not None:
             conditions.append(tasks.c.agent_id == self.agent_pk)
         return conditions

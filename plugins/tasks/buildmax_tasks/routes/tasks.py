@@ -202,7 +202,7 @@ def _filters(access: SpaceAccess) -> list[Any]:
         conditions.append(tasks.c.kind == kind)
     label = request.args.get("label")
     if label is not None:
-        conditions.append(tasks.c.labels.contains(json.dumps(label)))
+        conditions.append(tasks.c.labels.contains(json.dumps(label), autoescape=True))
     search = request.args.get("q")
     if search is not None:
         if len(search) > 200:
