@@ -23,7 +23,7 @@ import os
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -152,6 +152,15 @@ _BY_STATUS: dict[int, type[BuildMaxError]] = {
 
 def _messages(value: Any) -> str:
     return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def register_error_classes(classes: Mapping[str, type[BuildMaxError]]) -> None:
+    """Raise each class for problems of its slug: how a plugin's client gives
+    its own problems typed exceptions. A slug maps to one class."""
+    for slug, kind in classes.items():
+        known = _BY_SLUG.setdefault(slug, kind)
+        if known is not kind:
+            raise ValueError(f"problem {slug!r} already raises {known.__qualname__}")
 
 
 def error_class(status: int, slug: str) -> type[BuildMaxError]:

@@ -25,7 +25,7 @@ from .holds import describe_hold, holds_covering
 from .lifecycle import after_attempt, end_attempt, finish, set_task
 from .problems import AttemptEnded, LeaseLapsed, NotAttemptOwner, StaleGeneration, TaskHeld
 from .records import SUBMISSION_SELECT, load_attempt, load_task_by_pk
-from .schema import attempts, checkpoints, submissions
+from .schema import attempts, checkpoints, submissions, tasks
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,21 @@ async def fenced(
 
     Sets ``ch.admin_override`` when an admin or owner acts on someone
     else's attempt."""
-    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk, for_update=True)
+    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
     if attempt is None:
         raise NotFound("no such attempt in this space")
+    # Rows are locked in one order everywhere: subject task, task, attempt.
+    # The task row's lock serialises every change to its attempts.
+    if attempt["subject_task_id"] is not None:
+        await ch.tx.fetch_all(
+            sa.select(tasks.c.id).where(tasks.c.id == attempt["subject_task_id"]).with_for_update()
+        )
+    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
+    assert task is not None
+    if ch.tx.dialect == "postgresql":
+        # What committed while we waited for the lock.
+        attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
+        assert attempt is not None
     if authority.scope_id is not None and authority.scope_id != attempt_id:
         raise NotAttemptOwner("this token is scoped to another attempt")
     if attempt["claimant_id"] != authority.principal_pk:
@@ -79,8 +91,6 @@ async def fenced(
             f"the lease lapsed at {to_rfc3339(attempt['lease_expires_at'])}",
             lease_expires_at=to_rfc3339(attempt["lease_expires_at"]),
         )
-    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
-    assert task is not None
     return attempt, task
 
 

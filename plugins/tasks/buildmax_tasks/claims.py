@@ -123,12 +123,16 @@ async def claim_next(
     ``None``) and how many candidates were skipped on the way.
 
     On PostgreSQL candidates are locked with ``FOR UPDATE SKIP LOCKED``, so
-    concurrent claimers take different tasks instead of queueing on one."""
+    concurrent claimers take different tasks instead of queueing on one. They
+    are locked one at a time: a batch would hide every row of it from the
+    other claimers until this transaction ends, and they would answer that
+    nothing is ready while ready tasks wait."""
     await retire_lapsed_in_space(ch, limit=20)
     skipped = 0
     seen: list[int] = []
+    batch = 1 if ch.tx.dialect == "postgresql" else 20
     while len(seen) < scan_limit:
-        query = ready_query(ch.space_pk, ch.now, filters).limit(min(20, scan_limit - len(seen)))
+        query = ready_query(ch.space_pk, ch.now, filters).limit(min(batch, scan_limit - len(seen)))
         if seen:
             query = query.where(tasks.c.id.not_in(seen))
         if ch.tx.dialect == "postgresql":

@@ -135,6 +135,7 @@ def task_ref(task: dict[str, Any]) -> TaskRef:
 ATTEMPT_SELECT = sa.select(
     attempts,
     tasks.c.public_id.label("task_public_id"),
+    tasks.c.subject_task_id,
     spaces.c.public_id.label("space_public_id"),
     principals.c.public_id.label("claimant_public_id"),
     principals.c.kind.label("claimant_kind"),
@@ -148,14 +149,13 @@ ATTEMPT_SELECT = sa.select(
 
 
 async def load_attempt(
-    conn: Transaction, public_id: str, *, space_pk: int | None = None, for_update: bool = False
+    conn: Transaction, public_id: str, *, space_pk: int | None = None
 ) -> dict[str, Any] | None:
-    """An attempt row by public id, or ``None``."""
+    """An attempt row by public id, or ``None``. Lock its task's row to
+    change it: that lock serialises every change to a task's attempts."""
     query = ATTEMPT_SELECT.where(attempts.c.public_id == public_id)
     if space_pk is not None:
         query = query.where(attempts.c.space_id == space_pk)
-    if for_update:
-        query = query.with_for_update(of=attempts)
     row = await conn.fetch_one(query)
     return dict(row) if row is not None else None
 

@@ -48,22 +48,25 @@ AGENT_SELECT = sa.select(
 )
 
 
+def _revision_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["public_id"],
+        "number": row["number"],
+        "instructions": row["instructions"],
+        "plugins": json.loads(row["plugins"]),
+        "created_at": row["created_at"],
+    }
+
+
 def _revision(row: dict[str, Any]) -> dict[str, Any]:
-    return REVISION_OUT.dump(  # type: ignore[no-any-return]
-        {
-            "id": row["public_id"],
-            "number": row["number"],
-            "instructions": row["instructions"],
-            "plugins": json.loads(row["plugins"]),
-            "created_at": row["created_at"],
-        }
-    )
+    return REVISION_OUT.dump(_revision_fields(row))  # type: ignore[no-any-return]
 
 
 def _render(row: dict[str, Any]) -> dict[str, Any]:
     revision = None
     if row["revision_public_id"] is not None:
-        revision = _revision(
+        # Raw fields: AGENT_OUT dumps the nested revision itself.
+        revision = _revision_fields(
             {
                 **row,
                 "public_id": row["revision_public_id"],

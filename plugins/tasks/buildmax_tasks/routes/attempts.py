@@ -326,6 +326,7 @@ async def fail(space: str, attempt: str) -> Response:
     "Cancel an attempt (the owner, or a space admin with override_reason)",
     body=CancelAttemptBody,
     response=AttemptOut,
+    scopes=ATTEMPT_SCOPE,
     idempotent=True,
     tags=["attempts"],
 )

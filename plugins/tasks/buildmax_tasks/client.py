@@ -1,0 +1,637 @@
+"""Typed calls for the tasks plugin's routes, on top of :mod:`buildmax.client`.
+
+:class:`TasksClient` wraps a kernel :class:`~buildmax.client.Client` (and
+:class:`AsyncTasksClient` an :class:`~buildmax.client.AsyncClient`), so one
+connection, with its retries, idempotency keys and paging, serves the
+kernel's calls and these::
+
+    with Client() as bmx:
+        tasks = TasksClient(bmx)
+        claim = tasks.claim_next("web", project="shop")
+        if claim["task"] is not None:
+            attempt = claim["attempt"]
+            tasks.renew("web", attempt["id"], attempt["generation"], progress={"step": 1})
+            tasks.submit("web", attempt["id"], attempt["generation"], "fixed the login form",
+                         candidate={"commit": "3f2a9c1", "branch": "fix-login"})
+
+Every call names the space (id or slug) first. Attempt calls carry the
+attempt's ``generation``: a stale one is refused (:class:`StaleGeneration`).
+A claim's ``token`` is scoped to its attempt and shown once; whoever should
+act on that attempt and nothing else gets a client of its own,
+``TasksClient(Client(url, claim["token"]))``.
+
+Importing this module gives the plugin's problems typed exceptions, each a
+subclass of the kernel's :class:`~buildmax.client.Conflict`,
+:class:`~buildmax.client.Forbidden` or
+:class:`~buildmax.client.ValidationError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Sequence
+from typing import Any, Generic, TypeVar, cast
+from urllib.parse import quote
+
+from buildmax.client import (
+    AsyncClient,
+    BuildMaxError,
+    Client,
+    Conflict,
+    Forbidden,
+    ValidationError,
+    register_error_classes,
+)
+
+# -- errors -------------------------------------------------------------------
+
+
+class _NamesHolder(BuildMaxError):
+    """A refusal because another attempt holds what was asked for."""
+
+    @property
+    def holder(self) -> dict[str, Any] | None:
+        """The holding attempt (``attempt_id``, ``principal_id``,
+        ``lease_expires_at``), as the server named it."""
+        holder = self.body.get("holder") if isinstance(self.body, dict) else None
+        return holder if isinstance(holder, dict) else None
+
+    def __str__(self) -> str:
+        holder = self.holder
+        if holder is None:
+            return super().__str__()
+        return (
+            f"{super().__str__()} (attempt {holder.get('attempt_id')} of "
+            f"{holder.get('principal_id')}, lease until {holder.get('lease_expires_at')})"
+        )
+
+
+class TaskNotClaimable(Conflict):
+    """409 ``task-not-claimable``: the task is not ready."""
+
+
+class TaskClaimed(_NamesHolder, Conflict):
+    """409 ``task-claimed``: another attempt holds the task (see ``holder``)."""
+
+
+class ResourceReserved(_NamesHolder, Conflict):
+    """409 ``resource-reserved``: a resource the task needs is reserved (see ``holder``)."""
+
+
+class TaskParked(Conflict):
+    """409 ``task-parked``: the task waits for a decision."""
+
+
+class TaskHeld(Forbidden):
+    """403 ``task-held``: a hold refuses claims (or, when stopped, renewals)."""
+
+    @property
+    def hold(self) -> dict[str, Any] | None:
+        """The refusing hold (``id``, ``scope``, ``strength``, ``reason``)."""
+        hold = self.body.get("hold") if isinstance(self.body, dict) else None
+        return hold if isinstance(hold, dict) else None
+
+    def __str__(self) -> str:
+        hold = self.hold
+        return f"{super().__str__()} (hold {hold.get('id')})" if hold else super().__str__()
+
+
+class ClaimVetoed(Forbidden):
+    """403 ``claim-vetoed``: a claim check refused the claim."""
+
+
+class RunEnvironmentUnresolved(ValidationError):
+    """422 ``run-environment-unresolved``: no run environment for the claim."""
+
+
+class StaleGeneration(Conflict):
+    """409 ``stale-generation``: the attempt's generation is not the one sent."""
+
+
+class LeaseLapsed(Conflict):
+    """409 ``lease-lapsed``: the attempt's lease ran out."""
+
+
+class AttemptEnded(Conflict):
+    """409 ``attempt-ended``: the attempt was submitted, released, failed or canceled."""
+
+
+class NotAttemptOwner(Forbidden):
+    """403 ``not-attempt-owner``: only the attempt's owner may do this."""
+
+
+class DependencyCycle(Conflict):
+    """409 ``dependency-cycle``: the prerequisite would close a cycle."""
+
+
+class RevisionConflict(Conflict):
+    """409 ``revision-conflict``: the record changed since it was read."""
+
+
+class InvalidState(Conflict):
+    """409 ``invalid-state``: the record's state does not allow this."""
+
+
+class AgentRevisionRefused(ValidationError):
+    """422 ``agent-revision-refused``: a plugin refused the agent revision."""
+
+
+class NameTaken(Conflict):
+    """409 ``name-taken``: the name is already used in the space."""
+
+
+ERROR_CLASSES: dict[str, type[BuildMaxError]] = {
+    "task-not-claimable": TaskNotClaimable,
+    "task-claimed": TaskClaimed,
+    "resource-reserved": ResourceReserved,
+    "task-parked": TaskParked,
+    "task-held": TaskHeld,
+    "claim-vetoed": ClaimVetoed,
+    "run-environment-unresolved": RunEnvironmentUnresolved,
+    "stale-generation": StaleGeneration,
+    "lease-lapsed": LeaseLapsed,
+    "attempt-ended": AttemptEnded,
+    "not-attempt-owner": NotAttemptOwner,
+    "dependency-cycle": DependencyCycle,
+    "revision-conflict": RevisionConflict,
+    "invalid-state": InvalidState,
+    "agent-revision-refused": AgentRevisionRefused,
+    "name-taken": NameTaken,
+}
+"""The exception class of each of the plugin's problem slugs."""
+register_error_classes(ERROR_CLASSES)
+
+
+# -- the calls ------------------------------------------------------------------
+
+_One = TypeVar("_One")
+_Many = TypeVar("_Many")
+_Done = TypeVar("_Done")
+
+
+def _path(space: str, *parts: str) -> str:
+    return "/".join(["/v1/spaces", *(quote(p, safe="") for p in (space, *parts))])
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _listed(values: Sequence[str] | None) -> list[str] | None:
+    return None if values is None else list(values)
+
+
+class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
+    """Typed calls for the tasks plugin's routes, shared by both clients.
+
+    ``_One``, ``_Many`` and ``_Done`` are what a call returns: a dict, a list
+    of dicts and nothing for :class:`TasksClient`; awaitables of those for
+    :class:`AsyncTasksClient`. Optional arguments left at ``None`` are not
+    sent, so the server's defaults apply.
+    """
+
+    @abstractmethod
+    def _one(self, method: str, path: str, json: Any = None) -> _One: ...
+
+    @abstractmethod
+    def _many(self, path: str, params: dict[str, Any] | None = None) -> _Many: ...
+
+    @abstractmethod
+    def _done(self, method: str, path: str) -> _Done: ...
+
+    # -- projects and policies --
+
+    def create_project(
+        self,
+        space: str,
+        name: str,
+        description: str | None = None,
+        repository_url: str | None = None,
+        target_branch: str | None = None,
+    ) -> _One:
+        """Create a project (members); the name is unique in the space."""
+        body = _given(
+            name=name,
+            description=description,
+            repository_url=repository_url,
+            target_branch=target_branch,
+        )
+        return self._one("POST", _path(space, "projects"), json=body)
+
+    def list_projects(self, space: str) -> _Many:
+        """The space's projects, by name, each with its current policy."""
+        return self._many(_path(space, "projects"))
+
+    def get_project(self, space: str, project: str) -> _One:
+        """A project by id or name."""
+        return self._one("GET", _path(space, "projects", project))
+
+    def update_project(
+        self, space: str, project: str, expected_revision: int, **changes: Any
+    ) -> _One:
+        """Change ``description``, ``repository_url`` or ``target_branch``
+        (members); 409 :class:`RevisionConflict` unless the project is at
+        ``expected_revision``."""
+        body = {"expected_revision": expected_revision, **changes}
+        return self._one("PATCH", _path(space, "projects", project), json=body)
+
+    def set_policy(
+        self,
+        space: str,
+        project: str,
+        approvals_required: int,
+        human_review_required: bool | None = None,
+        integration: str | None = None,
+        expected_revision: int | None = None,
+    ) -> _One:
+        """A new workflow policy revision (space admins); ``integration`` is
+        ``automatic`` or ``human``; ``expected_revision`` (0 before the
+        first) refuses a concurrent change."""
+        body = _given(
+            approvals_required=approvals_required,
+            human_review_required=human_review_required,
+            integration=integration,
+            expected_revision=expected_revision,
+        )
+        return self._one("POST", _path(space, "projects", project, "policy"), json=body)
+
+    def list_policies(self, space: str, project: str) -> _Many:
+        """Every policy revision of a project, newest (current) first."""
+        return self._many(_path(space, "projects", project, "policies"))
+
+    # -- tasks --
+
+    def create_task(
+        self,
+        space: str,
+        project: str,
+        title: str,
+        body: str | None = None,
+        criteria: str | None = None,
+        *,
+        kind: str | None = None,
+        priority: int | None = None,
+        labels: Sequence[str] | None = None,
+        agent: str | None = None,
+        max_attempts: int | None = None,
+        resources: Sequence[str] | None = None,
+        prerequisites: Sequence[str] | None = None,
+    ) -> _One:
+        """Create a task (members): ready at once, or open until every
+        prerequisite (task ids) is done. ``resources`` are claimed exclusively
+        (``repo:<url>@<branch>``, ``path:<repo>/<dir>/``)."""
+        fields = _given(
+            project=project,
+            title=title,
+            body=body,
+            criteria=criteria,
+            kind=kind,
+            priority=priority,
+            labels=_listed(labels),
+            agent=agent,
+            max_attempts=max_attempts,
+            resources=_listed(resources),
+            prerequisites=_listed(prerequisites),
+        )
+        return self._one("POST", _path(space, "tasks"), json=fields)
+
+    def list_tasks(
+        self,
+        space: str,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        label: str | None = None,
+        project: str | None = None,
+        agent: str | None = None,
+        q: str | None = None,
+    ) -> _Many:
+        """Tasks matching every filter given, newest first; ``q`` searches titles."""
+        params = _given(state=state, kind=kind, label=label, project=project, agent=agent, q=q)
+        return self._many(_path(space, "tasks"), params)
+
+    def list_ready(
+        self,
+        space: str,
+        *,
+        kind: str | None = None,
+        label: str | None = None,
+        project: str | None = None,
+        agent: str | None = None,
+    ) -> _Many:
+        """The ready queue: claimable tasks by priority, then age (held and
+        parked ones left out)."""
+        params = _given(kind=kind, label=label, project=project, agent=agent)
+        return self._many(_path(space, "ready"), params)
+
+    def get_task(self, space: str, task: str) -> _One:
+        """A task with its state, why it is parked, its stage and current attempt."""
+        return self._one("GET", _path(space, "tasks", task))
+
+    def update_task(
+        self,
+        space: str,
+        task: str,
+        expected_revision: int,
+        *,
+        override_reason: str | None = None,
+        **changes: Any,
+    ) -> _One:
+        """Revise ``title``, ``body``, ``criteria``, ``priority``, ``labels``,
+        ``agent`` (``None`` unassigns), ``max_attempts`` or ``resources``
+        (members); 409 :class:`RevisionConflict` unless the task is at
+        ``expected_revision``. A task another principal holds needs a space
+        admin and ``override_reason``."""
+        body = {
+            "expected_revision": expected_revision,
+            **_given(override_reason=override_reason),
+            **changes,
+        }
+        return self._one("PATCH", _path(space, "tasks", task), json=body)
+
+    def list_task_revisions(self, space: str, task: str) -> _Many:
+        """A task's title, body and criteria revisions, newest first."""
+        return self._many(_path(space, "tasks", task, "revisions"))
+
+    def list_dependencies(self, space: str, task: str) -> _One:
+        """``prerequisites`` and ``dependents`` of a task, each with its state."""
+        return self._one("GET", _path(space, "tasks", task, "dependencies"))
+
+    def add_dependency(self, space: str, task: str, prerequisite: str) -> _One:
+        """Make ``prerequisite`` a prerequisite of ``task`` (members); 409
+        :class:`DependencyCycle` when it would close a cycle. Answers as
+        :meth:`list_dependencies`."""
+        body = {"prerequisite": prerequisite}
+        return self._one("POST", _path(space, "tasks", task, "dependencies"), json=body)
+
+    def remove_dependency(self, space: str, task: str, prerequisite: str) -> _Done:
+        """Remove a prerequisite of ``task`` (members)."""
+        return self._done("DELETE", _path(space, "tasks", task, "dependencies", prerequisite))
+
+    def cancel_task(
+        self, space: str, task: str, reason: str, override_reason: str | None = None
+    ) -> _One:
+        """Cancel a task for good (members), with its active attempt and
+        unfinished stage work."""
+        body = _given(reason=reason, override_reason=override_reason)
+        return self._one("POST", _path(space, "tasks", task, "cancel"), json=body)
+
+    def retry_task(self, space: str, task: str) -> _One:
+        """Make a failed or canceled task ready again with a fresh attempt
+        budget (space admins)."""
+        return self._one("POST", _path(space, "tasks", task, "retry"))
+
+    # -- claims and attempts --
+
+    def claim(self, space: str, task: str, lease_seconds: int | None = None) -> _One:
+        """Claim a task (members): ``task``, ``attempt`` and the attempt's
+        one-time ``token``. Refusals: :class:`TaskClaimed`,
+        :class:`ResourceReserved`, :class:`TaskNotClaimable`,
+        :class:`TaskParked`, :class:`TaskHeld`, :class:`ClaimVetoed`,
+        :class:`RunEnvironmentUnresolved`."""
+        body = _given(lease_seconds=lease_seconds)
+        return self._one("POST", _path(space, "tasks", task, "claim"), json=body)
+
+    def claim_next(
+        self,
+        space: str,
+        *,
+        project: str | None = None,
+        kind: str | None = None,
+        label: str | None = None,
+        agent: str | None = None,
+        lease_seconds: int | None = None,
+    ) -> _One:
+        """Claim the next ready task matching the filters, as :meth:`claim`
+        answers; ``task`` is ``None`` when nothing is claimable. ``skipped``
+        counts candidates passed over."""
+        body = _given(
+            project=project, kind=kind, label=label, agent=agent, lease_seconds=lease_seconds
+        )
+        return self._one("POST", _path(space, "claims"), json=body)
+
+    def get_attempt(self, space: str, attempt: str) -> _One:
+        """An attempt with its lease, run environment and last progress."""
+        return self._one("GET", _path(space, "attempts", attempt))
+
+    def renew(
+        self,
+        space: str,
+        attempt: str,
+        generation: int,
+        *,
+        lease_seconds: int | None = None,
+        progress: Any = None,
+    ) -> _One:
+        """Extend the attempt's lease from now (the owner), recording
+        ``progress`` (any JSON value) when given."""
+        body = _given(generation=generation, lease_seconds=lease_seconds, progress=progress)
+        return self._one("POST", _path(space, "attempts", attempt, "renew"), json=body)
+
+    def checkpoint(self, space: str, attempt: str, generation: int, data: Any) -> _One:
+        """Record a checkpoint (any JSON value) on the attempt (the owner)."""
+        body = {"generation": generation, "data": data}
+        return self._one("POST", _path(space, "attempts", attempt, "checkpoint"), json=body)
+
+    def release(
+        self,
+        space: str,
+        attempt: str,
+        generation: int,
+        reason: str | None = None,
+        *,
+        override_reason: str | None = None,
+    ) -> _One:
+        """Give the task back to the queue, uncharged (the owner)."""
+        body = _given(generation=generation, reason=reason, override_reason=override_reason)
+        return self._one("POST", _path(space, "attempts", attempt, "release"), json=body)
+
+    def fail(
+        self,
+        space: str,
+        attempt: str,
+        generation: int,
+        reason: str,
+        *,
+        override_reason: str | None = None,
+    ) -> _One:
+        """Fail the attempt (the owner): charged against the task's
+        ``max_attempts``; the task fails once they are spent."""
+        body = _given(generation=generation, reason=reason, override_reason=override_reason)
+        return self._one("POST", _path(space, "attempts", attempt, "fail"), json=body)
+
+    def submit(
+        self,
+        space: str,
+        attempt: str,
+        generation: int,
+        summary: str,
+        *,
+        candidate: dict[str, Any] | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> _One:
+        """Hand in the attempt's work (the owner): ``submission``, ``task``
+        and the workflow ``stage`` it entered (``None`` when it is done)."""
+        body = _given(
+            generation=generation, summary=summary, candidate=candidate, evidence=evidence
+        )
+        return self._one("POST", _path(space, "attempts", attempt, "submit"), json=body)
+
+    def cancel_attempt(
+        self,
+        space: str,
+        attempt: str,
+        generation: int,
+        reason: str,
+        *,
+        override_reason: str | None = None,
+    ) -> _One:
+        """End the attempt for good (the owner, or a space admin with
+        ``override_reason``); the task is ready again."""
+        body = _given(generation=generation, reason=reason, override_reason=override_reason)
+        return self._one("POST", _path(space, "attempts", attempt, "cancel"), json=body)
+
+    def list_attempts(self, space: str, task: str) -> _Many:
+        """A task's attempts by generation, ended ones included."""
+        return self._many(_path(space, "tasks", task, "attempts"))
+
+    def list_submissions(self, space: str, task: str) -> _Many:
+        """A task's submissions, oldest first."""
+        return self._many(_path(space, "tasks", task, "submissions"))
+
+    def get_submission(self, space: str, submission: str) -> _One:
+        """A submission: the immutable candidate an attempt handed in."""
+        return self._one("GET", _path(space, "submissions", submission))
+
+    # -- holds --
+
+    def place_hold(
+        self, space: str, scope: str, strength: str, reason: str, target: str | None = None
+    ) -> _One:
+        """Hold the ``space``, a ``project`` or a ``task`` (``scope``; name it
+        in ``target``) as ``suspended`` (no new claims) or ``stopped`` (no
+        renewals either) (space admins)."""
+        body = _given(scope=scope, strength=strength, reason=reason, target=target)
+        return self._one("POST", _path(space, "holds"), json=body)
+
+    def lift_hold(self, space: str, hold: str) -> _One:
+        """Lift a hold (space admins): its scope is claimable again."""
+        return self._one("POST", _path(space, "holds", hold, "lift"))
+
+    def list_holds(self, space: str, include_lifted: bool = False) -> _Many:
+        """Live holds, newest first (lifted ones too with ``include_lifted``)."""
+        return self._many(_path(space, "holds"), {"all": "true"} if include_lifted else None)
+
+    # -- decisions --
+
+    def ask_decision(
+        self,
+        space: str,
+        task: str,
+        question: str,
+        options: Sequence[str],
+        *,
+        answerable_by: str | None = None,
+        expires_in_seconds: int | None = None,
+    ) -> _One:
+        """Ask a decision about a task (members); it parks the task until
+        answered. ``answerable_by``: ``human`` (the default) or ``member``."""
+        body = _given(
+            question=question,
+            options=list(options),
+            answerable_by=answerable_by,
+            expires_in_seconds=expires_in_seconds,
+        )
+        return self._one("POST", _path(space, "tasks", task, "decisions"), json=body)
+
+    def list_decisions(
+        self, space: str, state: str | None = None, task: str | None = None
+    ) -> _Many:
+        """Decisions, newest first: pending ones unless ``state`` is
+        ``answered`` or ``all``."""
+        return self._many(_path(space, "decisions"), _given(state=state, task=task))
+
+    def answer_decision(
+        self, space: str, decision: str, answer: str, comment: str | None = None
+    ) -> _One:
+        """Answer with one of the decision's options (a human member, or any
+        member when the decision allows)."""
+        body = _given(answer=answer, comment=comment)
+        return self._one("POST", _path(space, "decisions", decision, "answer"), json=body)
+
+    # -- agent definitions --
+
+    def create_agent(
+        self,
+        space: str,
+        name: str,
+        instructions: str | None = None,
+        plugins: Sequence[str] | None = None,
+    ) -> _One:
+        """Define an agent (space admins): revision 1 with its instructions
+        and plugin selection (plugin names)."""
+        body = _given(name=name, instructions=instructions, plugins=_listed(plugins))
+        return self._one("POST", _path(space, "agents"), json=body)
+
+    def revise_agent(
+        self,
+        space: str,
+        agent: str,
+        instructions: str,
+        plugins: Sequence[str],
+        expected_revision: int | None = None,
+    ) -> _One:
+        """A new current revision of an agent (space admins); 409
+        :class:`RevisionConflict` unless it is at ``expected_revision``."""
+        body = _given(
+            instructions=instructions, plugins=list(plugins), expected_revision=expected_revision
+        )
+        return self._one("POST", _path(space, "agents", agent, "revisions"), json=body)
+
+    def list_agents(self, space: str) -> _Many:
+        """The space's agents by name, each with its current revision."""
+        return self._many(_path(space, "agents"))
+
+    def get_agent(self, space: str, agent: str) -> _One:
+        """An agent by id or name, with its current revision."""
+        return self._one("GET", _path(space, "agents", agent))
+
+    def list_agent_revisions(self, space: str, agent: str) -> _Many:
+        """An agent's revisions, newest first."""
+        return self._many(_path(space, "agents", agent, "revisions"))
+
+
+class TasksClient(_TaskRoutes[dict[str, Any], list[dict[str, Any]], None]):
+    """The tasks plugin's calls over a synchronous :class:`~buildmax.client.Client`
+    (which the caller opens and closes)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
+        return cast(dict[str, Any], self.client.request(method, path, json=json))
+
+    def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return list(self.client.paginate(path, params))
+
+    def _done(self, method: str, path: str) -> None:
+        self.client.request(method, path)
+
+
+class AsyncTasksClient(
+    _TaskRoutes[Awaitable[dict[str, Any]], Awaitable[list[dict[str, Any]]], Awaitable[None]]
+):
+    """The asynchronous twin of :class:`TasksClient`, over an
+    :class:`~buildmax.client.AsyncClient`: the same calls, awaited."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
+        return cast(dict[str, Any], await self.client.request(method, path, json=json))
+
+    async def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return [item async for item in self.client.paginate(path, params)]
+
+    async def _done(self, method: str, path: str) -> None:
+        await self.client.request(method, path)

@@ -1,0 +1,187 @@
+"""Acceptance 9 (EXPLAIN part): the ready queue and claim-next's candidate
+query are served by the partial index ``task_tasks_ready`` on both engines,
+with 20,000 historical tasks in the table, and need no sort.
+
+Each query is the plugin's own (``claims.ready_query``, shaped as the
+``/ready`` route and ``claim_next`` shape it), compiled for the engine's
+dialect with literal values, then explained after ANALYZE; then again as
+the engine receives it, with bound parameters.
+
+The space holds 2,000 ready tasks. With only a handful, PostgreSQL rightly
+reads them through ``task_tasks_space_state`` and sorts them (cheaper than
+any index walk); it takes the ordered partial index for a ``/ready`` page
+once a space has about a thousand ready tasks, because it expects each of
+the query's three ``NOT IN`` hold and decision filters to drop half of them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_tasks.claims import ClaimFilters, ready_query
+from buildmax_tasks.schema import projects, tasks
+from sqlalchemy.dialects import postgresql, sqlite
+
+from buildmax.ids import new_id
+
+HISTORY = 20_000
+READY = 2_000
+
+
+async def seed(work: Any) -> int:
+    """20,000 done tasks and a few ready ones in the work space (bulk SQL),
+    a few ready ones in another project; the tables analysed. The project's key."""
+    now = work.app.clock.now_ms()
+    async with work.app.db.write() as tx:
+        project_pk = await tx.fetch_val(
+            sa.select(projects.c.id).where(
+                projects.c.space_id == work.space.pk, projects.c.name == "main"
+            )
+        )
+
+        def row(i: int, state: str) -> dict[str, Any]:
+            return {
+                "public_id": new_id("ta"),
+                "space_id": work.space.pk,
+                "project_id": project_pk,
+                "kind": "code",
+                "title": f"task {i}",
+                "state": state,
+                "priority": i % 7,
+                "ready_at": now - i,
+                "created_at": now - i,
+                "updated_at": now - i,
+            }
+
+        for state, count in (("done", HISTORY), ("ready", READY)):
+            for start in range(0, count, 1000):
+                await tx.execute(
+                    tasks.insert().values(
+                        [row(i, state) for i in range(start, min(start + 1000, count))]
+                    )
+                )
+        if tx.dialect == "sqlite":
+            await tx.execute(sa.text("ANALYZE"))
+    if work.app.db.dialect == "postgresql":
+        async with work.app.db.read() as conn:
+            await conn.execute(sa.text("ANALYZE"))
+    return int(project_pk)
+
+
+def queries(space_pk: int, now: int) -> dict[str, Any]:
+    """The ready queue and claim-next's candidate queries, as the plugin builds them."""
+    base = ready_query(space_pk, now, ClaimFilters())
+    candidates = base.limit(20)
+    return {
+        "ready": base.add_columns(tasks.c.priority, tasks.c.ready_at).limit(51),
+        "claim-next": candidates,
+        "claim-next (one at a time)": base.limit(1),
+        "claim-next (later batch)": candidates.where(tasks.c.id.not_in([1, 2, 3])),
+    }
+
+
+def literal_sql(query: Any, dialect: str) -> str:
+    compiled = query.compile(
+        dialect=postgresql.dialect() if dialect == "postgresql" else sqlite.dialect(),
+        compile_kwargs={"literal_binds": True},
+    )
+    return str(compiled)
+
+
+def pg_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", ()):
+        found.extend(pg_nodes(child))
+    return found
+
+
+async def plan_of(work: Any, sql: str) -> list[str]:
+    """The plan's lines touching ``task_tasks`` (scans and sorts)."""
+    async with work.app.db.read() as conn:
+        if conn.dialect == "sqlite":
+            rows = await conn.fetch_all(sa.text("EXPLAIN QUERY PLAN " + sql))
+            return [r["detail"] for r in rows]
+        (row,) = await conn.fetch_all(sa.text("EXPLAIN (FORMAT JSON) " + sql))
+    plan = row["QUERY PLAN"]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return [describe(node) for node in pg_nodes(plan[0]["Plan"])]
+
+
+def describe(node: dict[str, Any]) -> str:
+    parts = [node["Node Type"]]
+    if "Index Name" in node:
+        parts.append(f"using {node['Index Name']}")
+    if "Relation Name" in node:
+        parts.append(f"on {node['Relation Name']}")
+    return " ".join(parts)
+
+
+def assert_served_by_the_ready_index(dialect: str, name: str, plan: list[str]) -> None:
+    print(f"\n{dialect} {name}:\n  " + "\n  ".join(plan))
+    if dialect == "sqlite":
+        main = [line for line in plan if "task_tasks " in line + " "]
+        assert any("USING INDEX task_tasks_ready" in line for line in main), plan
+        assert not any(line.startswith("SCAN task_tasks") for line in main), plan
+        assert not any("TEMP B-TREE" in line for line in plan), plan
+    else:
+        on_tasks = [line for line in plan if line.endswith("on task_tasks")]
+        assert on_tasks and all("using task_tasks_ready" in line for line in on_tasks), plan
+        assert not any(line.startswith("Sort") for line in plan), plan
+
+
+async def test_the_ready_query_and_claim_next_use_the_ready_index(work):
+    await seed(work)
+    dialect = work.app.db.dialect
+    for name, query in queries(work.space.pk, work.app.clock.now_ms()).items():
+        sql = literal_sql(query, dialect)
+        assert_served_by_the_ready_index(dialect, name, await plan_of(work, sql))
+    if dialect == "postgresql":
+        claim_next = queries(work.space.pk, work.app.clock.now_ms())["claim-next"]
+        locked = claim_next.with_for_update(skip_locked=True, of=tasks)
+        plan = await plan_of(work, literal_sql(locked, dialect))
+        assert_served_by_the_ready_index(dialect, "claim-next FOR UPDATE SKIP LOCKED", plan)
+
+
+async def test_the_queries_as_sent_with_parameters_use_the_ready_index(work):
+    """The same queries with their values as bound parameters, which is how
+    they reach the engine. SQLite plans them with the bound values; on
+    PostgreSQL a prepared statement is explained after six executions, when
+    the server has settled between a custom and a generic plan."""
+    await seed(work)
+    dialect = work.app.db.dialect
+    now = work.app.clock.now_ms()
+    for name, query in queries(work.space.pk, now).items():
+        if dialect == "sqlite":
+            compiled = query.compile(
+                dialect=sqlite.dialect(paramstyle="named"),
+                compile_kwargs={"render_postcompile": True},
+            )
+            statement = sa.text("EXPLAIN QUERY PLAN " + compiled.string).bindparams(
+                **compiled.params
+            )
+            async with work.app.db.read() as conn:
+                plan = [r["detail"] for r in await conn.fetch_all(statement)]
+        else:
+            compiled = query.compile(
+                dialect=postgresql.dialect(paramstyle="numeric_dollar"),
+                compile_kwargs={"render_postcompile": True},
+            )
+            values = ", ".join(
+                literal_sql(sa.literal(compiled.params[k]), dialect) for k in compiled.positiontup
+            )
+            async with work.app.db.write() as tx:
+                await tx.execute(sa.text("PREPARE ready_probe AS " + compiled.string))
+                try:
+                    for _ in range(6):
+                        await tx.fetch_all(sa.text(f"EXECUTE ready_probe({values})"))
+                    (row,) = await tx.fetch_all(
+                        sa.text(f"EXPLAIN (FORMAT JSON) EXECUTE ready_probe({values})")
+                    )
+                finally:
+                    await tx.execute(sa.text("DEALLOCATE ready_probe"))
+            raw = row["QUERY PLAN"]
+            raw = json.loads(raw) if isinstance(raw, str) else raw
+            plan = [describe(node) for node in pg_nodes(raw[0]["Plan"])]
+        assert_served_by_the_ready_index(dialect, name + " (parameters)", plan)
