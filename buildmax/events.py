@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -31,6 +31,14 @@ log = logging.getLogger("buildmax.events")
 
 CHANNEL = "buildmax_events"
 MAX_EVENT_BYTES = 64 * 1024
+
+_BUMP_SEQ = (
+    sa.update(spaces)
+    .where(spaces.c.id == sa.bindparam("space_pk"))
+    .values(event_seq=spaces.c.event_seq + sa.bindparam("count", type_=sa.BigInteger))
+    .returning(spaces.c.event_seq)
+)
+_NOTIFY = sa.select(sa.func.pg_notify(sa.bindparam("channel"), sa.bindparam("payload")))
 
 
 class EventHub:
@@ -48,32 +56,47 @@ class EventHub:
 
         Call it late in the transaction: it locks the space row until commit.
         """
-        payload = json.dumps(dict(data), separators=(",", ":"), sort_keys=True)
-        if len(payload) > MAX_EVENT_BYTES:
-            raise ValueError(f"event {type!r} data exceeds {MAX_EVENT_BYTES} bytes")
-        seq = await tx.fetch_val(
-            sa.update(spaces)
-            .where(spaces.c.id == space_pk)
-            .values(event_seq=spaces.c.event_seq + 1)
-            .returning(spaces.c.event_seq)
-        )
-        if seq is None:
+        return (await self.publish_many(tx, space_pk, [(type, data)]))[0]
+
+    async def publish_many(
+        self, tx: Transaction, space_pk: int, batch: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[int]:
+        """Append several events to the space's stream in ``tx``, in order,
+        with two statements; their sequence numbers. Locks the space row
+        until commit (call it as late as possible: see ``tx.before_commit``)."""
+        if not batch:
+            return []
+        payloads = []
+        for type, data in batch:
+            payload = json.dumps(dict(data), separators=(",", ":"), sort_keys=True)
+            if len(payload) > MAX_EVENT_BYTES:
+                raise ValueError(f"event {type!r} data exceeds {MAX_EVENT_BYTES} bytes")
+            payloads.append((type, payload))
+        last = await tx.fetch_val(_BUMP_SEQ, {"space_pk": space_pk, "count": len(batch)})
+        if last is None:
             raise LookupError(f"no space with key {space_pk}")
+        first = int(last) - len(batch) + 1
+        now = self._app.clock.now_ms()
         await tx.execute(
             events.insert().values(
-                space_id=space_pk,
-                seq=seq,
-                type=type,
-                data=payload,
-                created_at=self._app.clock.now_ms(),
+                [
+                    {
+                        "space_id": space_pk,
+                        "seq": first + i,
+                        "type": type,
+                        "data": payload,
+                        "created_at": now,
+                    }
+                    for i, (type, payload) in enumerate(payloads)
+                ]
             )
         )
         if tx.dialect == "postgresql":
             # Delivered by PostgreSQL on commit, to every listening process.
-            await tx.execute(sa.select(sa.func.pg_notify(CHANNEL, str(space_pk))))
+            await tx.execute(_NOTIFY, {"channel": CHANNEL, "payload": str(space_pk)})
         else:
             tx.after_commit(lambda: self.wake(space_pk))
-        return int(seq)
+        return list(range(first, first + len(batch)))
 
     def wake(self, space_pk: int) -> None:
         """Wake every subscriber of a space in this process."""

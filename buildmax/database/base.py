@@ -74,6 +74,7 @@ class Tx:
         self.dialect = dialect
         self._executor = executor
         self._after_commit: list[Callable[[], Any]] = []
+        self._before_commit: list[Callable[[], Awaitable[None]]] = []
         #: Set once COMMIT has succeeded (even if the caller was cancelled).
         self.committed = False
         #: Set when the transaction or read connection has ended.
@@ -109,6 +110,16 @@ class Tx:
     def after_commit(self, callback: Callable[[], Any]) -> None:
         """Run ``callback`` once this transaction has committed."""
         self._after_commit.append(callback)
+
+    def before_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await ``callback()`` inside this transaction just before COMMIT
+        (in registration order); an exception rolls everything back."""
+        self._before_commit.append(callback)
+
+    async def run_before_commit(self) -> None:
+        """Run the before-commit callbacks, including any they register."""
+        while self._before_commit:
+            await self._before_commit.pop(0)()
 
     async def run_after_commit(self) -> None:
         """Run the registered callbacks once COMMIT succeeded, even when the
@@ -191,6 +202,7 @@ async def transaction(
             raise
         try:
             yield tx
+            await tx.run_before_commit()
         except BaseException:
             await uncancellable(rollback())
             raise

@@ -6,7 +6,7 @@ consumer asks the app for it with ``app.services.get(Protocol)``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .records import Actor, AgentRevisionRef, AttemptRef, BlobRef, SubmissionRef, TaskRef
@@ -46,6 +46,11 @@ class Transaction(Protocol):
     def after_commit(self, callback: Callable[[], Any]) -> None:
         """Run ``callback`` (sync, or returning an awaitable) once this
         transaction has committed; never when it rolls back."""
+
+    def before_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await ``callback()`` inside this write transaction just before it
+        commits; an exception rolls the transaction back. (Batch work that
+        holds a lock until commit, such as publishing events, goes here.)"""
 
 
 class BlobTooLarge(Exception):

@@ -24,7 +24,7 @@ from .engine import StageEngine
 from .holds import describe_hold, holds_covering
 from .lifecycle import after_attempt, end_attempt, finish, set_task
 from .problems import AttemptEnded, LeaseLapsed, NotAttemptOwner, StaleGeneration, TaskHeld
-from .records import SUBMISSION_SELECT, load_attempt, load_task_by_pk
+from .records import load_attempt, load_task_by_pk
 from .schema import attempts, checkpoints, submissions, tasks
 
 
@@ -183,7 +183,7 @@ async def give_up(
     """End an attempt without a submission (``released``, ``failed`` or
     ``canceled``); only ``failed`` is charged. The task's new state."""
     charged = state == "failed"
-    await end_attempt(ch, attempt, state, reason, charge=charged)
+    await end_attempt(ch, attempt, state, reason, charge=charged, task=task)
     await ch.audit(
         f"attempt.{state}",
         "attempt",
@@ -224,7 +224,7 @@ async def submit(
         )
         .returning(submissions.c.id)
     )
-    await end_attempt(ch, attempt, "submitted", None, charge=False)
+    await end_attempt(ch, attempt, "submitted", None, charge=False, task=task)
     await set_task(ch, task["id"], current_submission_id=pk, finding_ids="[]")
     await ch.audit(
         "attempt.submitted",
@@ -240,9 +240,23 @@ async def submit(
         task_id=task["public_id"],
         submission_id=public_id,
     )
-    submission = dict(
-        await ch.tx.fetch_one(SUBMISSION_SELECT.where(submissions.c.id == pk))  # type: ignore[arg-type]
-    )
+    submission = {
+        "id": pk,
+        "public_id": public_id,
+        "task_id": task["id"],
+        "attempt_id": attempt["id"],
+        "generation": attempt["generation"],
+        "task_revision": task["revision"],
+        "submitted_by": attempt["claimant_id"],
+        "summary": body["summary"],
+        "candidate": json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True),
+        "evidence": json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True),
+        "verdict": None,
+        "created_at": ch.now,
+        "task_public_id": task["public_id"],
+        "attempt_public_id": attempt["public_id"],
+        "submitted_by_public_id": attempt["claimant_public_id"],
+    }
     task = {**task, "current_submission_id": pk, "state": "claimed"}
     outcome = await engine.submitted(ch, task, {**attempt, "state": "submitted"}, submission)
     return submission, outcome
@@ -256,7 +270,7 @@ async def cancel_task(ch: Change, task: dict[str, Any], reason: str) -> None:
         )
     )
     if active is not None:
-        await end_attempt(ch, dict(active), "canceled", reason, charge=False)
+        await end_attempt(ch, dict(active), "canceled", reason, charge=False, task=task)
         await ch.audit(
             "attempt.canceled",
             "attempt",

@@ -6,7 +6,7 @@ audit event and outbox event carries the same actor, space and moment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from buildmax_hookspecs import Actor, Transaction
@@ -23,6 +23,7 @@ class Change:
     space_id: str
     now: int
     admin_override: bool = False
+    _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list, repr=False)
 
     async def audit(self, action: str, target_type: str, target_id: str, **details: Any) -> None:
         """Record one audit event about ``target`` in this transaction."""
@@ -38,5 +39,15 @@ class Change:
         )
 
     async def event(self, type: str, **data: Any) -> None:
-        """Append an event to the space's stream in this transaction."""
-        await self.app.events.publish(self.tx, self.space_pk, type, data)
+        """Append an event to the space's stream in this transaction.
+
+        Events are published together just before COMMIT: publishing locks
+        the space row until commit, so the lock is held for as short a time
+        as possible."""
+        if not self._events:
+            self.tx.before_commit(self._publish)
+        self._events.append((type, data))
+
+    async def _publish(self) -> None:
+        batch, self._events = self._events, []
+        await self.app.events.publish_many(self.tx, self.space_pk, batch)

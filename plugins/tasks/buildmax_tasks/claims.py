@@ -12,8 +12,9 @@ correctness never waits for the reaper.
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,11 +23,12 @@ from buildmax_hookspecs import AttemptRef, RunEnvironmentRefused, Verdict
 from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
+from buildmax.problems import NotFound
 from buildmax.schema import principals
 from buildmax.tokens import issue_token
 
 from .change import Change
-from .holds import claimable, describe_hold, holds_covering, pending_decisions
+from .holds import CLAIMABLE, describe_hold, holds_covering, literal, pending_decisions
 from .lifecycle import retire_lapsed
 from .problems import (
     ClaimVetoed,
@@ -40,8 +42,8 @@ from .problems import (
 from .records import (
     AGENT_REVISION_SELECT,
     ATTEMPT_SELECT,
+    TASK_SELECT,
     agent_revision_ref,
-    load_attempt,
     load_task,
     load_task_by_pk,
     task_ref,
@@ -59,7 +61,7 @@ class Claim:
     token: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimFilters:
     """What claim-next and the ready queue may pick."""
 
@@ -67,32 +69,99 @@ class ClaimFilters:
     kind: str | None = None
     label: str | None = None
     agent_pk: int | None = None
-    extra: list[Any] = field(default_factory=list)
 
-    def conditions(self) -> list[Any]:
-        """SQL conditions on ``task_tasks``."""
-        conditions = list(self.extra)
+    def shape(self) -> tuple[bool, bool, bool, bool]:
+        """Which filters are set: the ready statement is built once per shape."""
+        return (
+            self.project_pk is not None,
+            self.kind is not None,
+            self.label is not None,
+            self.agent_pk is not None,
+        )
+
+    def params(self) -> dict[str, Any]:
+        """Values for the set filters' bindparams."""
+        values: dict[str, Any] = {}
         if self.project_pk is not None:
-            conditions.append(tasks.c.project_id == self.project_pk)
+            values["project_pk"] = self.project_pk
         if self.kind is not None:
-            conditions.append(tasks.c.kind == self.kind)
+            values["kind"] = self.kind
         if self.label is not None:
-            conditions.append(tasks.c.labels.contains(json.dumps(self.label), autoescape=True))
+            values["label"] = "%" + _escape_like(json.dumps(self.label)) + "%"
         if self.agent_pk is not None:
-            conditions.append(tasks.c.agent_id == self.agent_pk)
-        return conditions
+            values["agent_pk"] = self.agent_pk
+        return values
 
 
-def ready_query(space_pk: int, now: int, filters: ClaimFilters) -> Any:
-    """The space's ready queue: claimable tasks by priority, then age.
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
-    Served by the partial index ``task_tasks_ready`` on both engines."""
-    return (
-        sa.select(tasks.c.id, tasks.c.public_id)
-        .where(tasks.c.space_id == space_pk, tasks.c.state == "ready")
-        .where(*claimable(space_pk, now), *filters.conditions())
-        .order_by(tasks.c.priority.desc(), tasks.c.ready_at, tasks.c.id)
+
+@functools.cache
+def ready_statement(
+    shape: tuple[bool, bool, bool, bool], *, after: bool = False, lock: bool = False
+) -> Any:
+    """The space's ready queue: claimable tasks by priority, then age, as
+    full task rows. Built once per filter shape (bindparams ``space_pk``,
+    ``now``, ``limit``, the filters' and, with ``after``, the key of the last
+    row seen: ``after_priority``, ``after_ready_at``, ``after_id``).
+
+    Served by the partial index ``task_tasks_ready`` on both engines; the
+    state is a literal so the planner can match the index's predicate."""
+    project, kind, label, agent = shape
+    query = TASK_SELECT.where(
+        tasks.c.space_id == sa.bindparam("space_pk"), tasks.c.state == literal("ready"), *CLAIMABLE
     )
+    if project:
+        query = query.where(tasks.c.project_id == sa.bindparam("project_pk"))
+    if kind:
+        query = query.where(tasks.c.kind == sa.bindparam("kind"))
+    if label:
+        query = query.where(tasks.c.labels.like(sa.bindparam("label"), escape="\\"))
+    if agent:
+        query = query.where(tasks.c.agent_id == sa.bindparam("agent_pk"))
+    if after:
+        priority: Any = sa.bindparam("after_priority")
+        ready_at: Any = sa.bindparam("after_ready_at")
+        query = query.where(
+            sa.or_(
+                tasks.c.priority < priority,
+                sa.and_(
+                    tasks.c.priority == priority,
+                    sa.or_(
+                        tasks.c.ready_at > ready_at,
+                        sa.and_(
+                            tasks.c.ready_at == ready_at, tasks.c.id > sa.bindparam("after_id")
+                        ),
+                    ),
+                ),
+            )
+        )
+    query = query.order_by(tasks.c.priority.desc(), tasks.c.ready_at, tasks.c.id).limit(
+        sa.bindparam("limit", type_=sa.Integer)
+    )
+    if lock:
+        query = query.with_for_update(skip_locked=True, of=tasks)
+    return query
+
+
+def ready_params(
+    space_pk: int,
+    now: int,
+    filters: ClaimFilters,
+    limit: int,
+    after: tuple[int, int, int] | None = None,
+) -> dict[str, Any]:
+    """The bindparams of :func:`ready_statement`."""
+    values = {"space_pk": space_pk, "now": now, "limit": limit, **filters.params()}
+    if after is not None:
+        values.update(after_priority=after[0], after_ready_at=after[1], after_id=after[2])
+    return values
+
+
+def ready_key(row: Any) -> tuple[int, int, int]:
+    """A ready row's position in the queue (for paging past it)."""
+    return (row["priority"], row["ready_at"], row["id"])
 
 
 class Skip(Exception):
@@ -107,11 +176,9 @@ async def claim_named(ch: Change, caller_pk: int, task_id: str, lease_ms: int) -
     """Claim one task by public id, or raise the problem that refuses it."""
     task = await load_task(ch.tx, task_id, space_pk=ch.space_pk, for_update=True)
     if task is None:
-        from buildmax.problems import NotFound
-
         raise NotFound("no such task in this space")
     try:
-        return await _claim(ch, caller_pk, task, lease_ms, skipped=0)
+        return await _claim(ch, caller_pk, task, lease_ms, skipped=0, queued=False)
     except Skip as skip:
         raise skip.problem from None
 
@@ -128,40 +195,47 @@ async def claim_next(
     other claimers until this transaction ends, and they would answer that
     nothing is ready while ready tasks wait."""
     await retire_lapsed_in_space(ch, limit=20)
-    skipped = 0
-    seen: list[int] = []
-    batch = 1 if ch.tx.dialect == "postgresql" else 20
-    while len(seen) < scan_limit:
-        query = ready_query(ch.space_pk, ch.now, filters).limit(min(batch, scan_limit - len(seen)))
-        if seen:
-            query = query.where(tasks.c.id.not_in(seen))
-        if ch.tx.dialect == "postgresql":
-            query = query.with_for_update(skip_locked=True, of=tasks)
-        candidates = await ch.tx.fetch_all(query)
+    postgres = ch.tx.dialect == "postgresql"
+    batch = 1 if postgres else 20
+    skipped = examined = 0
+    after: tuple[int, int, int] | None = None
+    while examined < scan_limit:
+        statement = ready_statement(filters.shape(), after=after is not None, lock=postgres)
+        params = ready_params(
+            ch.space_pk, ch.now, filters, min(batch, scan_limit - examined), after
+        )
+        candidates = await ch.tx.fetch_all(statement, params)
         if not candidates:
             break
         for candidate in candidates:
-            seen.append(candidate["id"])
-            task = await load_task_by_pk(ch.tx, candidate["id"])
-            if task is None or task["state"] != "ready":
-                continue
+            examined += 1
+            after = ready_key(candidate)
             try:
-                return await _claim(ch, caller_pk, task, lease_ms, skipped=skipped), skipped
+                claim = await _claim(
+                    ch, caller_pk, dict(candidate), lease_ms, skipped=skipped, queued=True
+                )
             except Skip:
                 skipped += 1
+                continue
+            return claim, skipped
     return None, skipped
+
+
+_LAPSED_IN_SPACE = (
+    ATTEMPT_SELECT.where(
+        attempts.c.state == literal("active"),
+        attempts.c.lease_expires_at <= sa.bindparam("now"),
+        attempts.c.space_id == sa.bindparam("space_pk"),
+    )
+    .order_by(attempts.c.lease_expires_at)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
 
 
 async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
     """Retire up to ``limit`` lapsed attempts of the space; how many."""
     rows = await ch.tx.fetch_all(
-        ATTEMPT_SELECT.where(
-            attempts.c.state == "active",
-            attempts.c.lease_expires_at <= ch.now,
-            attempts.c.space_id == ch.space_pk,
-        )
-        .order_by(attempts.c.lease_expires_at)
-        .limit(limit)
+        _LAPSED_IN_SPACE, {"now": ch.now, "space_pk": ch.space_pk, "limit": limit}
     )
     for row in rows:
         task = await load_task_by_pk(ch.tx, row["task_id"], for_update=True)
@@ -170,13 +244,144 @@ async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
     return len(rows)
 
 
+_BUMP = (
+    sa.update(tasks)
+    .where(tasks.c.id == sa.bindparam("pk"), tasks.c.state == literal("ready"))
+    .values(state="claimed", generation=tasks.c.generation + 1, updated_at=sa.bindparam("now"))
+    .returning(tasks.c.generation)
+)
+_INSERT_ATTEMPT = (
+    attempts.insert()
+    .values({c.name: sa.bindparam(c.name) for c in attempts.c if c.name != "id"})
+    .returning(attempts.c.id)
+)
+_POINT_AT = (
+    sa.update(tasks)
+    .where(tasks.c.id == sa.bindparam("pk"))
+    .values(current_attempt_id=sa.bindparam("attempt_pk"))
+)
+
+
 async def _claim(
-    ch: Change, caller_pk: int, task: dict[str, Any], lease_ms: int, *, skipped: int
+    ch: Change,
+    caller_pk: int,
+    task: dict[str, Any],
+    lease_ms: int,
+    *,
+    skipped: int,
+    queued: bool,
 ) -> Claim:
+    """Claim ``task`` (its row locked) for ``caller_pk``. ``queued`` tasks
+    came from the ready query, which already left out held and parked ones."""
     if task["state"] == "claimed":
         task = await _retire_if_lapsed(ch, task)
     if task["state"] != "ready":
         raise Skip(TaskNotClaimable(f"the task is {task['state']}, not ready", state=task["state"]))
+    if not queued:
+        await _refuse_held_or_parked(ch, task)
+    if task["human_only"] and ch.actor.kind != "human":
+        raise Skip(ClaimVetoed("this work item is reserved for a human", plugin="tasks"))
+    for verdict in await ch.app.plugins.acall(
+        "buildmax_claim_check", tx=ch.tx, task=task_ref(task), principal=ch.actor
+    ):
+        if isinstance(verdict, Verdict) and verdict.outcome == "deny":
+            raise Skip(ClaimVetoed(verdict.reason or "a claim check refused this claim"))
+    attempt_id = new_id("at")
+    lease_expires_at = ch.now + lease_ms
+    await _reserve(ch, task, attempt_id)
+    agent_revision = await _agent_revision(ch, task)
+    attempt = AttemptRef(
+        id=attempt_id,
+        task_id=task["public_id"],
+        space_id=ch.space_id,
+        generation=task["generation"] + 1,
+        claimant_id=str(ch.actor.principal_id),
+        claimant_kind=ch.actor.kind,
+        state="active",
+        lease_expires_at=lease_expires_at,
+        agent_revision_id=agent_revision["public_id"] if agent_revision else None,
+    )
+    try:
+        environment = await _run_environment(ch, attempt, agent_revision)
+    except RunEnvironmentRefused as exc:
+        if task["resources"] != "[]":
+            await ch.tx.execute(_UNRESERVE, {"attempt_public_id": attempt_id})
+        raise Skip(
+            RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
+        ) from None
+    # The guard: only a ready task becomes claimed, whoever else tries.
+    generation = await ch.tx.fetch_val(_BUMP, {"pk": task["id"], "now": ch.now})
+    if generation is None:
+        raise Skip(TaskNotClaimable("the task was claimed meanwhile"))
+    issued = await issue_token(
+        ch.tx,
+        principal_pk=caller_pk,
+        now=ch.now,
+        name=f"attempt {attempt_id}",
+        origin="claim",
+        scope_type="attempt",
+        scope_id=attempt_id,
+    )
+    row = {
+        "public_id": attempt_id,
+        "task_id": task["id"],
+        "space_id": ch.space_pk,
+        "generation": generation,
+        "claimant_id": caller_pk,
+        "agent_revision_id": agent_revision["id"] if agent_revision else None,
+        "state": "active",
+        "lease_expires_at": lease_expires_at,
+        "run_environment": json.dumps(environment, separators=(",", ":"), sort_keys=True),
+        "progress": None,
+        "token_id": issued.public_id,
+        "hold_refused_at": None,
+        "charged": 0,
+        "end_reason": None,
+        "created_at": ch.now,
+        "renewed_at": None,
+        "ended_at": None,
+    }
+    attempt_pk = await ch.tx.fetch_val(_INSERT_ATTEMPT, row)
+    await ch.tx.execute(_POINT_AT, {"pk": task["id"], "attempt_pk": attempt_pk})
+    await ch.audit(
+        "task.claimed",
+        "task",
+        task["public_id"],
+        attempt_id=attempt_id,
+        generation=generation,
+        lease_expires_at=to_rfc3339(lease_expires_at),
+        agent_revision_id=attempt.agent_revision_id,
+        skipped=skipped,
+    )
+    await ch.event(
+        "task.claimed",
+        task_id=task["public_id"],
+        attempt_id=attempt_id,
+        generation=generation,
+        claimant_id=ch.actor.principal_id,
+    )
+    claimed = {
+        **task,
+        "state": "claimed",
+        "generation": generation,
+        "current_attempt_id": attempt_pk,
+        "current_attempt_public_id": attempt_id,
+        "updated_at": ch.now,
+    }
+    shown = {
+        **row,
+        "id": attempt_pk,
+        "task_public_id": task["public_id"],
+        "space_public_id": ch.space_id,
+        "claimant_public_id": ch.actor.principal_id,
+        "claimant_kind": ch.actor.kind,
+        "agent_revision_public_id": attempt.agent_revision_id,
+        "subject_task_id": task["subject_task_id"],
+    }
+    return Claim(claimed, shown, issued.public_id, issued.secret)
+
+
+async def _refuse_held_or_parked(ch: Change, task: dict[str, Any]) -> None:
     held = await holds_covering(ch.tx, task)
     if held:
         described = await describe_hold(ch.tx, held[0])
@@ -195,102 +400,6 @@ async def _claim(
                 decisions=[d["public_id"] for d in parked],
             )
         )
-    if task["human_only"] and ch.actor.kind != "human":
-        raise Skip(ClaimVetoed("this work item is reserved for a human", plugin="tasks"))
-    ref = task_ref(task)
-    for verdict in await ch.app.plugins.acall(
-        "buildmax_claim_check", tx=ch.tx, task=ref, principal=ch.actor
-    ):
-        if isinstance(verdict, Verdict) and verdict.outcome == "deny":
-            raise Skip(ClaimVetoed(verdict.reason or "a claim check refused this claim"))
-    attempt_id = new_id("at")
-    lease_expires_at = ch.now + lease_ms
-    await _reserve(ch, task, attempt_id)
-    agent_revision = await _agent_revision(ch, task)
-    generation = task["generation"] + 1
-    attempt_ref = AttemptRef(
-        id=attempt_id,
-        task_id=task["public_id"],
-        space_id=ch.space_id,
-        generation=generation,
-        claimant_id=str(ch.actor.principal_id),
-        claimant_kind=ch.actor.kind,
-        state="active",
-        lease_expires_at=lease_expires_at,
-        agent_revision_id=agent_revision["public_id"] if agent_revision else None,
-    )
-    try:
-        environment = await _run_environment(ch, attempt_ref, agent_revision)
-    except RunEnvironmentRefused as exc:
-        await ch.tx.execute(
-            sa.delete(reservations).where(reservations.c.attempt_public_id == attempt_id)
-        )
-        raise Skip(
-            RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
-        ) from None
-    # The guard: only a ready task becomes claimed, whoever else tries.
-    bumped = await ch.tx.fetch_val(
-        sa.update(tasks)
-        .where(tasks.c.id == task["id"], tasks.c.state == "ready")
-        .values(state="claimed", generation=tasks.c.generation + 1, updated_at=ch.now)
-        .returning(tasks.c.generation)
-    )
-    if bumped is None:
-        raise Skip(TaskNotClaimable("the task was claimed meanwhile"))
-    attempt_pk = await ch.tx.fetch_val(
-        attempts.insert()
-        .values(
-            public_id=attempt_id,
-            task_id=task["id"],
-            space_id=ch.space_pk,
-            generation=bumped,
-            claimant_id=caller_pk,
-            agent_revision_id=agent_revision["id"] if agent_revision else None,
-            state="active",
-            lease_expires_at=lease_expires_at,
-            run_environment=json.dumps(environment, separators=(",", ":"), sort_keys=True),
-            created_at=ch.now,
-        )
-        .returning(attempts.c.id)
-    )
-    issued = await issue_token(
-        ch.tx,
-        principal_pk=caller_pk,
-        now=ch.now,
-        name=f"attempt {attempt_id}",
-        origin="claim",
-        scope_type="attempt",
-        scope_id=attempt_id,
-    )
-    await ch.tx.execute(
-        sa.update(attempts).where(attempts.c.id == attempt_pk).values(token_id=issued.public_id)
-    )
-    await ch.tx.execute(
-        sa.update(tasks)
-        .where(tasks.c.id == task["id"])
-        .values(current_attempt_id=attempt_pk, finding_ids=task["finding_ids"])
-    )
-    await ch.audit(
-        "task.claimed",
-        "task",
-        task["public_id"],
-        attempt_id=attempt_id,
-        generation=bumped,
-        lease_expires_at=to_rfc3339(lease_expires_at),
-        agent_revision_id=attempt_ref.agent_revision_id,
-        skipped=skipped,
-    )
-    await ch.event(
-        "task.claimed",
-        task_id=task["public_id"],
-        attempt_id=attempt_id,
-        generation=bumped,
-        claimant_id=ch.actor.principal_id,
-    )
-    attempt = await load_attempt(ch.tx, attempt_id)
-    fresh = await load_task_by_pk(ch.tx, task["id"])
-    assert attempt is not None and fresh is not None
-    return Claim(fresh, attempt, issued.public_id, issued.secret)
 
 
 async def _retire_if_lapsed(ch: Change, task: dict[str, Any]) -> dict[str, Any]:
@@ -317,26 +426,41 @@ async def _retire_if_lapsed(ch: Change, task: dict[str, Any]) -> dict[str, Any]:
     return fresh
 
 
-async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
-    """Reserve every resource the task names, or none (the unique constraint
-    on (space, resource) decides; a conflict names the holder)."""
-    taken: list[str] = []
-    for resource in task["resources"]:
-        row = await ch.tx.fetch_val(
-            insert_ignoring_conflict(ch.tx.dialect, reservations)
-            .values(
-                space_id=ch.space_pk,
-                resource=resource,
-                attempt_public_id=attempt_id,
-                created_at=ch.now,
-            )
+_RESERVE_STATEMENTS: dict[str, Any] = {}
+_UNRESERVE = sa.delete(reservations).where(
+    reservations.c.attempt_public_id == sa.bindparam("attempt_public_id")
+)
+
+
+def _reserve_statement(dialect: str) -> Any:
+    statement = _RESERVE_STATEMENTS.get(dialect)
+    if statement is None:
+        statement = (
+            insert_ignoring_conflict(dialect, reservations)
+            .values({c.name: sa.bindparam(c.name) for c in reservations.c if c.name != "id"})
             .returning(reservations.c.id)
         )
+        _RESERVE_STATEMENTS[dialect] = statement
+    return statement
+
+
+async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
+    """Reserve every resource the task names, or none (the unique constraint
+    on (space, resource) decides; a conflict names the holder). A holder
+    whose lease lapsed is retired first, so it never blocks a claim."""
+    statement = _reserve_statement(ch.tx.dialect)
+    for resource in json.loads(task["resources"]):
+        values = {
+            "space_id": ch.space_pk,
+            "resource": resource,
+            "attempt_public_id": attempt_id,
+            "created_at": ch.now,
+        }
+        row = await ch.tx.fetch_val(statement, values)
+        if row is None and await _retire_lapsed_holder(ch, resource):
+            row = await ch.tx.fetch_val(statement, values)
         if row is None:
-            if taken:
-                await ch.tx.execute(
-                    sa.delete(reservations).where(reservations.c.attempt_public_id == attempt_id)
-                )
+            await ch.tx.execute(_UNRESERVE, {"attempt_public_id": attempt_id})
             raise Skip(
                 ResourceReserved(
                     f"the resource {resource!r} is reserved by another attempt",
@@ -344,7 +468,27 @@ async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
                     holder=await _holder(ch, resource),
                 )
             )
-        taken.append(resource)
+
+
+async def _retire_lapsed_holder(ch: Change, resource: str) -> bool:
+    """Retire the attempt holding ``resource`` if its lease lapsed; whether it did."""
+    holder = await ch.tx.fetch_one(
+        ATTEMPT_SELECT.join(
+            reservations, reservations.c.attempt_public_id == attempts.c.public_id
+        ).where(
+            reservations.c.space_id == ch.space_pk,
+            reservations.c.resource == resource,
+            attempts.c.state == literal("active"),
+            attempts.c.lease_expires_at <= ch.now,
+        )
+    )
+    if holder is None:
+        return False
+    holder_task = await load_task_by_pk(ch.tx, holder["task_id"], for_update=True)
+    if holder_task is None:
+        return False
+    await retire_lapsed(ch, dict(holder), holder_task)
+    return True
 
 
 async def _holder(ch: Change, resource: str) -> dict[str, Any] | None:

@@ -152,8 +152,9 @@ class StageEngine:
     async def _enter_next(
         self, ch: Change, subject: dict[str, Any], submission_pk: int, after: str | None
     ) -> dict[str, Any]:
-        policy = await current_policy(ch.tx, subject["project_id"])
-        for stage in self.after(after):
+        remaining = self.after(after)
+        policy = await current_policy(ch.tx, subject["project_id"]) if remaining else {}
+        for stage in remaining:
             slots = _slot_count(stage.spec, policy)
             if slots == 0:
                 continue

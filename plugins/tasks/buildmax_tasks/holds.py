@@ -18,77 +18,90 @@ from buildmax_hookspecs import Transaction
 from .schema import decisions, holds, projects, tasks
 
 
-def live_holds_of(space_pk: int, scope_type: str) -> Any:
-    """The scope keys of a space's live holds of one scope type (a subquery)."""
+def literal(value: str) -> Any:
+    """A constant SQL string (so a partial index's predicate matches)."""
+    return sa.literal_column(f"'{value}'")
+
+
+def _live_holds_of(scope_type: str) -> Any:
     return sa.select(holds.c.scope_pk).where(
-        holds.c.space_id == space_pk,
-        holds.c.scope_type == scope_type,
+        holds.c.space_id == sa.bindparam("space_pk"),
+        holds.c.scope_type == literal(scope_type),
         holds.c.lifted_at.is_(None),
     )
 
 
-def pending_decision_tasks(space_pk: int, now: int) -> Any:
-    """Tasks of a space with a pending, unexpired decision (a subquery)."""
-    return sa.select(decisions.c.task_id).where(
-        decisions.c.space_id == space_pk,
-        decisions.c.state == "pending",
-        sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
-    )
-
-
-def claimable(space_pk: int, now: int) -> list[Any]:
-    """Conditions that keep held and parked tasks out of the ready queue."""
-    space_hold = sa.exists(
+#: Conditions that keep held and parked tasks out of the ready queue; they
+#: take the ``space_pk`` and ``now`` bindparams.
+CLAIMABLE = [
+    ~sa.exists(
         sa.select(holds.c.id).where(
-            holds.c.space_id == space_pk,
-            holds.c.scope_type == "space",
+            holds.c.space_id == sa.bindparam("space_pk"),
+            holds.c.scope_type == literal("space"),
             holds.c.lifted_at.is_(None),
         )
+    ),
+    tasks.c.project_id.not_in(_live_holds_of("project")),
+    tasks.c.id.not_in(_live_holds_of("task")),
+    tasks.c.id.not_in(
+        sa.select(decisions.c.task_id).where(
+            decisions.c.space_id == sa.bindparam("space_pk"),
+            decisions.c.state == literal("pending"),
+            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > sa.bindparam("now")),
+        )
+    ),
+]
+
+
+_COVERING = (
+    sa.select(
+        holds.c.public_id,
+        holds.c.scope_type,
+        holds.c.scope_pk,
+        holds.c.strength,
+        holds.c.reason,
+        holds.c.created_at,
     )
-    return [
-        ~space_hold,
-        tasks.c.project_id.not_in(live_holds_of(space_pk, "project")),
-        tasks.c.id.not_in(live_holds_of(space_pk, "task")),
-        tasks.c.id.not_in(pending_decision_tasks(space_pk, now)),
-    ]
+    .where(
+        holds.c.space_id == sa.bindparam("space_pk"),
+        holds.c.lifted_at.is_(None),
+        sa.or_(
+            holds.c.scope_type == literal("space"),
+            sa.and_(
+                holds.c.scope_type == literal("project"),
+                holds.c.scope_pk == sa.bindparam("project_pk"),
+            ),
+            sa.and_(
+                holds.c.scope_type == literal("task"), holds.c.scope_pk == sa.bindparam("task_pk")
+            ),
+        ),
+    )
+    .order_by(holds.c.strength.desc(), holds.c.id)
+)
+
+_PENDING = (
+    sa.select(decisions.c.public_id, decisions.c.question, decisions.c.expires_at)
+    .where(
+        decisions.c.task_id == sa.bindparam("task_pk"),
+        decisions.c.state == literal("pending"),
+        sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > sa.bindparam("now")),
+    )
+    .order_by(decisions.c.id)
+)
 
 
 async def holds_covering(conn: Transaction, task: dict[str, Any]) -> list[dict[str, Any]]:
     """The live holds covering a task (space, its project, itself), strongest first."""
     rows = await conn.fetch_all(
-        sa.select(
-            holds.c.public_id,
-            holds.c.scope_type,
-            holds.c.scope_pk,
-            holds.c.strength,
-            holds.c.reason,
-            holds.c.created_at,
-        )
-        .where(
-            holds.c.space_id == task["space_id"],
-            holds.c.lifted_at.is_(None),
-            sa.or_(
-                holds.c.scope_type == "space",
-                sa.and_(holds.c.scope_type == "project", holds.c.scope_pk == task["project_id"]),
-                sa.and_(holds.c.scope_type == "task", holds.c.scope_pk == task["id"]),
-            ),
-        )
-        .order_by(holds.c.strength.desc(), holds.c.id)
+        _COVERING,
+        {"space_pk": task["space_id"], "project_pk": task["project_id"], "task_pk": task["id"]},
     )
     return [dict(r) for r in rows]
 
 
 async def pending_decisions(conn: Transaction, task_pk: int, now: int) -> list[dict[str, Any]]:
     """A task's pending, unexpired decisions."""
-    rows = await conn.fetch_all(
-        sa.select(decisions.c.public_id, decisions.c.question, decisions.c.expires_at)
-        .where(
-            decisions.c.task_id == task_pk,
-            decisions.c.state == "pending",
-            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
-        )
-        .order_by(decisions.c.id)
-    )
+    rows = await conn.fetch_all(_PENDING, {"task_pk": task_pk, "now": now})
     return [dict(r) for r in rows]
 
 

@@ -58,12 +58,14 @@ async def release_dependents(ch: Change, task_pk: int) -> list[str]:
     dependent_ids = sa.select(dependencies.c.task_id).where(
         dependencies.c.prerequisite_id == task_pk
     )
-    await ch.tx.fetch_all(
+    waiting = await ch.tx.fetch_all(
         sa.select(tasks.c.id)
         .where(tasks.c.id.in_(dependent_ids), tasks.c.state == "open")
         .order_by(tasks.c.id)
         .with_for_update()
     )
+    if not waiting:
+        return []
     prereq = tasks.alias("prereq")
     edge = dependencies.alias("edge")
     undone = sa.exists(
@@ -107,9 +109,16 @@ async def finish(ch: Change, task: dict[str, Any], state: str, reason: str) -> N
 
 
 async def end_attempt(
-    ch: Change, attempt: dict[str, Any], state: str, reason: str | None, *, charge: bool
+    ch: Change,
+    attempt: dict[str, Any],
+    state: str,
+    reason: str | None,
+    *,
+    charge: bool,
+    task: dict[str, Any] | None = None,
 ) -> bool:
     """End an active attempt: its state, its reservations, its scoped tokens.
+    (Given its ``task``, a task naming no resource skips the reservations.)
 
     Returns ``False`` (and changes nothing) when it was no longer active."""
     ended = await ch.tx.fetch_val(
@@ -120,9 +129,10 @@ async def end_attempt(
     )
     if ended is None:
         return False
-    await ch.tx.execute(
-        sa.delete(reservations).where(reservations.c.attempt_public_id == attempt["public_id"])
-    )
+    if task is None or task["resources"] != "[]":
+        await ch.tx.execute(
+            sa.delete(reservations).where(reservations.c.attempt_public_id == attempt["public_id"])
+        )
     await end_scope(ch.tx, "attempt", attempt["public_id"], now=ch.now)
     return True
 
@@ -144,7 +154,7 @@ async def retire_lapsed(ch: Change, attempt: dict[str, Any], task: dict[str, Any
     The lapse is charged against ``max_attempts`` unless a stopped hold
     refused the attempt's renewal. Returns the task's new state."""
     charge = attempt["hold_refused_at"] is None
-    if not await end_attempt(ch, attempt, "expired", "the lease lapsed", charge=charge):
+    if not await end_attempt(ch, attempt, "expired", "the lease lapsed", charge=charge, task=task):
         return str(task["state"])
     await ch.audit(
         "attempt.expired",

@@ -30,7 +30,6 @@ from .records import (
     load_task,
     submission_ref,
     task_ref,
-    task_resources,
 )
 from .schema import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
 
@@ -100,12 +99,7 @@ class SqlTaskQueue:
         rows = await conn.fetch_all(
             TASK_SELECT.where(tasks.c.subject_submission_id == pk).order_by(tasks.c.id)
         )
-        refs = []
-        for row in rows:
-            task = dict(row)
-            task["resources"] = await task_resources(conn, task["id"])
-            refs.append(task_ref(task))
-        return refs
+        return [task_ref(dict(row)) for row in rows]
 
     async def open_decision(
         self,

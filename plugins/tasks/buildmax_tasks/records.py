@@ -19,7 +19,6 @@ from .schema import (
     agents,
     attempts,
     projects,
-    resources,
     submissions,
     task_revisions,
     tasks,
@@ -59,6 +58,29 @@ TASK_SELECT = sa.select(
 )
 
 
+def _task_lookup(key: Any, *, in_space: bool, for_update: bool) -> Any:
+    query = TASK_SELECT.where(key)
+    if in_space:
+        query = query.where(tasks.c.space_id == sa.bindparam("space_pk"))
+    return query.with_for_update(of=tasks) if for_update else query
+
+
+#: Built once with bindparams, so each is compiled once: the claim path's lookups.
+_BY_PUBLIC_ID = {
+    (in_space, for_update): _task_lookup(
+        tasks.c.public_id == sa.bindparam("public_id"), in_space=in_space, for_update=for_update
+    )
+    for in_space in (False, True)
+    for for_update in (False, True)
+}
+_BY_PK = {
+    for_update: _task_lookup(
+        tasks.c.id == sa.bindparam("pk"), in_space=False, for_update=for_update
+    )
+    for for_update in (False, True)
+}
+
+
 async def load_task(
     conn: Transaction,
     public_id: str,
@@ -66,46 +88,23 @@ async def load_task(
     space_pk: int | None = None,
     for_update: bool = False,
 ) -> dict[str, Any] | None:
-    """A task row (with its resources) by public id, or ``None``.
+    """A task row by public id (in ``space_pk`` when given), or ``None``.
 
     ``for_update`` locks the task row until the transaction ends (PostgreSQL;
     SQLite's writer lock already excludes other writers)."""
-    query = TASK_SELECT.where(tasks.c.public_id == public_id)
+    params: dict[str, Any] = {"public_id": public_id}
     if space_pk is not None:
-        query = query.where(tasks.c.space_id == space_pk)
-    if for_update:
-        query = query.with_for_update(of=tasks)
-    row = await conn.fetch_one(query)
-    if row is None:
-        return None
-    task = dict(row)
-    task["resources"] = await task_resources(conn, task["id"])
-    return task
+        params["space_pk"] = space_pk
+    row = await conn.fetch_one(_BY_PUBLIC_ID[(space_pk is not None, for_update)], params)
+    return dict(row) if row is not None else None
 
 
 async def load_task_by_pk(
     conn: Transaction, pk: int, *, for_update: bool = False
 ) -> dict[str, Any] | None:
     """A task row by numeric key (for rows reached from another row)."""
-    query = TASK_SELECT.where(tasks.c.id == pk)
-    if for_update:
-        query = query.with_for_update(of=tasks)
-    row = await conn.fetch_one(query)
-    if row is None:
-        return None
-    task = dict(row)
-    task["resources"] = await task_resources(conn, pk)
-    return task
-
-
-async def task_resources(conn: Transaction, task_pk: int) -> list[str]:
-    """The canonical resources a task needs, sorted."""
-    rows = await conn.fetch_all(
-        sa.select(resources.c.resource)
-        .where(resources.c.task_id == task_pk)
-        .order_by(resources.c.resource)
-    )
-    return [r["resource"] for r in rows]
+    row = await conn.fetch_one(_BY_PK[for_update], {"pk": pk})
+    return dict(row) if row is not None else None
 
 
 def task_ref(task: dict[str, Any]) -> TaskRef:
@@ -127,7 +126,7 @@ def task_ref(task: dict[str, Any]) -> TaskRef:
         human_only=bool(task["human_only"]),
         subject_task_id=task["subject_public_id"],
         submission_id=task["subject_submission_public_id"],
-        resources=tuple(task.get("resources", ())),
+        resources=tuple(json.loads(task["resources"])),
     )
 
 
@@ -153,11 +152,17 @@ async def load_attempt(
 ) -> dict[str, Any] | None:
     """An attempt row by public id, or ``None``. Lock its task's row to
     change it: that lock serialises every change to a task's attempts."""
-    query = ATTEMPT_SELECT.where(attempts.c.public_id == public_id)
-    if space_pk is not None:
-        query = query.where(attempts.c.space_id == space_pk)
-    row = await conn.fetch_one(query)
+    if space_pk is None:
+        row = await conn.fetch_one(_ATTEMPT_BY_ID, {"public_id": public_id})
+    else:
+        row = await conn.fetch_one(
+            _ATTEMPT_IN_SPACE, {"public_id": public_id, "space_pk": space_pk}
+        )
     return dict(row) if row is not None else None
+
+
+_ATTEMPT_BY_ID = ATTEMPT_SELECT.where(attempts.c.public_id == sa.bindparam("public_id"))
+_ATTEMPT_IN_SPACE = _ATTEMPT_BY_ID.where(attempts.c.space_id == sa.bindparam("space_pk"))
 
 
 def attempt_ref(attempt: dict[str, Any]) -> AttemptRef:

@@ -114,6 +114,8 @@ tasks = sa.Table(
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     # JSON array of label strings.
     sa.Column("labels", sa.Text, nullable=False, server_default="[]"),
+    # JSON array of the canonical resources a claim reserves (sorted).
+    sa.Column("resources", sa.Text, nullable=False, server_default="[]"),
     sa.Column("agent_id", Id, sa.ForeignKey("task_agents.id"), nullable=True),
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("stage", sa.Text, nullable=True),
@@ -190,13 +192,6 @@ dependencies = sa.Table(
     sa.CheckConstraint("task_id <> prerequisite_id", name="task_dependency_not_self"),
 )
 sa.Index("task_dependencies_prerequisite", dependencies.c.prerequisite_id)
-
-resources = sa.Table(
-    "task_resources",
-    metadata,
-    sa.Column("task_id", Id, sa.ForeignKey("task_tasks.id"), primary_key=True),
-    sa.Column("resource", sa.Text, primary_key=True),
-)
 
 attempts = sa.Table(
     "task_attempts",
@@ -356,7 +351,6 @@ TABLES = [
     tasks,
     task_revisions,
     dependencies,
-    resources,
     attempts,
     checkpoints,
     submissions,

@@ -16,11 +16,15 @@ from buildmax_hookspecs import Transaction
 
 from .engine import StageEngine
 from .holds import describe_hold
-from .records import task_resources
 from .schema import decisions, holds
 from .schemas import AttemptOut, SubmissionOut, TaskOut
 
 TASK_OUT = TaskOut()
+#: States in which holds and decisions matter to a task.
+LIVE_STATES = ("open", "ready", "claimed", "waiting")
+_LIVE_HOLDS = sa.select(holds).where(
+    holds.c.space_id == sa.bindparam("space_pk"), holds.c.lifted_at.is_(None)
+)
 ATTEMPT_OUT = AttemptOut()
 SUBMISSION_OUT = SubmissionOut()
 
@@ -32,12 +36,13 @@ async def render_tasks(
     if not rows:
         return []
     space_pk = rows[0]["space_id"]
-    live = await conn.fetch_all(
-        sa.select(holds).where(holds.c.space_id == space_pk, holds.c.lifted_at.is_(None))
-    )
-    described = [(dict(h), await describe_hold(conn, dict(h))) for h in live]
-    task_pks = [r["id"] for r in rows]
     pending: defaultdict[int, list[str]] = defaultdict(list)
+    described: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    task_pks = [r["id"] for r in rows if r["state"] in LIVE_STATES]
+    if not task_pks:
+        return [task_body(row, [], [], engine) for row in rows]
+    live = await conn.fetch_all(_LIVE_HOLDS, {"space_pk": space_pk})
+    described = [(dict(h), await describe_hold(conn, dict(h))) for h in live]
     for row in await conn.fetch_all(
         sa.select(decisions.c.task_id, decisions.c.public_id)
         .where(
@@ -57,8 +62,6 @@ async def render_tasks(
             or (hold["scope_type"] == "project" and hold["scope_pk"] == row["project_id"])
             or (hold["scope_type"] == "task" and hold["scope_pk"] == row["id"])
         ]
-        if "resources" not in row:
-            row = {**row, "resources": await task_resources(conn, row["id"])}
         rendered.append(task_body(row, covering, pending[row["id"]], engine))
     return rendered
 
@@ -70,7 +73,7 @@ def task_body(
     engine: StageEngine,
 ) -> dict[str, Any]:
     """One task's API body."""
-    live_state = row["state"] in ("open", "ready", "claimed", "waiting")
+    live_state = row["state"] in LIVE_STATES
     body: dict[str, Any] = TASK_OUT.dump(
         {
             "id": row["public_id"],
@@ -100,7 +103,7 @@ def task_body(
             "current_submission_id": row["current_submission_public_id"],
             "finding_ids": json.loads(row["finding_ids"]),
             "outcome_reason": row["outcome_reason"],
-            "resources": row["resources"],
+            "resources": json.loads(row["resources"]),
             "ready_at": row["ready_at"],
             "created_at": row["created_at"],
             "updated_at": row["updated_at"],

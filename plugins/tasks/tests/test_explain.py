@@ -2,8 +2,8 @@
 query are served by the partial index ``task_tasks_ready`` on both engines,
 with 20,000 historical tasks in the table, and need no sort.
 
-Each query is the plugin's own (``claims.ready_query``, shaped as the
-``/ready`` route and ``claim_next`` shape it), compiled for the engine's
+Each query is the plugin's own (``claims.ready_statement`` with the values
+the ``/ready`` route and ``claim_next`` bind), compiled for the engine's
 dialect with literal values, then explained after ANALYZE; then again as
 the engine receives it, with bound parameters.
 
@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_tasks.claims import ClaimFilters, ready_query
+from buildmax_tasks.claims import ClaimFilters, ready_params, ready_statement
 from buildmax_tasks.schema import projects, tasks
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -70,16 +70,22 @@ async def seed(work: Any) -> int:
     return int(project_pk)
 
 
-def queries(space_pk: int, now: int) -> dict[str, Any]:
-    """The ready queue and claim-next's candidate queries, as the plugin builds them."""
-    base = ready_query(space_pk, now, ClaimFilters())
-    candidates = base.limit(20)
-    return {
-        "ready": base.add_columns(tasks.c.priority, tasks.c.ready_at).limit(51),
-        "claim-next": candidates,
-        "claim-next (one at a time)": base.limit(1),
-        "claim-next (later batch)": candidates.where(tasks.c.id.not_in([1, 2, 3])),
+def queries(space_pk: int, now: int, *, lock: bool = False) -> dict[str, Any]:
+    """The ready queue and claim-next's candidate queries, as the plugin
+    builds them, with the values it binds."""
+    filters = ClaimFilters()
+    first = ready_statement(filters.shape(), lock=lock)
+    later = ready_statement(filters.shape(), after=True, lock=lock)
+    shaped = {
+        "ready": (first, ready_params(space_pk, now, filters, 51)),
+        "claim-next": (first, ready_params(space_pk, now, filters, 20)),
+        "claim-next (one at a time)": (first, ready_params(space_pk, now, filters, 1)),
+        "claim-next (later batch)": (
+            later,
+            ready_params(space_pk, now, filters, 20, (0, now - 1000, 3)),
+        ),
     }
+    return {name: statement.params(**values) for name, (statement, values) in shaped.items()}
 
 
 def literal_sql(query: Any, dialect: str) -> str:
@@ -138,8 +144,7 @@ async def test_the_ready_query_and_claim_next_use_the_ready_index(work):
         sql = literal_sql(query, dialect)
         assert_served_by_the_ready_index(dialect, name, await plan_of(work, sql))
     if dialect == "postgresql":
-        claim_next = queries(work.space.pk, work.app.clock.now_ms())["claim-next"]
-        locked = claim_next.with_for_update(skip_locked=True, of=tasks)
+        locked = queries(work.space.pk, work.app.clock.now_ms(), lock=True)["claim-next"]
         plan = await plan_of(work, literal_sql(locked, dialect))
         assert_served_by_the_ready_index(dialect, "claim-next FOR UPDATE SKIP LOCKED", plan)
 

@@ -22,7 +22,7 @@ from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
 from ..attempts import cancel_task
 from ..change import Change
-from ..claims import ClaimFilters, ready_query
+from ..claims import ClaimFilters, ready_key, ready_params, ready_statement
 from ..graph import (
     add_dependency,
     dependent_ids_query,
@@ -39,7 +39,6 @@ from ..schema import (
     agents,
     attempts,
     dependencies,
-    resources,
     task_revisions,
     tasks,
 )
@@ -143,6 +142,7 @@ async def create(space: str) -> Response:
                 title=data["title"],
                 priority=data["priority"],
                 labels=json.dumps(sorted(set(data["labels"]))),
+                resources=json.dumps(sorted(set(data["resources"]))),
                 agent_id=agent,
                 state="open" if undone else "ready",
                 max_attempts=data["max_attempts"],
@@ -164,8 +164,6 @@ async def create(space: str) -> Response:
                 created_by=caller.principal_pk,
             )
         )
-        for resource in sorted(set(data["resources"])):
-            await tx.execute(resources.insert().values(task_id=pk, resource=resource))
         for prereq in prereqs:
             await tx.execute(
                 dependencies.insert().values(
@@ -188,38 +186,46 @@ async def create(space: str) -> Response:
     return await app.idempotency.run(caller, work)
 
 
-def _filters(access: SpaceAccess) -> list[Any]:
+def _kind() -> str | None:
+    kind = request.args.get("kind")
+    if kind is not None and kind not in TASK_KINDS:
+        raise ValidationFailed(f"kind must be one of {', '.join(TASK_KINDS)}")
+    return kind
+
+
+async def _queue_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters:
+    """``project``, ``kind``, ``label`` and ``agent`` from the query string."""
+    project = request.args.get("project")
+    agent = request.args.get("agent")
+    return ClaimFilters(
+        project_pk=(await find_project(conn, access.pk, project))["id"] if project else None,
+        kind=_kind(),
+        label=request.args.get("label"),
+        agent_pk=await agent_pk(conn, access, agent) if agent else None,
+    )
+
+
+def _list_conditions(filters: ClaimFilters) -> list[Any]:
     conditions: list[Any] = []
+    if filters.project_pk is not None:
+        conditions.append(tasks.c.project_id == filters.project_pk)
+    if filters.kind is not None:
+        conditions.append(tasks.c.kind == filters.kind)
+    if filters.label is not None:
+        conditions.append(tasks.c.labels.contains(json.dumps(filters.label), autoescape=True))
+    if filters.agent_pk is not None:
+        conditions.append(tasks.c.agent_id == filters.agent_pk)
     state = request.args.get("state")
     if state is not None:
         if state not in TASK_STATES:
             raise ValidationFailed(f"state must be one of {', '.join(TASK_STATES)}")
         conditions.append(tasks.c.state == state)
-    kind = request.args.get("kind")
-    if kind is not None:
-        if kind not in TASK_KINDS:
-            raise ValidationFailed(f"kind must be one of {', '.join(TASK_KINDS)}")
-        conditions.append(tasks.c.kind == kind)
-    label = request.args.get("label")
-    if label is not None:
-        conditions.append(tasks.c.labels.contains(json.dumps(label), autoescape=True))
     search = request.args.get("q")
     if search is not None:
         if len(search) > 200:
             raise ValidationFailed("q is at most 200 characters")
-        escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        conditions.append(tasks.c.title.ilike(f"%{escaped}%", escape="\\"))
+        conditions.append(tasks.c.title.icontains(search, autoescape=True))
     return conditions
-
-
-async def _query_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters:
-    project = request.args.get("project")
-    agent = request.args.get("agent")
-    return ClaimFilters(
-        project_pk=(await find_project(conn, access.pk, project))["id"] if project else None,
-        agent_pk=await agent_pk(conn, access, agent) if agent else None,
-        extra=_filters(access),
-    )
 
 
 @blueprint.get("/v1/spaces/<space>/tasks")
@@ -232,9 +238,9 @@ async def list_tasks(space: str) -> Response:
     access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
     async with app.db.read() as conn:
-        filters = await _query_filters(conn, access)
+        conditions = _list_conditions(await _queue_filters(conn, access))
         query = (
-            TASK_SELECT.where(tasks.c.space_id == access.pk, *filters.conditions())
+            TASK_SELECT.where(tasks.c.space_id == access.pk, *conditions)
             .order_by(tasks.c.id.desc())
             .limit(page.limit + 1)
         )
@@ -254,35 +260,25 @@ async def list_tasks(space: str) -> Response:
     tags=["tasks"],
 )
 async def ready(space: str) -> Response:
-    """Held and parked tasks are left out. Filters as for the task list."""
+    """Held and parked tasks are left out. Filters: ``project``, ``kind``,
+    ``label``, ``agent``."""
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int, int, int))
     now = app.clock.now_ms()
     async with app.db.read() as conn:
-        filters = await _query_filters(conn, access)
-        query = (
-            ready_query(access.pk, now, filters)
-            .add_columns(tasks.c.priority, tasks.c.ready_at)
-            .limit(page.limit + 1)
-        )
-        if page.after is not None:
-            priority, ready_at, pk = page.after
-            query = query.where(
-                sa.tuple_(-tasks.c.priority, tasks.c.ready_at, tasks.c.id)
-                > sa.tuple_(-priority, ready_at, pk)
+        filters = await _queue_filters(conn, access)
+        after = (page.after[0], page.after[1], page.after[2]) if page.after else None
+        rows = [
+            dict(r)
+            for r in await conn.fetch_all(
+                ready_statement(filters.shape(), after=after is not None),
+                ready_params(access.pk, now, filters, page.limit + 1, after),
             )
-        keys = [dict(r) for r in await conn.fetch_all(query)]
-        rows = []
-        for key in keys[: page.limit]:
-            row = await conn.fetch_one(TASK_SELECT.where(tasks.c.id == key["id"]))
-            if row is not None:
-                rows.append(dict(row))
-        items = await render_tasks(conn, rows, now, tasks_state(app).engine)
-    return json_response(
-        page_body(items, keys, page.limit, lambda r: (r["priority"], r["ready_at"], r["id"]))
-    )
+        ]
+        items = await render_tasks(conn, rows[: page.limit], now, tasks_state(app).engine)
+    return json_response(page_body(items, rows, page.limit, ready_key))
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>")
@@ -388,9 +384,7 @@ async def update(space: str, task: str) -> Response:
             )
         )
         if "resources" in data:
-            await tx.execute(sa.delete(resources).where(resources.c.task_id == row["id"]))
-            for resource in sorted(set(data["resources"])):
-                await tx.execute(resources.insert().values(task_id=row["id"], resource=resource))
+            values["resources"] = json.dumps(sorted(set(data["resources"])))
         await set_task(ch, row["id"], **values)
         await ch.audit(
             "task.revised",
