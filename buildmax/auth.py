@@ -132,6 +132,19 @@ def bearer_secret() -> str:
     return secret.strip() if scheme.lower() == "bearer" else ""
 
 
+_TOUCH = (
+    sa.update(tokens)
+    .where(
+        tokens.c.id == sa.bindparam("token_pk"),
+        sa.or_(
+            tokens.c.last_used_at.is_(None),
+            tokens.c.last_used_at < sa.bindparam("older_than"),
+        ),
+    )
+    .values(last_used_at=sa.bindparam("now"))
+)
+
+
 class TokenToucher:
     """Writes a token's last-used time at most once per interval.
 
@@ -160,15 +173,7 @@ class TokenToucher:
         try:
             async with self._app.db.write() as tx:  # type: ignore[attr-defined]
                 await tx.execute(
-                    sa.update(tokens)
-                    .where(
-                        tokens.c.id == token_pk,
-                        sa.or_(
-                            tokens.c.last_used_at.is_(None),
-                            tokens.c.last_used_at < now - self._interval,
-                        ),
-                    )
-                    .values(last_used_at=now)
+                    _TOUCH, {"token_pk": token_pk, "now": now, "older_than": now - self._interval}
                 )
         except Exception:
             log.exception("could not record a token's last use")

@@ -38,6 +38,9 @@ _BUMP_SEQ = (
     .values(event_seq=spaces.c.event_seq + sa.bindparam("count", type_=sa.BigInteger))
     .returning(spaces.c.event_seq)
 )
+_INSERT_EVENT = events.insert().values(
+    {name: sa.bindparam(name) for name in ("space_id", "seq", "type", "data", "created_at")}
+)
 _NOTIFY = sa.select(sa.func.pg_notify(sa.bindparam("channel"), sa.bindparam("payload")))
 
 
@@ -61,8 +64,8 @@ class EventHub:
     async def publish_many(
         self, tx: Transaction, space_pk: int, batch: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[int]:
-        """Append several events to the space's stream in ``tx``, in order,
-        with two statements; their sequence numbers. Locks the space row
+        """Append several events to the space's stream in ``tx``, in order;
+        their sequence numbers. Locks the space row
         until commit (call it as late as possible: see ``tx.before_commit``)."""
         if not batch:
             return []
@@ -77,20 +80,17 @@ class EventHub:
             raise LookupError(f"no space with key {space_pk}")
         first = int(last) - len(batch) + 1
         now = self._app.clock.now_ms()
-        await tx.execute(
-            events.insert().values(
-                [
-                    {
-                        "space_id": space_pk,
-                        "seq": first + i,
-                        "type": type,
-                        "data": payload,
-                        "created_at": now,
-                    }
-                    for i, (type, payload) in enumerate(payloads)
-                ]
+        for i, (type, payload) in enumerate(payloads):
+            await tx.execute(
+                _INSERT_EVENT,
+                {
+                    "space_id": space_pk,
+                    "seq": first + i,
+                    "type": type,
+                    "data": payload,
+                    "created_at": now,
+                },
             )
-        )
         if tx.dialect == "postgresql":
             # Delivered by PostgreSQL on commit, to every listening process.
             await tx.execute(_NOTIFY, {"channel": CHANNEL, "payload": str(space_pk)})

@@ -23,6 +23,38 @@ from .schema import principals, tokens
 SECRET_PREFIX = "bmx_"
 
 
+_INSERT_TOKEN = (
+    tokens.insert()
+    .values(
+        {
+            name: sa.bindparam(name)
+            for name in (
+                "public_id",
+                "principal_id",
+                "verifier",
+                "name",
+                "origin",
+                "scope_type",
+                "scope_id",
+                "created_at",
+                "expires_at",
+            )
+        }
+    )
+    .returning(tokens.c.id)
+)
+_END_SCOPE = (
+    sa.update(tokens)
+    .where(
+        tokens.c.revoked_at.is_(None),
+        tokens.c.scope_type == sa.bindparam("scope_type"),
+        tokens.c.scope_id == sa.bindparam("scope_id"),
+    )
+    .values(revoked_at=sa.bindparam("now"))
+    .returning(tokens.c.id)
+)
+
+
 def new_secret() -> str:
     """A fresh token secret: ``bmx_`` and 256 random bits, URL-safe."""
     return SECRET_PREFIX + secrets.token_urlsafe(32)
@@ -66,19 +98,18 @@ async def issue_token(
     secret = new_secret()
     public_id = new_id("tk")
     pk = await tx.fetch_val(
-        tokens.insert()
-        .values(
-            public_id=public_id,
-            principal_id=principal_pk,
-            verifier=verifier_of(secret),
-            name=name,
-            origin=origin,
-            scope_type=scope_type,
-            scope_id=scope_id,
-            created_at=now,
-            expires_at=expires_at,
-        )
-        .returning(tokens.c.id)
+        _INSERT_TOKEN,
+        {
+            "public_id": public_id,
+            "principal_id": principal_pk,
+            "verifier": verifier_of(secret),
+            "name": name,
+            "origin": origin,
+            "scope_type": scope_type,
+            "scope_id": scope_id,
+            "created_at": now,
+            "expires_at": expires_at,
+        },
     )
     return IssuedToken(
         int(pk),
@@ -151,9 +182,10 @@ async def revoke_token(tx: Transaction, public_id: str, *, now: int) -> bool:
 
 async def end_scope(tx: Transaction, scope_type: str, scope_id: str, *, now: int) -> int:
     """Revoke every live token scoped to ``scope_type:scope_id``; how many."""
-    return await _revoke_where(
-        tx, now, tokens.c.scope_type == scope_type, tokens.c.scope_id == scope_id
+    rows = await tx.fetch_all(
+        _END_SCOPE, {"scope_type": scope_type, "scope_id": scope_id, "now": now}
     )
+    return len(rows)
 
 
 async def shorten_scope(tx: Transaction, scope_type: str, scope_id: str, *, expires_at: int) -> int:

@@ -22,7 +22,7 @@ from buildmax.problems import NotFound, ValidationFailed
 from .change import Change
 from .engine import StageEngine
 from .holds import describe_hold, holds_covering
-from .lifecycle import after_attempt, end_attempt, finish, set_task
+from .lifecycle import after_attempt, end_attempt, finish
 from .problems import AttemptEnded, LeaseLapsed, NotAttemptOwner, StaleGeneration, TaskHeld
 from .records import load_attempt, load_task_by_pk
 from .schema import attempts, checkpoints, submissions, tasks
@@ -110,6 +110,14 @@ def hold_refusal(hold: dict[str, Any], what: str) -> TaskHeld:
     )
 
 
+_RENEW = (
+    sa.update(attempts)
+    .where(attempts.c.id == sa.bindparam("attempt_pk"))
+    .values(lease_expires_at=sa.bindparam("expires"), renewed_at=sa.bindparam("now"))
+)
+_RENEW_WITH_PROGRESS = _RENEW.values(progress=sa.bindparam("new_progress"))
+
+
 async def renew(
     ch: Change, attempt: dict[str, Any], task: dict[str, Any], lease_ms: int, progress: Any
 ) -> dict[str, Any]:
@@ -121,7 +129,15 @@ async def renew(
     values: dict[str, Any] = {"lease_expires_at": expires, "renewed_at": ch.now}
     if progress is not None:
         values["progress"] = json.dumps(progress, separators=(",", ":"))
-    await ch.tx.execute(sa.update(attempts).where(attempts.c.id == attempt["id"]).values(**values))
+    await ch.tx.execute(
+        _RENEW if progress is None else _RENEW_WITH_PROGRESS,
+        {
+            "attempt_pk": attempt["id"],
+            "new_progress": values.get("progress"),
+            "expires": expires,
+            "now": ch.now,
+        },
+    )
     await ch.audit(
         "attempt.renewed",
         "attempt",
@@ -225,7 +241,6 @@ async def submit(
         .returning(submissions.c.id)
     )
     await end_attempt(ch, attempt, "submitted", None, charge=False, task=task)
-    await set_task(ch, task["id"], current_submission_id=pk, finding_ids="[]")
     await ch.audit(
         "attempt.submitted",
         "attempt",
@@ -258,7 +273,13 @@ async def submit(
         "submitted_by_public_id": attempt["claimant_public_id"],
     }
     task = {**task, "current_submission_id": pk, "state": "claimed"}
-    outcome = await engine.submitted(ch, task, {**attempt, "state": "submitted"}, submission)
+    outcome = await engine.submitted(
+        ch,
+        task,
+        {**attempt, "state": "submitted"},
+        submission,
+        {"current_submission_id": pk, "finding_ids": "[]"},
+    )
     return submission, outcome
 
 

@@ -29,7 +29,7 @@ from buildmax.tokens import issue_token
 
 from .change import Change
 from .holds import CLAIMABLE, describe_hold, holds_covering, literal, pending_decisions
-from .lifecycle import retire_lapsed
+from .lifecycle import UNRESERVE, retire_lapsed
 from .problems import (
     ClaimVetoed,
     ResourceReserved,
@@ -196,7 +196,9 @@ async def claim_next(
     nothing is ready while ready tasks wait."""
     await retire_lapsed_in_space(ch, limit=20)
     postgres = ch.tx.dialect == "postgresql"
-    batch = 1 if postgres else 20
+    # One candidate first (the usual case claims it); then small batches on
+    # SQLite, where nobody else can lock them meanwhile.
+    batch = 1
     skipped = examined = 0
     after: tuple[int, int, int] | None = None
     while examined < scan_limit:
@@ -207,6 +209,7 @@ async def claim_next(
         candidates = await ch.tx.fetch_all(statement, params)
         if not candidates:
             break
+        batch = 1 if postgres else 10
         for candidate in candidates:
             examined += 1
             after = ready_key(candidate)
@@ -305,7 +308,7 @@ async def _claim(
         environment = await _run_environment(ch, attempt, agent_revision)
     except RunEnvironmentRefused as exc:
         if task["resources"] != "[]":
-            await ch.tx.execute(_UNRESERVE, {"attempt_public_id": attempt_id})
+            await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt_id})
         raise Skip(
             RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
         ) from None
@@ -427,9 +430,6 @@ async def _retire_if_lapsed(ch: Change, task: dict[str, Any]) -> dict[str, Any]:
 
 
 _RESERVE_STATEMENTS: dict[str, Any] = {}
-_UNRESERVE = sa.delete(reservations).where(
-    reservations.c.attempt_public_id == sa.bindparam("attempt_public_id")
-)
 
 
 def _reserve_statement(dialect: str) -> Any:
@@ -460,7 +460,7 @@ async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
         if row is None and await _retire_lapsed_holder(ch, resource):
             row = await ch.tx.fetch_val(statement, values)
         if row is None:
-            await ch.tx.execute(_UNRESERVE, {"attempt_public_id": attempt_id})
+            await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt_id})
             raise Skip(
                 ResourceReserved(
                     f"the resource {resource!r} is reserved by another attempt",

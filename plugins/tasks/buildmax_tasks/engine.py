@@ -82,8 +82,10 @@ class StageEngine:
         task: dict[str, Any],
         attempt: dict[str, Any],
         submission: dict[str, Any],
+        values: dict[str, Any],
     ) -> dict[str, Any]:
-        """Apply a fresh submission (already written) to task state; what happened."""
+        """Apply a fresh submission (already written) to task state, writing
+        ``values`` to the submitted task with its new state; what happened."""
         linked = task["subject_task_id"] is not None
         subject = None
         if linked:
@@ -92,7 +94,7 @@ class StageEngine:
             from .records import load_task_by_pk
 
             subject = await load_task_by_pk(ch.tx, task["subject_task_id"], for_update=True)
-            await complete(ch, task)
+            await complete(ch, task, **values)
             task = {**task, "state": "done"}
         verdicts = await ch.app.plugins.acall(
             "buildmax_attempt_submitted",
@@ -102,7 +104,7 @@ class StageEngine:
             submission=submission_ref(submission),
         )
         if not linked:
-            return await self._enter_next(ch, task, submission["id"], None)
+            return await self._enter_next(ch, task, submission["id"], None, values)
         assert subject is not None
         verdict = _one_verdict(verdicts, task["stage"])
         if verdict is None:
@@ -150,7 +152,12 @@ class StageEngine:
         await finish(ch, {**subject, "current_submission_id": None}, "failed", reason)
 
     async def _enter_next(
-        self, ch: Change, subject: dict[str, Any], submission_pk: int, after: str | None
+        self,
+        ch: Change,
+        subject: dict[str, Any],
+        submission_pk: int,
+        after: str | None,
+        values: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         remaining = self.after(after)
         policy = await current_policy(ch.tx, subject["project_id"]) if remaining else {}
@@ -160,7 +167,9 @@ class StageEngine:
                 continue
             human = bool(stage.spec.human_slot and policy.get(stage.spec.human_slot))
             work = await _create_linked_work(ch, subject, submission_pk, stage.spec, slots, human)
-            await set_task(ch, subject["id"], state="waiting", stage=stage.spec.name)
+            await set_task(
+                ch, subject["id"], state="waiting", stage=stage.spec.name, **(values or {})
+            )
             await ch.audit(
                 "task.stage_entered",
                 "task",
@@ -175,7 +184,7 @@ class StageEngine:
                 stage=stage.spec.name,
             )
             return {"stage": stage.spec.name, "work_ids": work}
-        released = await complete(ch, subject)
+        released = await complete(ch, subject, **(values or {}))
         return {"stage": None, "released": released}
 
 

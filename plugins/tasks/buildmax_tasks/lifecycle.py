@@ -6,6 +6,7 @@ These functions are the only code that writes ``task_tasks.state`` and
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,11 +33,22 @@ async def prerequisites_done(ch: Change, task_pk: int) -> bool:
     return int(undone or 0) == 0
 
 
+@functools.cache
+def _task_update(columns: frozenset[str]) -> Any:
+    """``UPDATE task_tasks SET <columns>`` built once per set of columns."""
+    return (
+        sa.update(tasks)
+        .where(tasks.c.id == sa.bindparam("task_pk"))
+        .values({name: sa.bindparam(f"new_{name}") for name in columns})
+    )
+
+
 async def set_task(ch: Change, task_pk: int, **values: Any) -> None:
     """Write task columns and its ``updated_at``."""
-    await ch.tx.execute(
-        sa.update(tasks).where(tasks.c.id == task_pk).values(updated_at=ch.now, **values)
-    )
+    values["updated_at"] = ch.now
+    params = {f"new_{name}": value for name, value in values.items()}
+    params["task_pk"] = task_pk
+    await ch.tx.execute(_task_update(frozenset(values)), params)
 
 
 async def reopen(ch: Change, task: dict[str, Any], **values: Any) -> str:
@@ -48,6 +60,33 @@ async def reopen(ch: Change, task: dict[str, Any], **values: Any) -> str:
     return state
 
 
+_DEPENDENT_IDS = sa.select(dependencies.c.task_id).where(
+    dependencies.c.prerequisite_id == sa.bindparam("task_pk")
+)
+_OPEN_DEPENDENTS = (
+    sa.select(tasks.c.id)
+    .where(tasks.c.id.in_(_DEPENDENT_IDS), tasks.c.state == "open")
+    .order_by(tasks.c.id)
+    .with_for_update()
+)
+_prereq = tasks.alias("prereq")
+_edge = dependencies.alias("edge")
+_RELEASE_DEPENDENTS = (
+    sa.update(tasks)
+    .where(
+        tasks.c.id.in_(_DEPENDENT_IDS),
+        tasks.c.state == "open",
+        ~sa.exists(
+            sa.select(_edge.c.prerequisite_id)
+            .select_from(_edge.join(_prereq, _prereq.c.id == _edge.c.prerequisite_id))
+            .where(_edge.c.task_id == tasks.c.id, _prereq.c.state != "done")
+        ),
+    )
+    .values(state="ready", ready_at=sa.bindparam("now"), updated_at=sa.bindparam("now"))
+    .returning(tasks.c.public_id)
+)
+
+
 async def release_dependents(ch: Change, task_pk: int) -> list[str]:
     """After ``task_pk`` is done: every ``open`` dependent whose prerequisites
     are now all done becomes ``ready``. Returns their public ids.
@@ -55,30 +94,10 @@ async def release_dependents(ch: Change, task_pk: int) -> list[str]:
     The dependents' rows are locked first, so two prerequisites finishing at
     once on PostgreSQL cannot each miss the other (the second waits, then
     its check sees the first committed)."""
-    dependent_ids = sa.select(dependencies.c.task_id).where(
-        dependencies.c.prerequisite_id == task_pk
-    )
-    waiting = await ch.tx.fetch_all(
-        sa.select(tasks.c.id)
-        .where(tasks.c.id.in_(dependent_ids), tasks.c.state == "open")
-        .order_by(tasks.c.id)
-        .with_for_update()
-    )
+    waiting = await ch.tx.fetch_all(_OPEN_DEPENDENTS, {"task_pk": task_pk})
     if not waiting:
         return []
-    prereq = tasks.alias("prereq")
-    edge = dependencies.alias("edge")
-    undone = sa.exists(
-        sa.select(edge.c.prerequisite_id)
-        .select_from(edge.join(prereq, prereq.c.id == edge.c.prerequisite_id))
-        .where(edge.c.task_id == tasks.c.id, prereq.c.state != "done")
-    )
-    rows = await ch.tx.fetch_all(
-        sa.update(tasks)
-        .where(tasks.c.id.in_(dependent_ids), tasks.c.state == "open", ~undone)
-        .values(state="ready", ready_at=ch.now, updated_at=ch.now)
-        .returning(tasks.c.public_id)
-    )
+    rows = await ch.tx.fetch_all(_RELEASE_DEPENDENTS, {"task_pk": task_pk, "now": ch.now})
     ready = sorted(r["public_id"] for r in rows)
     for public_id in ready:
         await ch.event("task.state", task_id=public_id, state="ready")
@@ -91,9 +110,12 @@ def _leave_stage(task: dict[str, Any]) -> dict[str, Any]:
     return {} if task.get("subject_task_id") is not None else {"stage": None}
 
 
-async def complete(ch: Change, task: dict[str, Any]) -> list[str]:
-    """Mark a task done and release its dependents; their public ids."""
-    await set_task(ch, task["id"], state="done", outcome_reason=None, **_leave_stage(task))
+async def complete(ch: Change, task: dict[str, Any], **values: Any) -> list[str]:
+    """Mark a task done (writing ``values`` too) and release its dependents;
+    their public ids."""
+    await set_task(
+        ch, task["id"], state="done", outcome_reason=None, **_leave_stage(task), **values
+    )
     await ch.audit("task.done", "task", task["public_id"])
     await ch.event("task.state", task_id=task["public_id"], state="done")
     return await release_dependents(ch, task["id"])
@@ -106,6 +128,23 @@ async def finish(ch: Change, task: dict[str, Any], state: str, reason: str) -> N
     await ch.event("task.state", task_id=task["public_id"], state=state)
     if task["current_submission_id"] is not None:
         await cancel_linked_work(ch, task["current_submission_id"], reason)
+
+
+_END_ATTEMPT = (
+    sa.update(attempts)
+    .where(attempts.c.id == sa.bindparam("attempt_pk"), attempts.c.state == "active")
+    .values(
+        state=sa.bindparam("new_state"),
+        ended_at=sa.bindparam("now"),
+        end_reason=sa.bindparam("reason"),
+        charged=sa.bindparam("charged"),
+    )
+    .returning(attempts.c.id)
+)
+#: Ends every reservation of an attempt.
+UNRESERVE = sa.delete(reservations).where(
+    reservations.c.attempt_public_id == sa.bindparam("attempt_public_id")
+)
 
 
 async def end_attempt(
@@ -122,17 +161,19 @@ async def end_attempt(
 
     Returns ``False`` (and changes nothing) when it was no longer active."""
     ended = await ch.tx.fetch_val(
-        sa.update(attempts)
-        .where(attempts.c.id == attempt["id"], attempts.c.state == "active")
-        .values(state=state, ended_at=ch.now, end_reason=reason, charged=int(charge))
-        .returning(attempts.c.id)
+        _END_ATTEMPT,
+        {
+            "attempt_pk": attempt["id"],
+            "new_state": state,
+            "now": ch.now,
+            "reason": reason,
+            "charged": int(charge),
+        },
     )
     if ended is None:
         return False
     if task is None or task["resources"] != "[]":
-        await ch.tx.execute(
-            sa.delete(reservations).where(reservations.c.attempt_public_id == attempt["public_id"])
-        )
+        await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt["public_id"]})
     await end_scope(ch.tx, "attempt", attempt["public_id"], now=ch.now)
     return True
 

@@ -15,13 +15,23 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
 from .engine import StageEngine
-from .holds import describe_hold
+from .holds import describe_hold, literal
 from .schema import decisions, holds
 from .schemas import AttemptOut, SubmissionOut, TaskOut
 
 TASK_OUT = TaskOut()
 #: States in which holds and decisions matter to a task.
 LIVE_STATES = ("open", "ready", "claimed", "waiting")
+#: The space's pending decisions (few: each parks a task until a person answers).
+_PENDING_IN_SPACE = (
+    sa.select(decisions.c.task_id, decisions.c.public_id)
+    .where(
+        decisions.c.space_id == sa.bindparam("space_pk"),
+        decisions.c.state == literal("pending"),
+        sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > sa.bindparam("now")),
+    )
+    .order_by(decisions.c.id)
+)
 _LIVE_HOLDS = sa.select(holds).where(
     holds.c.space_id == sa.bindparam("space_pk"), holds.c.lifted_at.is_(None)
 )
@@ -43,16 +53,10 @@ async def render_tasks(
         return [task_body(row, [], [], engine) for row in rows]
     live = await conn.fetch_all(_LIVE_HOLDS, {"space_pk": space_pk})
     described = [(dict(h), await describe_hold(conn, dict(h))) for h in live]
-    for row in await conn.fetch_all(
-        sa.select(decisions.c.task_id, decisions.c.public_id)
-        .where(
-            decisions.c.task_id.in_(task_pks),
-            decisions.c.state == "pending",
-            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > now),
-        )
-        .order_by(decisions.c.id)
-    ):
-        pending[row["task_id"]].append(row["public_id"])
+    shown = set(task_pks)
+    for row in await conn.fetch_all(_PENDING_IN_SPACE, {"space_pk": space_pk, "now": now}):
+        if row["task_id"] in shown:
+            pending[row["task_id"]].append(row["public_id"])
     rendered = []
     for row in rows:
         covering = [

@@ -48,7 +48,7 @@ from ..schemas import (
     SubmissionPage,
     SubmitBody,
 )
-from ..views import attempt_body, submission_body
+from ..views import attempt_body, submission_body, task_body
 from . import change, lease_ms, may_override, tasks_state
 from .projects import find_project
 from .tasks import agent_pk, render_one, task_or_404
@@ -64,7 +64,8 @@ async def _claim_body(
     if claim is None:
         return {"task": None, "attempt": None, "token": None, "token_id": None, "skipped": skipped}
     return {
-        "task": await render_one(tx, claim.task, now),
+        # The claim checked that no hold or decision parks the task.
+        "task": task_body(claim.task, [], [], tasks_state(current_buildmax()).engine),
         "attempt": attempt_body(claim.attempt),
         "token": claim.token,
         "token_id": claim.token_id,
