@@ -199,16 +199,7 @@ async def give_up(
     """End an attempt without a submission (``released``, ``failed`` or
     ``canceled``); only ``failed`` is charged. The task's new state."""
     charged = state == "failed"
-    await end_attempt(ch, attempt, state, reason, charge=charged, task=task)
-    await ch.audit(
-        f"attempt.{state}",
-        "attempt",
-        attempt["public_id"],
-        task_id=task["public_id"],
-        generation=attempt["generation"],
-        reason=reason,
-    )
-    await ch.event(f"attempt.{state}", attempt_id=attempt["public_id"], task_id=task["public_id"])
+    await _end(ch, attempt, task, state, reason, charged=charged)
     if task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]:
         return await after_attempt(ch, task, charged=charged)
     return str(task["state"])
@@ -291,13 +282,27 @@ async def cancel_task(ch: Change, task: dict[str, Any], reason: str) -> None:
         )
     )
     if active is not None:
-        await end_attempt(ch, dict(active), "canceled", reason, charge=False, task=task)
-        await ch.audit(
-            "attempt.canceled",
-            "attempt",
-            active["public_id"],
-            task_id=task["public_id"],
-            generation=active["generation"],
-            reason=reason,
-        )
+        await _end(ch, dict(active), task, "canceled", reason, charged=False)
     await finish(ch, task, "canceled", reason)
+
+
+async def _end(
+    ch: Change,
+    attempt: dict[str, Any],
+    task: dict[str, Any],
+    state: str,
+    reason: str | None,
+    *,
+    charged: bool,
+) -> None:
+    """End an attempt without a submission, audited and announced."""
+    await end_attempt(ch, attempt, state, reason, charge=charged, task=task)
+    await ch.audit(
+        f"attempt.{state}",
+        "attempt",
+        attempt["public_id"],
+        task_id=task["public_id"],
+        generation=attempt["generation"],
+        reason=reason,
+    )
+    await ch.event(f"attempt.{state}", attempt_id=attempt["public_id"], task_id=task["public_id"])

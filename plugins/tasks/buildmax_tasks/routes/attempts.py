@@ -21,7 +21,6 @@ from buildmax.app import current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.idempotency import Reply
-from buildmax.pagination import page_body, page_request
 from buildmax.problems import NotFound
 from buildmax.schema import spaces
 from buildmax.tokens import reissue_token
@@ -51,7 +50,7 @@ from ..schemas import (
 from ..views import attempt_body, submission_body, task_body
 from . import change, lease_ms, may_override, tasks_state
 from .projects import find_project
-from .tasks import agent_pk, render_one, task_or_404
+from .tasks import agent_pk, render_one, task_children, task_or_404
 
 blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
@@ -393,44 +392,26 @@ async def show(space: str, attempt: str) -> Response:
 @api("A task's attempts, by generation (viewers)", response=AttemptPage, tags=["attempts"])
 async def list_attempts(space: str, task: str) -> Response:
     """Every attempt, ended ones included."""
-    app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
-    async with app.db.read() as conn:
-        row = await task_or_404(conn, access.pk, task)
-        query = (
-            ATTEMPT_SELECT.where(attempts.c.task_id == row["id"])
-            .order_by(attempts.c.generation)
-            .limit(page.limit + 1)
-        )
-        if page.after is not None:
-            query = query.where(attempts.c.generation > page.after[0])
-        rows = [dict(r) for r in await conn.fetch_all(query)]
-    items = [attempt_body(r) for r in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["generation"],)))
+    return await task_children(
+        space,
+        task,
+        lambda pk: ATTEMPT_SELECT.where(attempts.c.task_id == pk),
+        attempts.c.generation,
+        attempt_body,
+    )
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/submissions")
 @api("A task's submissions, oldest first (viewers)", response=SubmissionPage, tags=["attempts"])
 async def list_submissions(space: str, task: str) -> Response:
     """Submissions are immutable."""
-    app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
-    async with app.db.read() as conn:
-        row = await task_or_404(conn, access.pk, task)
-        query = (
-            SUBMISSION_SELECT.where(submissions.c.task_id == row["id"])
-            .order_by(submissions.c.id)
-            .limit(page.limit + 1)
-        )
-        if page.after is not None:
-            query = query.where(submissions.c.id > page.after[0])
-        rows = [dict(r) for r in await conn.fetch_all(query)]
-    items = [submission_body(r) for r in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+    return await task_children(
+        space,
+        task,
+        lambda pk: SUBMISSION_SELECT.where(submissions.c.task_id == pk),
+        submissions.c.id,
+        submission_body,
+    )
 
 
 @blueprint.get("/v1/spaces/<space>/submissions/<submission>")

@@ -4,6 +4,7 @@ cancel and retry."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -400,27 +401,45 @@ async def update(space: str, task: str) -> Response:
     return await app.idempotency.run(caller, work)
 
 
-@blueprint.get("/v1/spaces/<space>/tasks/<task>/revisions")
-@api("A task's revisions, newest first (viewers)", response=RevisionPage, tags=["tasks"])
-async def revisions(space: str, task: str) -> Response:
-    """Revisions are immutable."""
+async def task_children(
+    space: str,
+    task: str,
+    rows_of: Callable[[int], Any],
+    key: Any,
+    render: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    newest_first: bool = False,
+) -> Response:
+    """A page of one task's rows (attempts, submissions, revisions) for a
+    viewer: ``rows_of(task_pk)`` selects them, ``key`` (an integer column)
+    orders and pages them."""
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
-        query = (
-            sa.select(task_revisions)
-            .where(task_revisions.c.task_id == row["id"])
-            .order_by(task_revisions.c.number.desc())
-            .limit(page.limit + 1)
-        )
+        query = rows_of(row["id"]).order_by(key.desc() if newest_first else key)
+        query = query.limit(page.limit + 1)
         if page.after is not None:
-            query = query.where(task_revisions.c.number < page.after[0])
+            query = query.where(key < page.after[0] if newest_first else key > page.after[0])
         rows = [dict(r) for r in await conn.fetch_all(query)]
-    items = [REVISION_OUT.dump(r) for r in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["number"],)))
+    items = [render(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r[key.name],)))
+
+
+@blueprint.get("/v1/spaces/<space>/tasks/<task>/revisions")
+@api("A task's revisions, newest first (viewers)", response=RevisionPage, tags=["tasks"])
+async def revisions(space: str, task: str) -> Response:
+    """Revisions are immutable."""
+    return await task_children(
+        space,
+        task,
+        lambda pk: sa.select(task_revisions).where(task_revisions.c.task_id == pk),
+        task_revisions.c.number,
+        REVISION_OUT.dump,
+        newest_first=True,
+    )
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/dependencies")
