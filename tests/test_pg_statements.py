@@ -225,9 +225,8 @@ async def test_a_unique_violation_reaches_the_caller_and_rolls_back(db):
         assert await conn.fetch_val(sa.select(sa.func.count()).select_from(parents)) == 5
 
 
+@pytest.mark.postgres_only
 async def test_postgres_functions_and_set_local(db):
-    if db.dialect != "postgresql":
-        pytest.skip("PostgreSQL functions")
     async with db.write() as tx:
         await tx.execute(sa.text("SET LOCAL enable_seqscan = off"))
         setting = await tx.fetch_val(sa.text("SHOW enable_seqscan"))

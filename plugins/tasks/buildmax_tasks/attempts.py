@@ -231,7 +231,7 @@ async def submit(
         )
         .returning(submissions.c.id)
     )
-    await end_attempt(ch, attempt, "submitted", None, charge=False, task=task)
+    await end_attempt(ch, attempt, "submitted", None, charge=False)
     await ch.audit(
         "attempt.submitted",
         "attempt",
@@ -296,7 +296,7 @@ async def _end(
     charged: bool,
 ) -> None:
     """End an attempt without a submission, audited and announced."""
-    await end_attempt(ch, attempt, state, reason, charge=charged, task=task)
+    await end_attempt(ch, attempt, state, reason, charge=charged)
     await ch.audit(
         f"attempt.{state}",
         "attempt",

@@ -42,7 +42,6 @@ from .problems import (
 from .records import (
     AGENT_REVISION_SELECT,
     ATTEMPT_SELECT,
-    TASK_SELECT,
     agent_revision_ref,
     load_task,
     load_task_by_pk,
@@ -101,41 +100,39 @@ def _escape_like(text: str) -> str:
 def ready_statement(
     shape: tuple[bool, bool, bool, bool], *, after: bool = False, lock: bool = False
 ) -> Any:
-    """The space's ready queue: claimable tasks by priority, then age, as
-    full task rows. Built once per filter shape (bindparams ``space_pk``,
-    ``now``, ``limit``, the filters' and, with ``after``, the key of the last
-    row seen: ``after_priority``, ``after_ready_at``, ``after_id``).
+    """The space's ready queue: the keys (``id``, ``priority``, ``ready_at``)
+    of claimable tasks by priority, then age. Built once per filter shape
+    (bindparams ``space_pk``, ``now``, ``limit``, the filters' and, with
+    ``after``, the key of the last row seen: ``after_priority``,
+    ``after_ready_at``, ``after_id``).
 
-    Served by the partial index ``task_tasks_ready`` on both engines; the
-    state is a literal so the planner can match the index's predicate."""
+    Served by the partial index ``task_tasks_ready`` on both engines: it
+    reads ``task_tasks`` alone (the rows are loaded by key afterwards) and
+    its state is a literal, so the planner matches the index's predicate."""
     project, kind, label, agent = shape
-    query = TASK_SELECT.where(
-        tasks.c.space_id == sa.bindparam("space_pk"), tasks.c.state == literal("ready"), *CLAIMABLE
+    query = sa.select(tasks.c.id, tasks.c.priority, tasks.c.ready_at).where(
+        tasks.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
+        tasks.c.state == literal("ready"),
+        *CLAIMABLE,
     )
     if project:
-        query = query.where(tasks.c.project_id == sa.bindparam("project_pk"))
+        query = query.where(tasks.c.project_id == sa.bindparam("project_pk", type_=sa.BigInteger))
     if kind:
         query = query.where(tasks.c.kind == sa.bindparam("kind"))
     if label:
         query = query.where(tasks.c.labels.like(sa.bindparam("label"), escape="\\"))
     if agent:
-        query = query.where(tasks.c.agent_id == sa.bindparam("agent_pk"))
+        query = query.where(tasks.c.agent_id == sa.bindparam("agent_pk", type_=sa.BigInteger))
     if after:
-        priority: Any = sa.bindparam("after_priority")
-        ready_at: Any = sa.bindparam("after_ready_at")
+        # An index range (priority <= p) in index order, minus the rows of
+        # priority p already seen: no OR, so no bitmap scan and no sort.
+        priority: Any = sa.bindparam("after_priority", type_=sa.BigInteger)
+        seen = sa.tuple_(tasks.c.ready_at, tasks.c.id) <= sa.tuple_(
+            sa.bindparam("after_ready_at", type_=sa.BigInteger),
+            sa.bindparam("after_id", type_=sa.BigInteger),
+        )
         query = query.where(
-            sa.or_(
-                tasks.c.priority < priority,
-                sa.and_(
-                    tasks.c.priority == priority,
-                    sa.or_(
-                        tasks.c.ready_at > ready_at,
-                        sa.and_(
-                            tasks.c.ready_at == ready_at, tasks.c.id > sa.bindparam("after_id")
-                        ),
-                    ),
-                ),
-            )
+            tasks.c.priority <= priority, ~sa.and_(tasks.c.priority == priority, seen)
         )
     query = query.order_by(tasks.c.priority.desc(), tasks.c.ready_at, tasks.c.id).limit(
         sa.bindparam("limit", type_=sa.Integer)
@@ -213,10 +210,11 @@ async def claim_next(
         for candidate in candidates:
             examined += 1
             after = ready_key(candidate)
+            task = await load_task_by_pk(ch.tx, candidate["id"])
+            if task is None:
+                continue
             try:
-                claim = await _claim(
-                    ch, caller_pk, dict(candidate), lease_ms, skipped=skipped, queued=True
-                )
+                claim = await _claim(ch, caller_pk, task, lease_ms, skipped=skipped, queued=True)
             except Skip:
                 skipped += 1
                 continue
@@ -228,7 +226,7 @@ _LAPSED_IN_SPACE = (
     ATTEMPT_SELECT.where(
         attempts.c.state == literal("active"),
         attempts.c.lease_expires_at <= sa.bindparam("now"),
-        attempts.c.space_id == sa.bindparam("space_pk"),
+        attempts.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
     )
     .order_by(attempts.c.lease_expires_at)
     .limit(sa.bindparam("limit", type_=sa.Integer))

@@ -25,7 +25,7 @@ def literal(value: str) -> Any:
 
 def _live_holds_of(scope_type: str) -> Any:
     return sa.select(holds.c.scope_pk).where(
-        holds.c.space_id == sa.bindparam("space_pk"),
+        holds.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
         holds.c.scope_type == literal(scope_type),
         holds.c.lifted_at.is_(None),
     )
@@ -36,7 +36,7 @@ def _live_holds_of(scope_type: str) -> Any:
 CLAIMABLE = [
     ~sa.exists(
         sa.select(holds.c.id).where(
-            holds.c.space_id == sa.bindparam("space_pk"),
+            holds.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
             holds.c.scope_type == literal("space"),
             holds.c.lifted_at.is_(None),
         )
@@ -45,9 +45,12 @@ CLAIMABLE = [
     tasks.c.id.not_in(_live_holds_of("task")),
     tasks.c.id.not_in(
         sa.select(decisions.c.task_id).where(
-            decisions.c.space_id == sa.bindparam("space_pk"),
+            decisions.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
             decisions.c.state == literal("pending"),
-            sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > sa.bindparam("now")),
+            sa.or_(
+                decisions.c.expires_at.is_(None),
+                decisions.c.expires_at > sa.bindparam("now", type_=sa.BigInteger),
+            ),
         )
     ),
 ]
@@ -63,7 +66,7 @@ _COVERING = (
         holds.c.created_at,
     )
     .where(
-        holds.c.space_id == sa.bindparam("space_pk"),
+        holds.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
         holds.c.lifted_at.is_(None),
         sa.or_(
             holds.c.scope_type == literal("space"),
@@ -84,7 +87,10 @@ _PENDING = (
     .where(
         decisions.c.task_id == sa.bindparam("task_pk"),
         decisions.c.state == literal("pending"),
-        sa.or_(decisions.c.expires_at.is_(None), decisions.c.expires_at > sa.bindparam("now")),
+        sa.or_(
+            decisions.c.expires_at.is_(None),
+            decisions.c.expires_at > sa.bindparam("now", type_=sa.BigInteger),
+        ),
     )
     .order_by(decisions.c.id)
 )

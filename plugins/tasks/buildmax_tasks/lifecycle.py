@@ -154,10 +154,8 @@ async def end_attempt(
     reason: str | None,
     *,
     charge: bool,
-    task: dict[str, Any] | None = None,
 ) -> bool:
     """End an active attempt: its state, its reservations, its scoped tokens.
-    (Given its ``task``, a task naming no resource skips the reservations.)
 
     Returns ``False`` (and changes nothing) when it was no longer active."""
     ended = await ch.tx.fetch_val(
@@ -172,8 +170,7 @@ async def end_attempt(
     )
     if ended is None:
         return False
-    if task is None or task["resources"] != "[]":
-        await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt["public_id"]})
+    await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt["public_id"]})
     await end_scope(ch.tx, "attempt", attempt["public_id"], now=ch.now)
     return True
 
@@ -195,7 +192,7 @@ async def retire_lapsed(ch: Change, attempt: dict[str, Any], task: dict[str, Any
     The lapse is charged against ``max_attempts`` unless a stopped hold
     refused the attempt's renewal. Returns the task's new state."""
     charge = attempt["hold_refused_at"] is None
-    if not await end_attempt(ch, attempt, "expired", "the lease lapsed", charge=charge, task=task):
+    if not await end_attempt(ch, attempt, "expired", "the lease lapsed", charge=charge):
         return str(task["state"])
     await ch.audit(
         "attempt.expired",

@@ -254,6 +254,9 @@ async def list_tasks(space: str) -> Response:
     return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
 
 
+_TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=True)))
+
+
 @blueprint.get("/v1/spaces/<space>/ready")
 @api(
     "The ready queue: claimable tasks by priority, then age (viewers)",
@@ -271,15 +274,15 @@ async def ready(space: str) -> Response:
     async with app.db.read() as conn:
         filters = await _queue_filters(conn, access)
         after = (page.after[0], page.after[1], page.after[2]) if page.after else None
-        rows = [
-            dict(r)
-            for r in await conn.fetch_all(
-                ready_statement(filters.shape(), after=after is not None),
-                ready_params(access.pk, now, filters, page.limit + 1, after),
-            )
-        ]
-        items = await render_tasks(conn, rows[: page.limit], now, tasks_state(app).engine)
-    return json_response(page_body(items, rows, page.limit, ready_key))
+        keys = await conn.fetch_all(
+            ready_statement(filters.shape(), after=after is not None),
+            ready_params(access.pk, now, filters, page.limit + 1, after),
+        )
+        shown = [k["id"] for k in keys[: page.limit]]
+        found = {r["id"]: dict(r) for r in await conn.fetch_all(_TASKS_BY_PK, {"pks": shown})}
+        rows = [found[pk] for pk in shown if pk in found]
+        items = await render_tasks(conn, rows, now, tasks_state(app).engine)
+    return json_response(page_body(items, list(keys), page.limit, ready_key))
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>")
