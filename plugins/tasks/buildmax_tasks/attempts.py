@@ -61,8 +61,8 @@ async def fenced(
         )
     task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
     assert task is not None
-    if ch.tx.dialect == "postgresql":
-        # What committed while we waited for the lock.
+    if ch.tx.dialect == "postgresql" and _maybe_stale(attempt, task, ch.now):
+        # Changed while we waited for the lock: read what committed.
         attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
         assert attempt is not None
     if authority.scope_id is not None and authority.scope_id != attempt_id:
@@ -92,6 +92,17 @@ async def fenced(
             lease_expires_at=to_rfc3339(attempt["lease_expires_at"]),
         )
     return attempt, task
+
+
+def _maybe_stale(attempt: dict[str, Any], task: dict[str, Any], now: int) -> bool:
+    """Whether an attempt read before its task's lock was taken may be out of
+    date. Every change that ends an attempt also changes its task's state or
+    current attempt, so an attempt still current on the locked task row is
+    still active; only a renewal (a later lease) could have been missed."""
+    if attempt["state"] != "active":
+        return False  # ended attempts never change again
+    current = task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]
+    return not current or attempt["lease_expires_at"] <= now
 
 
 async def stopped_hold(ch: Change, task: dict[str, Any]) -> dict[str, Any] | None:
