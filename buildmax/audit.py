@@ -56,7 +56,11 @@ class AuditLog:
         unknown = set(details) - declared.detail_keys
         if unknown:
             raise AuditError(f"audit action {action!r} does not declare {sorted(unknown)}")
-        size = len(json.dumps(details, sort_keys=True, separators=(",", ":"), default=str))
+        size = len(
+            json.dumps(
+                details, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False
+            ).encode()
+        )
         if size > MAX_DETAIL_BYTES:
             raise AuditError(f"audit details of {action!r} exceed {MAX_DETAIL_BYTES} bytes")
         request_id = g.get("request_id") if has_request_context() else None

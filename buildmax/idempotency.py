@@ -224,4 +224,6 @@ def _stored(reply: Reply) -> str:
 
 
 def _respond(reply: Reply) -> Response:
+    if reply.status == 204:
+        return Response(status=204, headers=reply.headers)
     return json_response(reply.body, reply.status, reply.headers)

@@ -78,7 +78,7 @@ async def fenced(
                 "acting on another principal's attempt needs override_reason",
                 errors={"override_reason": ["Required to override the attempt's owner."]},
             )
-        ch.admin_override = True
+        ch.override(authority.override_reason)
     if generation != attempt["generation"]:
         raise StaleGeneration(
             f"generation {generation} is not this attempt's ({attempt['generation']})",
@@ -124,7 +124,12 @@ def hold_refusal(hold: dict[str, Any], what: str) -> TaskHeld:
 _RENEW = (
     sa.update(attempts)
     .where(attempts.c.id == sa.bindparam("attempt_pk"))
-    .values(lease_expires_at=sa.bindparam("expires"), renewed_at=sa.bindparam("now"))
+    # A renewal that succeeds ends any hold's excuse: a later lapse is charged.
+    .values(
+        lease_expires_at=sa.bindparam("expires"),
+        renewed_at=sa.bindparam("now"),
+        hold_refused_at=None,
+    )
 )
 _RENEW_WITH_PROGRESS = _RENEW.values(progress=sa.bindparam("new_progress"))
 

@@ -23,10 +23,20 @@ class Change:
     space_id: str
     now: int
     admin_override: bool = False
+    #: Why an admin or owner acts on someone else's attempt (audited).
+    override_reason: str | None = None
     _events: list[tuple[str, dict[str, Any]]] = field(default_factory=list, repr=False)
+
+    def override(self, reason: str) -> None:
+        """Mark this change as an admin or owner acting on someone else's
+        attempt; every audit event of it says so, with the reason."""
+        self.admin_override = True
+        self.override_reason = reason
 
     async def audit(self, action: str, target_type: str, target_id: str, **details: Any) -> None:
         """Record one audit event about ``target`` in this transaction."""
+        if self.override_reason is not None:
+            details["override_reason"] = self.override_reason
         await self.app.audit.record(
             self.tx,
             self.actor,

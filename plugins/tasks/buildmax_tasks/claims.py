@@ -12,6 +12,7 @@ correctness never waits for the reaper.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from dataclasses import dataclass
@@ -401,6 +402,14 @@ async def _refuse_held_or_parked(ch: Change, task: dict[str, Any]) -> None:
                 decisions=[d["public_id"] for d in parked],
             )
         )
+
+
+async def recover_lapsed(ch: Change, task_id: str) -> None:
+    """Retire the lapsed attempt holding ``task_id``, if there is one."""
+    task = await load_task(ch.tx, task_id, space_pk=ch.space_pk, for_update=True)
+    if task is not None and task["state"] == "claimed":
+        with contextlib.suppress(Skip):
+            await _retire_if_lapsed(ch, task)
 
 
 async def _retire_if_lapsed(ch: Change, task: dict[str, Any]) -> dict[str, Any]:

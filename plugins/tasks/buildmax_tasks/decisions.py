@@ -52,7 +52,7 @@ async def open_decision(
         public_id,
         task_id=task["public_id"],
         answerable_by=answerable_by,
-        options=options,
+        option_count=len(options),
     )
     await ch.event("decision.opened", decision_id=public_id, task_id=task["public_id"])
     return public_id

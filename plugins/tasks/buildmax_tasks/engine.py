@@ -26,6 +26,8 @@ from .records import attempt_ref, submission_ref, task_ref
 from .schema import policies, projects, submissions, task_revisions, tasks
 
 VERDICTS = ("pending", "pass", "changes", "reject")
+#: A stage's reason is kept (on the task and the audit trail) up to this length.
+MAX_REASON_CHARS = 1000
 
 
 class StageError(Exception):
@@ -135,7 +137,9 @@ class StageEngine:
         if verdict.outcome == "pass":
             await self._enter_next(ch, subject, submission_pk, stage)
             return
-        reason = verdict.reason or f"the {stage} stage answered {verdict.outcome}"
+        reason = (verdict.reason or f"the {stage} stage answered {verdict.outcome}")[
+            :MAX_REASON_CHARS
+        ]
         await cancel_linked_work(ch, submission_pk, reason)
         if verdict.outcome == "changes":
             findings = list(verdict.finding_ids)

@@ -90,6 +90,10 @@ async def add_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[st
 async def remove_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]) -> bool:
     """Remove ``task -> prerequisite``; ``False`` when there was no such edge."""
     await lock(ch.tx, "task_graph", ch.space_pk)
+    if task["state"] not in EDITABLE:
+        raise InvalidState(
+            f"the task is {task['state']}; prerequisites change only while it is open or ready"
+        )
     removed = await ch.tx.fetch_all(
         sa.delete(dependencies)
         .where(

@@ -141,6 +141,9 @@ _END_ATTEMPT = (
     )
     .returning(attempts.c.id)
 )
+#: Expires an attempt only if its lease still lapsed when the row is written
+#: (a renewal that committed meanwhile wins).
+_EXPIRE_ATTEMPT = _END_ATTEMPT.where(attempts.c.lease_expires_at <= sa.bindparam("now"))
 #: Ends every reservation of an attempt.
 UNRESERVE = sa.delete(reservations).where(
     reservations.c.attempt_public_id == sa.bindparam("attempt_public_id")
@@ -154,12 +157,14 @@ async def end_attempt(
     reason: str | None,
     *,
     charge: bool,
+    only_if_lapsed: bool = False,
 ) -> bool:
     """End an active attempt: its state, its reservations, its scoped tokens.
+    ``only_if_lapsed`` ends it only while its lease is still lapsed.
 
     Returns ``False`` (and changes nothing) when it was no longer active."""
     ended = await ch.tx.fetch_val(
-        _END_ATTEMPT,
+        _EXPIRE_ATTEMPT if only_if_lapsed else _END_ATTEMPT,
         {
             "attempt_pk": attempt["id"],
             "new_state": state,
@@ -192,7 +197,9 @@ async def retire_lapsed(ch: Change, attempt: dict[str, Any], task: dict[str, Any
     The lapse is charged against ``max_attempts`` unless a stopped hold
     refused the attempt's renewal. Returns the task's new state."""
     charge = attempt["hold_refused_at"] is None
-    if not await end_attempt(ch, attempt, "expired", "the lease lapsed", charge=charge):
+    if not await end_attempt(
+        ch, attempt, "expired", "the lease lapsed", charge=charge, only_if_lapsed=True
+    ):
         return str(task["state"])
     await ch.audit(
         "attempt.expired",
@@ -219,12 +226,24 @@ async def cancel_linked_work(ch: Change, submission_pk: int, reason: str) -> lis
     )
     for row in rows:
         active = await ch.tx.fetch_all(
-            sa.select(attempts.c.id, attempts.c.public_id).where(
+            sa.select(attempts.c.id, attempts.c.public_id, attempts.c.generation).where(
                 attempts.c.task_id == row["id"], attempts.c.state == "active"
             )
         )
         for attempt in active:
             await end_attempt(ch, dict(attempt), "canceled", reason, charge=False)
+            await ch.audit(
+                "attempt.canceled",
+                "attempt",
+                attempt["public_id"],
+                task_id=row["public_id"],
+                generation=attempt["generation"],
+                reason=reason,
+            )
+            await ch.event(
+                "attempt.canceled", attempt_id=attempt["public_id"], task_id=row["public_id"]
+            )
         await set_task(ch, row["id"], state="canceled", outcome_reason=reason)
+        await ch.audit("task.canceled", "task", row["public_id"], reason=reason)
         await ch.event("task.state", task_id=row["public_id"], state="canceled")
     return [r["public_id"] for r in rows]

@@ -73,7 +73,8 @@ async def buildmax_shutdown(app: Any) -> None:
 
 
 def _action(name: str, description: str, target: str, *keys: str) -> AuditAction:
-    return AuditAction(name, description, frozenset(keys), target)
+    # Any change may be an admin or owner overriding an attempt's owner.
+    return AuditAction(name, description, frozenset((*keys, "override_reason")), target)
 
 
 @hookimpl
@@ -173,7 +174,7 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "decision",
             "task_id",
             "answerable_by",
-            "options",
+            "option_count",
         ),
         _action("decision.answered", "A decision was answered", "decision", "task_id", "answer"),
         _action("agent.created", "An agent was defined", "agent", "name"),

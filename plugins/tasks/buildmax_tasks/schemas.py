@@ -11,6 +11,10 @@ from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, 
 LABEL = fields.String(validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}\Z"))
 RESOURCE = fields.String(validate=validate.Regexp(r"^[a-z]+:\S{1,500}\Z"))
 MAX_JSON_TEXT = 64 * 1024
+#: A decision may stay open at most a year.
+MAX_DECISION_SECONDS = 366 * 24 * 3600
+#: Reasons are recorded on the audit trail, whose details are bounded.
+REASON = validate.Length(min=1, max=1000)
 
 
 class _Strict(Schema):
@@ -116,7 +120,7 @@ class TaskUpdate(Override):
 
 
 class Reason(Override):
-    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+    reason = fields.String(required=True, validate=REASON)
 
 
 class DependencyBody(_Strict):
@@ -250,15 +254,15 @@ class CheckpointBody(Generation):
 
 
 class ReleaseBody(Generation):
-    reason = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=2000))
+    reason = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=1000))
 
 
 class FailBody(Generation):
-    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+    reason = fields.String(required=True, validate=REASON)
 
 
 class CancelAttemptBody(Generation):
-    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+    reason = fields.String(required=True, validate=REASON)
 
 
 class SubmitBody(Generation):
@@ -306,7 +310,7 @@ class HoldCreate(_Strict):
     scope = fields.String(required=True, validate=validate.OneOf(HOLD_SCOPES))
     target = fields.String(load_default=None, allow_none=True)
     strength = fields.String(required=True, validate=validate.OneOf(HOLD_STRENGTHS))
-    reason = fields.String(required=True, validate=validate.Length(min=1, max=2000))
+    reason = fields.String(required=True, validate=REASON)
 
 
 class HoldOut(Schema):
@@ -336,7 +340,10 @@ class DecisionCreate(_Strict):
         load_default="human", validate=validate.OneOf(("human", "member"))
     )
     expires_in_seconds = fields.Integer(
-        load_default=None, allow_none=True, strict=True, validate=validate.Range(min=1)
+        load_default=None,
+        allow_none=True,
+        strict=True,
+        validate=validate.Range(min=1, max=MAX_DECISION_SECONDS),
     )
 
 

@@ -20,6 +20,7 @@ from buildmax_tasks.client import (
     AsyncTasksClient,
     AttemptEnded,
     DependencyCycle,
+    InvalidState,
     NameTaken,
     RevisionConflict,
     StaleGeneration,
@@ -347,7 +348,7 @@ async def test_the_async_client_offers_the_same_calls(team: Team) -> None:
         assert (await tasks.answer_decision(space, decision["id"], "yes"))["answer"] == "yes"
         submitted = await tasks.submit(space, attempt["id"], attempt["generation"], "shipped")
         assert submitted["task"]["state"] == "done"
-        with pytest.raises(NotFound):
+        with pytest.raises(InvalidState):
             await tasks.remove_dependency(space, task["id"], task["id"])
         with pytest.raises(StaleGeneration):
             await tasks.checkpoint(space, attempt["id"], 99, {})

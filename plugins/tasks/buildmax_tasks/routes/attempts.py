@@ -27,10 +27,10 @@ from buildmax.tokens import reissue_token
 
 from .. import attempts as ops
 from ..change import Change
-from ..claims import Claim, ClaimFilters, claim_named, claim_next
+from ..claims import Claim, ClaimFilters, claim_named, claim_next, recover_lapsed
 from ..problems import NotAttemptOwner, TaskHeld
 from ..records import ATTEMPT_SELECT, SUBMISSION_SELECT, load_attempt
-from ..schema import attempts, submissions
+from ..schema import attempts, submissions, tasks
 from ..schemas import (
     AttemptOut,
     AttemptPage,
@@ -130,6 +130,7 @@ async def claim(space: str, task: str) -> Response:
     access = await require_space(space, "member", caller, "tasks.claim")
     data = await load_body(ClaimBody())
     lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
+    await _recover_lapsed(app, caller, access, task)
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -137,6 +138,32 @@ async def claim(space: str, task: str) -> Response:
         return _claim_reply(await _claim_body(tx, made, 0, ch.now), 201)
 
     return await app.idempotency.run(caller, work)
+
+
+async def _recover_lapsed(app: Any, caller: Caller, access: SpaceAccess, task: str) -> None:
+    """Retire the task's lapsed attempt in a transaction of its own, so the
+    recovery stands even when the claim that follows is refused (a task
+    whose attempts are spent is then failed, whatever the reaper does)."""
+    async with app.db.read() as conn:
+        lapsed = await conn.fetch_val(
+            _LAPSED_OF_TASK,
+            {"public_id": task, "space_pk": access.pk, "now": app.clock.now_ms()},
+        )
+    if lapsed is not None:
+        async with app.db.write() as tx:
+            await recover_lapsed(change(app, tx, caller, access), task)
+
+
+_LAPSED_OF_TASK = (
+    sa.select(attempts.c.id)
+    .join(tasks, tasks.c.id == attempts.c.task_id)
+    .where(
+        tasks.c.public_id == sa.bindparam("public_id"),
+        tasks.c.space_id == sa.bindparam("space_pk"),
+        attempts.c.state == "active",
+        attempts.c.lease_expires_at <= sa.bindparam("now"),
+    )
+)
 
 
 @blueprint.post("/v1/spaces/<space>/claims")
@@ -205,6 +232,10 @@ async def _on_attempt(
     access = await require_space(space, "member", caller, action)
     data = await load_body(schema)
     authority = _authority(access, caller, data.get("override_reason"))
+    if authority.scope_id is not None and authority.scope_id != attempt:
+        # Refused before the idempotency layer, which would otherwise replay
+        # the principal's stored answer for that other attempt.
+        raise NotAttemptOwner("this token is scoped to another attempt")
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -409,7 +440,7 @@ async def list_submissions(space: str, task: str) -> Response:
         space,
         task,
         lambda pk: SUBMISSION_SELECT.where(submissions.c.task_id == pk),
-        submissions.c.id,
+        submissions.c.generation,  # one submission per attempt, so unique per task
         submission_body,
     )
 

@@ -24,7 +24,7 @@ from ..lifecycle import TERMINAL
 from ..problems import InvalidState
 from ..schema import decisions, tasks
 from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
-from . import change
+from . import change, older_than
 from .tasks import task_or_404
 
 blueprint = Blueprint("tasks_decisions", __name__)
@@ -117,7 +117,7 @@ async def list_decisions(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     now = app.clock.now_ms()
     query = (
         DECISION_SELECT.where(decisions.c.space_id == access.pk)
@@ -135,7 +135,7 @@ async def list_decisions(space: str) -> Response:
     elif state != "all":
         raise ValidationFailed("state must be pending, answered or all")
     if page.after is not None:
-        query = query.where(decisions.c.id < page.after[0])
+        query = query.where(older_than(decisions, page.after[0]))
     async with app.db.read() as conn:
         task = request.args.get("task")
         if task is not None:
@@ -144,7 +144,7 @@ async def list_decisions(space: str) -> Response:
             )
         rows = [dict(r) for r in await conn.fetch_all(query)]
     items = [_render(r, now) for r in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
 
 
 @blueprint.post("/v1/spaces/<space>/decisions/<decision>/answer")

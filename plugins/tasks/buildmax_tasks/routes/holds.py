@@ -23,7 +23,7 @@ from ..holds import scope_public_id
 from ..problems import InvalidState
 from ..schema import holds
 from ..schemas import HoldCreate, HoldOut, HoldPage
-from . import change
+from . import change, older_than
 from .projects import find_project
 from .tasks import task_or_404
 
@@ -182,7 +182,7 @@ async def list_holds(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     query = (
         HOLD_SELECT.where(holds.c.space_id == access.pk)
         .order_by(holds.c.id.desc())
@@ -191,8 +191,8 @@ async def list_holds(space: str) -> Response:
     if request.args.get("all") != "true":
         query = query.where(holds.c.lifted_at.is_(None))
     if page.after is not None:
-        query = query.where(holds.c.id < page.after[0])
+        query = query.where(older_than(holds, page.after[0]))
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
         items = [await _render(conn, r) for r in rows[: page.limit]]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))

@@ -19,7 +19,7 @@ from buildmax.bodies import json_response, load_body
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import Forbidden, NotFound, ValidationFailed
+from buildmax.problems import BadCursor, Forbidden, NotFound, ValidationFailed
 
 from ..attempts import cancel_task
 from ..change import Change
@@ -31,7 +31,7 @@ from ..graph import (
     prerequisite_ids_query,
     remove_dependency,
 )
-from ..lifecycle import TERMINAL, reopen, set_task
+from ..lifecycle import TERMINAL, cancel_linked_work, reopen, set_task
 from ..problems import InvalidState, RevisionConflict
 from ..records import TASK_SELECT, load_task
 from ..schema import (
@@ -55,7 +55,7 @@ from ..schemas import (
     TaskUpdate,
 )
 from ..views import render_tasks
-from . import change, may_override, tasks_state
+from . import change, may_override, older_than, tasks_state
 from .projects import find_project
 
 blueprint = Blueprint("tasks_tasks", __name__)
@@ -237,7 +237,7 @@ async def list_tasks(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     async with app.db.read() as conn:
         conditions = _list_conditions(await _queue_filters(conn, access))
         query = (
@@ -246,12 +246,12 @@ async def list_tasks(space: str) -> Response:
             .limit(page.limit + 1)
         )
         if page.after is not None:
-            query = query.where(tasks.c.id < page.after[0])
+            query = query.where(older_than(tasks, page.after[0]))
         rows = [dict(r) for r in await conn.fetch_all(query)]
         items = await render_tasks(
             conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
         )
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
 
 
 _TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=True)))
@@ -269,20 +269,29 @@ async def ready(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int, int, int))
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     now = app.clock.now_ms()
     async with app.db.read() as conn:
         filters = await _queue_filters(conn, access)
-        after = (page.after[0], page.after[1], page.after[2]) if page.after else None
+        after = None
+        if page.after is not None:
+            last = await conn.fetch_one(
+                sa.select(tasks.c.priority, tasks.c.ready_at, tasks.c.id).where(
+                    tasks.c.public_id == page.after[0], tasks.c.space_id == access.pk
+                )
+            )
+            if last is None:
+                raise BadCursor("the cursor names no task of this space")
+            after = ready_key(last)
         keys = await conn.fetch_all(
             ready_statement(filters.shape(), after=after is not None),
             ready_params(access.pk, now, filters, page.limit + 1, after),
         )
-        shown = [k["id"] for k in keys[: page.limit]]
+        shown = [k["id"] for k in keys]
         found = {r["id"]: dict(r) for r in await conn.fetch_all(_TASKS_BY_PK, {"pks": shown})}
         rows = [found[pk] for pk in shown if pk in found]
-        items = await render_tasks(conn, rows, now, tasks_state(app).engine)
-    return json_response(page_body(items, list(keys), page.limit, ready_key))
+        items = await render_tasks(conn, rows[: page.limit], now, tasks_state(app).engine)
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>")
@@ -333,7 +342,7 @@ async def require_editable(
             "editing a task someone else holds needs override_reason",
             errors={"override_reason": ["Required to override the attempt's owner."]},
         )
-    ch.admin_override = True
+    ch.override(reason)
 
 
 @blueprint.patch("/v1/spaces/<space>/tasks/<task>")
@@ -518,14 +527,16 @@ async def add(space: str, task: str) -> Response:
 
 
 @blueprint.delete("/v1/spaces/<space>/tasks/<task>/dependencies/<prerequisite>")
-@api("Remove a prerequisite (members)", status=204, tags=["tasks"])
+@api("Remove a prerequisite (members)", status=204, idempotent=True, tags=["tasks"])
 async def remove(space: str, task: str, prerequisite: str) -> Response:
     """The task becomes ready when nothing else holds it back."""
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "member", caller, "tasks.task.update")
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
+        await lock_graph(ch)  # before any task row: the order every graph edit takes
         row = await task_or_404(tx, access.pk, task, for_update=True)
         prereq = await task_or_404(tx, access.pk, prerequisite)
         if not await remove_dependency(ch, row, prereq):
@@ -536,7 +547,9 @@ async def remove(space: str, task: str, prerequisite: str) -> Response:
         await ch.event(
             "task.dependency.removed", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
         )
-    return Response(status=204)
+        return Reply(204, None)
+
+    return await app.idempotency.run(caller, work)
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/cancel")
@@ -569,7 +582,7 @@ async def cancel(space: str, task: str) -> Response:
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/retry")
 @api(
-    "Retry a failed or canceled task with a fresh attempt budget (space admins)",
+    "Retry a failed, canceled or stranded task with a fresh attempt budget (space admins)",
     response=TaskOut,
     idempotent=True,
     tags=["tasks"],
@@ -583,11 +596,17 @@ async def retry(space: str, task: str) -> Response:
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
         row = await task_or_404(tx, access.pk, task, for_update=True)
-        if row["state"] not in ("failed", "canceled"):
+        stranded = row["state"] == "waiting" and not tasks_state(app).engine.known(row["stage"])
+        if row["state"] not in ("failed", "canceled") and not stranded:
             raise InvalidState(
-                f"only failed or canceled tasks are retried; this one is {row['state']}"
+                "only failed or canceled tasks, or tasks waiting in a stage no loaded plugin "
+                f"supplies, are retried; this one is {row['state']}"
             )
-        state = await reopen(ch, row, attempts_used=0, outcome_reason=None, stage=None)
+        if stranded and row["current_submission_id"] is not None:
+            await cancel_linked_work(ch, row["current_submission_id"], "the task was retried")
+        # Linked stage work keeps its stage: it is part of what the item is.
+        stage = {} if row["subject_task_id"] is not None else {"stage": None}
+        state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **stage)
         await ch.audit(
             "task.retried", "task", row["public_id"], previous_state=row["state"], state=state
         )
