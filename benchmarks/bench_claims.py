@@ -970,14 +970,17 @@ async def seed_postgres(url: str, setup: Setup, historical: int, ready: int) -> 
 
 
 def ready_sql(space_pk: int, dialect: str) -> str | None:
-    """The server's own ready query (``buildmax_tasks.claims.ready_query``), as SQL text."""
+    """The server's own ready query (``buildmax_tasks.claims.ready_statement``
+    with the values claim-next binds, 21 rows), as SQL text."""
     try:
-        from buildmax_tasks.claims import ClaimFilters, ready_query
+        from buildmax_tasks.claims import ClaimFilters, ready_params, ready_statement
         from sqlalchemy.dialects import postgresql as pg_dialect
         from sqlalchemy.dialects import sqlite as sqlite_dialect
     except ImportError:
         return None
-    query = ready_query(space_pk, int(time.time() * 1000), ClaimFilters()).limit(21)
+    filters = ClaimFilters()
+    values = ready_params(space_pk, int(time.time() * 1000), filters, 21)
+    query = ready_statement(filters.shape()).params(**values)
     dia = sqlite_dialect.dialect() if dialect == "sqlite" else pg_dialect.dialect()
     return str(query.compile(dialect=dia, compile_kwargs={"literal_binds": True}))
 
@@ -1703,7 +1706,7 @@ def print_seed(run: dict[str, Any]) -> None:
     )
     ex = run.get("explain", {})
     if "plan" in ex:
-        print("  ready query plan (the server's ready_query, LIMIT 21):")
+        print("  ready query plan (the server's ready_statement, LIMIT 21):")
         for line in ex["plan"]:
             print(f"    {line}")
         s = ex["sql_alone_ms"]

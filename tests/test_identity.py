@@ -791,9 +791,9 @@ async def test_last_used_at_is_written_at_most_once_per_interval(
     original = toucher._write
     writes: list[tuple[int, int]] = []
 
-    async def counting_write(token_pk: int, now: int) -> None:
+    async def counting_write(tx: Any, token_pk: int, now: int) -> None:
         writes.append((token_pk, now))
-        await original(token_pk, now)
+        await original(tx, token_pk, now)
 
     monkeypatch.setattr(toucher, "_write", counting_write)
 
