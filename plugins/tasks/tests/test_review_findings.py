@@ -136,8 +136,17 @@ async def test_retrying_canceled_stage_work_keeps_its_stage_so_its_verdict_appli
     claim = await work.claim(subject["id"])
     handed = await on_attempt(work, claim, "submit", expect=201, summary="ready for review")
     [item_id] = handed["work_ids"]
+    # Stage work is the stage's: a member may not drop it, an admin may.
     await work.call(
-        "POST", f"/tasks/{item_id}/cancel", work.agent2, json={"reason": "oops"}, expect=200
+        "POST",
+        f"/tasks/{item_id}/cancel",
+        work.agent2,
+        json={"reason": "oops"},
+        expect=403,
+        problem="forbidden",
+    )
+    await work.call(
+        "POST", f"/tasks/{item_id}/cancel", work.owner, json={"reason": "oops"}, expect=200
     )
     await work.call("POST", f"/tasks/{item_id}/retry", work.owner, json={}, expect=200)
     assert (await task_row(work, item_id))["stage"] == "check"

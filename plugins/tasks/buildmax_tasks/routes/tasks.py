@@ -19,7 +19,13 @@ from buildmax.bodies import json_response, load_body
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import BadCursor, Forbidden, NotFound, ValidationFailed
+from buildmax.problems import (
+    BadCursor,
+    Forbidden,
+    NotFound,
+    TokenScopeRefused,
+    ValidationFailed,
+)
 
 from ..attempts import cancel_task
 from ..change import Change
@@ -316,7 +322,7 @@ async def show(space: str, task: str) -> Response:
                 )
             )
             if owned is None:
-                raise Forbidden("this token is scoped to an attempt of another task")
+                raise TokenScopeRefused("this token is scoped to an attempt of another task")
         body = await render_one(conn, row, app.clock.now_ms())
     return json_response(body)
 
@@ -491,13 +497,15 @@ async def add(space: str, task: str) -> Response:
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
         await lock_graph(ch)
-        row = await task_or_404(tx, access.pk, task, for_update=True)
+        await task_or_404(tx, access.pk, task)
+        # The prerequisite's row first: completing it locks it, then its dependents.
         prereq = await load_task(tx, data["prerequisite"], space_pk=access.pk, for_update=True)
         if prereq is None:
             raise ValidationFailed(
                 "no such prerequisite task in this space",
                 errors={"prerequisite": ["No such task in this space."]},
             )
+        row = await task_or_404(tx, access.pk, task, for_update=True)
         added = await add_dependency(ch, row, prereq)
         if added:
             await ch.audit(
@@ -572,6 +580,10 @@ async def cancel(space: str, task: str) -> Response:
         row = await task_or_404(tx, access.pk, task, for_update=True)
         if row["state"] in TERMINAL:
             raise InvalidState(f"the task is already {row['state']}")
+        if row["subject_task_id"] is not None and not may_override(access, caller):
+            raise Forbidden(
+                "stage work belongs to its workflow stage; only a space admin cancels it"
+            )
         await require_editable(ch, row, access, caller, data["override_reason"])
         await cancel_task(ch, row, data["reason"])
         fresh = await task_or_404(tx, access.pk, task)
