@@ -227,6 +227,44 @@ async def test_after_commit_runs_exactly_when_the_commit_happened(counter_db):
         assert bool(ran) == committed, delay
 
 
+async def test_before_commit_runs_in_the_transaction_and_its_failure_rolls_back(counter_db):
+    """Before-commit callbacks (how events are published in one batch) run in
+    order inside the transaction, including one registered by another; an
+    exception in one rolls the whole change back and skips after-commit.
+    Catches: the callbacks not run before COMMIT (removing the call in
+    ``transaction`` turns it red)."""
+    before = await _value(counter_db)
+    order: list[str] = []
+
+    async with counter_db.write() as tx:
+        await tx.execute(sa.update(counter).values(n=counter.c.n + 1))
+
+        async def second() -> None:
+            order.append("second")
+            await tx.execute(sa.update(counter).values(n=counter.c.n + 10))
+
+        async def first() -> None:
+            order.append("first")
+            tx.before_commit(second)
+
+        tx.before_commit(first)
+    assert order == ["first", "second"]
+    assert await _value(counter_db) == before + 11
+
+    ran: list[int] = []
+
+    async def failing() -> None:
+        raise RuntimeError("refused at the last moment")
+
+    with pytest.raises(RuntimeError):
+        async with counter_db.write() as tx:
+            await tx.execute(sa.update(counter).values(n=counter.c.n + 1))
+            tx.before_commit(failing)
+            tx.after_commit(lambda: ran.append(1))
+    assert await _value(counter_db) == before + 11
+    assert ran == []
+
+
 async def test_an_operation_failing_while_cancelled_reports_its_own_failure():
     """Catches: uncancellable turning a failed COMMIT into a bare cancellation
     (the caller would skip ROLLBACK and poison the connection)."""
