@@ -697,6 +697,14 @@ class AuditRecorder:
         """The recorded actions, in order."""
         return [event.action for event in self.events]
 
+    def of(self, action: str, target_id: str | None = None) -> list[Any]:
+        """The recorded events of ``action`` (about ``target_id``, when given)."""
+        return [
+            event
+            for event in self.events
+            if event.action == action and (target_id is None or event.target_id == target_id)
+        ]
+
 
 @pytest.fixture
 def audit_log(app: BuildMax) -> Iterator[AuditRecorder]:

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from buildmax_tasks.schema import TABLES, attempts, reservations, tasks
 
+from buildmax.schema import events, space_members, spaces, tokens
 from buildmax.spaces import put_member
 from buildmax.testing import PrincipalHandle, SpaceHandle
 
@@ -80,6 +82,58 @@ class Work:
         """Rows of a table, straight from the database."""
         async with self.app.db.read() as conn:
             return [dict(r) for r in await conn.fetch_all(sa.select(table).where(*where))]
+
+    async def one(self, table: sa.Table, *where: Any) -> dict[str, Any]:
+        """The one row of ``table`` matching ``where``."""
+        [row] = await self.rows(table, *where)
+        return row
+
+    async def task_row(self, public_id: str) -> dict[str, Any]:
+        """A task's row by public id."""
+        return await self.one(tasks, tasks.c.public_id == public_id)
+
+    async def attempts_of(self, task_id: str) -> list[dict[str, Any]]:
+        """A task's attempt rows, by generation."""
+        pk = (await self.task_row(task_id))["id"]
+        rows = await self.rows(attempts, attempts.c.task_id == pk)
+        return sorted(rows, key=lambda r: r["generation"])
+
+    async def ready_ids(self) -> list[str]:
+        """The public ids in ``GET /ready``, in queue order."""
+        body = await self.call("GET", "/ready", self.viewer, expect=200)
+        return [t["id"] for t in body["items"]]
+
+    async def reservations(self) -> list[tuple[str, str]]:
+        """Every live reservation: (resource, holding attempt)."""
+        rows = await self.rows(reservations)
+        return sorted((r["resource"], r["attempt_public_id"]) for r in rows)
+
+    async def report(
+        self, claim: dict[str, Any], op: str, who: Any = None, expect: int = 200, **body: Any
+    ) -> Any:
+        """An attempt operation (``renew``, ``submit``, ...) at the claim's
+        generation, with its attempt token unless ``who`` says otherwise."""
+        attempt = claim["attempt"]
+        return await self.call(
+            "POST",
+            f"/attempts/{attempt['id']}/{op}",
+            who if who is not None else claim["token"],
+            json={"generation": attempt["generation"], **body},
+            expect=expect,
+        )
+
+    async def snapshot(self) -> dict[str, list[str]]:
+        """Every row of every tasks table, the event streams, spaces, members
+        and tokens: what a refused request must leave as it was."""
+        found = {}
+        async with self.app.db.read() as conn:
+            for table in [*TABLES, events, spaces, space_members, tokens]:
+                rows = [dict(r) for r in await conn.fetch_all(sa.select(table))]
+                if table is tokens:
+                    for row in rows:
+                        row.pop("last_used_at")  # touched by authenticating, not a change
+                found[table.name] = sorted(repr(sorted(r.items())) for r in rows)
+        return found
 
 
 async def add_member(app: Any, space: SpaceHandle, who: PrincipalHandle, role: str) -> None:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import sqlalchemy as sa
 from buildmax_tasks.reaper import reap
 from buildmax_tasks.schema import attempts, checkpoints, submissions, tasks
 
-from buildmax.schema import events, tokens
+from buildmax.schema import tokens
 
 LEASE = 60
 
@@ -26,27 +25,6 @@ def buildmax_settings(buildmax_settings):
     return dataclasses.replace(
         buildmax_settings, plugins={"tasks": {"reap_interval_seconds": 3600}}
     )
-
-
-async def snapshot(app) -> dict:
-    async with app.db.read() as conn:
-        state = {}
-        for table in (tasks, attempts, checkpoints, submissions):
-            rows = await conn.fetch_all(sa.select(table).order_by(table.c.id))
-            state[table.name] = [dict(r) for r in rows]
-        state["tokens"] = [
-            tuple(r)
-            for r in await conn.fetch_all(
-                sa.select(tokens.c.public_id, tokens.c.revoked_at).order_by(tokens.c.id)
-            )
-        ]
-        state["events"] = await conn.fetch_val(sa.select(sa.func.count()).select_from(events))
-    return state
-
-
-async def one(work, table, *where) -> dict:
-    [row] = await work.rows(table, *where)
-    return row
 
 
 async def test_an_attempt_token_reports_on_its_own_attempt(app, work, audit_log):
@@ -87,7 +65,7 @@ async def test_an_attempt_token_reports_on_its_own_attempt(app, work, audit_log)
     )
     assert done["task"]["state"] == "done"
 
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert (row["state"], row["progress"]) == ("submitted", '"half"')
     [checkpoint] = await work.rows(checkpoints)
     assert checkpoint["attempt_id"] == row["id"]
@@ -116,7 +94,7 @@ async def test_an_attempt_token_cannot_act_on_another_attempt(app, work, audit_l
     other = await work.claim(other_task["id"])
     foreign = await work.claim(foreign_task["id"], work.agent2)
     token = own["token"]
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
 
     for target in (other, foreign):
@@ -142,7 +120,7 @@ async def test_an_attempt_token_cannot_act_on_another_attempt(app, work, audit_l
         )
         await work.call("GET", f"/tasks/{target['task']['id']}", token, expect=403)
 
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
     # The principal's own token still reaches its other attempt.
     await work.call(
@@ -159,7 +137,7 @@ async def test_an_attempt_token_cannot_read_the_space_claim_or_mint_tokens(app, 
     spare = await work.task("spare")
     claim = await work.claim(task["id"])
     token = claim["token"]
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
     refused = [
         ("GET", "/tasks", None),
@@ -178,7 +156,7 @@ async def test_an_attempt_token_cannot_read_the_space_claim_or_mint_tokens(app, 
             method, path, token, json=body, expect=403, problem="token-scope-refused"
         )
         assert claim["attempt"]["id"] in answer["detail"], (method, path)
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
     [spare_row] = await work.rows(tasks, tasks.c.public_id == spare["id"])
     assert spare_row["state"] == "ready"
@@ -216,11 +194,11 @@ async def test_an_attempt_token_dies_with_its_attempt(app, work, clock, audit_lo
         else:
             recovered = await work.claim(task["id"], work.agent2)
             assert recovered["attempt"]["generation"] == 2
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert row["state"] != "active"
-    assert (await one(work, tokens, tokens.c.public_id == claim["token_id"]))["revoked_at"]
+    assert (await work.one(tokens, tokens.c.public_id == claim["token_id"]))["revoked_at"]
 
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
     for method, sub, body in [
         ("POST", "/renew", {"generation": 1}),
@@ -232,7 +210,7 @@ async def test_an_attempt_token_dies_with_its_attempt(app, work, clock, audit_lo
         answer = await work.call(method, path + sub, token, json=body, expect=401)
         assert answer["detail"] == "the token was revoked"
     await work.call("GET", f"/tasks/{task['id']}", token, expect=401)
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
 
 

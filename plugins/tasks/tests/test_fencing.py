@@ -10,15 +10,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import sqlalchemy as sa
 from buildmax_tasks.reaper import reap
 from buildmax_tasks.schema import attempts, checkpoints, reservations, submissions, tasks
 
-from buildmax.schema import events, tokens
-
 PROBLEM = "urn:buildmax:problem:"
 LEASE = 60
-WATCHED = (tasks, attempts, checkpoints, submissions, reservations)
 
 
 @pytest.fixture
@@ -27,23 +23,6 @@ def buildmax_settings(buildmax_settings):
     return dataclasses.replace(
         buildmax_settings, plugins={"tasks": {"reap_interval_seconds": 3600}}
     )
-
-
-async def snapshot(app) -> dict:
-    """Every row a fenced operation could touch, and the token and event trail."""
-    async with app.db.read() as conn:
-        state = {}
-        for table in WATCHED:
-            rows = await conn.fetch_all(sa.select(table).order_by(*table.primary_key.columns))
-            state[table.name] = [dict(r) for r in rows]
-        state["tokens"] = [
-            (r["public_id"], r["revoked_at"])
-            for r in await conn.fetch_all(
-                sa.select(tokens.c.public_id, tokens.c.revoked_at).order_by(tokens.c.id)
-            )
-        ]
-        state["events"] = await conn.fetch_val(sa.select(sa.func.count()).select_from(events))
-    return state
 
 
 def reports(generation: int) -> dict[str, dict]:
@@ -55,11 +34,6 @@ def reports(generation: int) -> dict[str, dict]:
         "release": {"generation": generation, "reason": "late"},
         "fail": {"generation": generation, "reason": "late"},
     }
-
-
-async def one(work, table, *where) -> dict:
-    [row] = await work.rows(table, *where)
-    return row
 
 
 async def test_j04_a_lapsed_attempt_is_recovered_with_generation_2_and_the_first_is_fenced(
@@ -86,11 +60,11 @@ async def test_j04_a_lapsed_attempt_is_recovered_with_generation_2_and_the_first
 
     # Durable: the first attempt expired (charged), the second holds the
     # task and its resource.
-    old = await one(work, attempts, attempts.c.public_id == first_id)
+    old = await work.one(attempts, attempts.c.public_id == first_id)
     assert (old["state"], old["charged"], old["end_reason"]) == ("expired", 1, "the lease lapsed")
-    new = await one(work, attempts, attempts.c.public_id == second_id)
+    new = await work.one(attempts, attempts.c.public_id == second_id)
     assert (new["state"], new["generation"], new["claimant_id"]) == ("active", 2, work.agent2.pk)
-    row = await one(work, tasks, tasks.c.public_id == task["id"])
+    row = await work.one(tasks, tasks.c.public_id == task["id"])
     assert (row["state"], row["generation"], row["current_attempt_id"], row["attempts_used"]) == (
         "claimed",
         2,
@@ -111,7 +85,7 @@ async def test_j04_a_lapsed_attempt_is_recovered_with_generation_2_and_the_first
     }
 
     # The first owner's late reports, each with generation 1: refused, nothing changes.
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
     for action, body in reports(1).items():
         refused = await work.call(
@@ -136,7 +110,7 @@ async def test_j04_a_lapsed_attempt_is_recovered_with_generation_2_and_the_first
             expect=403,
             problem="not-attempt-owner",
         )
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
     assert await work.rows(checkpoints, checkpoints.c.attempt_id == new["id"]) == []
     assert await work.rows(submissions) == []
@@ -152,7 +126,7 @@ async def test_a_stale_generation_is_refused_and_changes_nothing(app, work, audi
     task = await work.task("fenced")
     claim = await work.claim(task["id"])
     attempt_id = claim["attempt"]["id"]
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
     for wrong in (0, 2, 7):
         for action, body in reports(wrong).items():
@@ -166,9 +140,9 @@ async def test_a_stale_generation_is_refused_and_changes_nothing(app, work, audi
                     problem="stale-generation",
                 )
                 assert refused["generation"] == 1
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert (row["state"], row["progress"], row["renewed_at"]) == ("active", None, None)
 
 
@@ -186,9 +160,9 @@ async def test_after_release_or_submit_every_report_is_attempt_ended(app, work, 
     )
     state = "submitted" if ending == "submit" else "released"
     task_state = "done" if ending == "submit" else "ready"
-    assert (await one(work, attempts, attempts.c.public_id == attempt_id))["state"] == state
-    assert (await one(work, tasks, tasks.c.public_id == task["id"]))["state"] == task_state
-    before = await snapshot(app)
+    assert (await work.one(attempts, attempts.c.public_id == attempt_id))["state"] == state
+    assert (await work.one(tasks, tasks.c.public_id == task["id"]))["state"] == task_state
+    before = await work.snapshot()
     audited = len(audit_log.events)
     for action, body in [*reports(1).items(), ("cancel", {"generation": 1, "reason": "late"})]:
         refused = await work.call(
@@ -200,7 +174,7 @@ async def test_after_release_or_submit_every_report_is_attempt_ended(app, work, 
             problem="attempt-ended",
         )
         assert refused["state"] == state
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
     assert len(await work.rows(submissions)) == (1 if ending == "submit" else 0)
 
@@ -210,7 +184,7 @@ async def test_a_lapsed_lease_not_yet_recovered_refuses_reports(app, work, clock
     claim = await work.claim(task["id"], lease_seconds=LEASE)
     attempt_id = claim["attempt"]["id"]
     clock.advance(seconds=LEASE)  # the lease ends at this instant
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
     for action, body in reports(1).items():
         for who in (claim["token"], work.agent):
@@ -223,10 +197,10 @@ async def test_a_lapsed_lease_not_yet_recovered_refuses_reports(app, work, clock
                 problem="lease-lapsed",
             )
             assert refused["lease_expires_at"] == claim["attempt"]["lease_expires_at"]
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
     # Nobody retired it: the attempt is still active, the task still claimed.
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert row["state"] == "active"
     # Cancelling a lapsed attempt is allowed, and is not charged (the task
     # has one attempt: a charge would fail it).
@@ -238,7 +212,7 @@ async def test_a_lapsed_lease_not_yet_recovered_refuses_reports(app, work, clock
         expect=200,
     )
     assert canceled["state"] == "canceled"
-    task_row = await one(work, tasks, tasks.c.public_id == task["id"])
+    task_row = await work.one(tasks, tasks.c.public_id == task["id"])
     assert (task_row["state"], task_row["attempts_used"]) == ("ready", 0)
 
 
@@ -256,7 +230,7 @@ async def test_renew_extends_the_lease_from_now_and_keeps_progress(app, work, cl
         expect=200,
     )
     assert renewed["progress"] == {"done": 3, "of": 10}
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert row["lease_expires_at"] == renewed_at + 120_000
     assert row["renewed_at"] == renewed_at
     assert audit_log.events[-1].action == "attempt.renewed"
@@ -272,7 +246,7 @@ async def test_renew_extends_the_lease_from_now_and_keeps_progress(app, work, cl
     )
     # And the reaper leaves it alone.
     assert await reap(app) == 0
-    assert (await one(work, attempts, attempts.c.public_id == attempt_id))["state"] == "active"
+    assert (await work.one(attempts, attempts.c.public_id == attempt_id))["state"] == "active"
 
 
 async def test_a_lease_beyond_the_configured_maximum_is_refused(app, work, audit_log):
@@ -287,9 +261,9 @@ async def test_a_lease_beyond_the_configured_maximum_is_refused(app, work, audit
         )
         await work.call("POST", "/claims", work.agent, json={"lease_seconds": lease}, expect=422)
     assert await work.rows(attempts) == []
-    assert (await one(work, tasks, tasks.c.public_id == task["id"]))["state"] == "ready"
+    assert (await work.one(tasks, tasks.c.public_id == task["id"]))["state"] == "ready"
     claim = await work.claim(task["id"], lease_seconds=3600)
-    before = await snapshot(app)
+    before = await work.snapshot()
     await work.call(
         "POST",
         f"/attempts/{claim['attempt']['id']}/renew",
@@ -297,7 +271,7 @@ async def test_a_lease_beyond_the_configured_maximum_is_refused(app, work, audit
         json={"generation": 1, "lease_seconds": 3601},
         expect=422,
     )
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert [e.action for e in audit_log.events if e.action.startswith(("task.c", "attempt."))] == [
         "task.created",
         "task.claimed",
@@ -310,17 +284,17 @@ async def test_the_reaper_expires_lapsed_attempts_and_charges_them(app, work, cl
     lapsing = await work.claim(short["id"], lease_seconds=LEASE)
     lasting = await work.claim(long["id"], work.agent2, lease_seconds=600)
     clock.advance(seconds=LEASE + 1)
-    lasting_before = await one(work, attempts, attempts.c.public_id == lasting["attempt"]["id"])
+    lasting_before = await work.one(attempts, attempts.c.public_id == lasting["attempt"]["id"])
 
     assert await reap(app) == 1
 
-    expired = await one(work, attempts, attempts.c.public_id == lapsing["attempt"]["id"])
+    expired = await work.one(attempts, attempts.c.public_id == lapsing["attempt"]["id"])
     assert (expired["state"], expired["charged"], expired["ended_at"]) == (
         "expired",
         1,
         clock.now_ms(),
     )
-    short_row = await one(work, tasks, tasks.c.public_id == short["id"])
+    short_row = await work.one(tasks, tasks.c.public_id == short["id"])
     assert (short_row["state"], short_row["attempts_used"]) == ("ready", 1)
     assert await work.rows(reservations) == []
     # The attempt's token ended with it.
@@ -333,7 +307,7 @@ async def test_the_reaper_expires_lapsed_attempts_and_charges_them(app, work, cl
     )
     # Forbidden: the live attempt is untouched.
     assert (
-        await one(work, attempts, attempts.c.public_id == lasting["attempt"]["id"])
+        await work.one(attempts, attempts.c.public_id == lasting["attempt"]["id"])
     ) == lasting_before
     expirations = [e for e in audit_log.events if e.action == "attempt.expired"]
     assert [(e.target_id, e.actor_kind, e.details["charged"]) for e in expirations] == [
@@ -368,13 +342,13 @@ async def test_a_task_fails_once_its_charged_attempts_are_spent(app, work, clock
         expect=200,
     )
     assert failed["state"] == "failed"
-    row = await one(work, tasks, tasks.c.public_id == task["id"])
+    row = await work.one(tasks, tasks.c.public_id == task["id"])
     assert (row["state"], row["attempts_used"]) == ("ready", 2)
     fourth = await work.claim(task["id"], lease_seconds=LEASE)
     clock.advance(seconds=LEASE + 1)
     assert await reap(app) == 1
 
-    row = await one(work, tasks, tasks.c.public_id == task["id"])
+    row = await work.one(tasks, tasks.c.public_id == task["id"])
     assert (row["state"], row["attempts_used"]) == ("failed", 3)
     assert row["outcome_reason"] == "all 3 attempts were spent"
     rows = await work.rows(attempts)
@@ -417,7 +391,7 @@ async def test_a_lapse_after_a_stopped_hold_refused_renewal_is_not_charged(
         json={"scope": "task", "target": task["id"], "strength": "stopped", "reason": "freeze"},
         expect=201,
     )
-    lease_before = (await one(work, attempts, attempts.c.public_id == attempt_id))[
+    lease_before = (await work.one(attempts, attempts.c.public_id == attempt_id))[
         "lease_expires_at"
     ]
     clock.advance(seconds=10)
@@ -430,7 +404,7 @@ async def test_a_lapse_after_a_stopped_hold_refused_renewal_is_not_charged(
         problem="task-held",
     )
     assert refused["hold"]["id"] == hold["id"]
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert (row["lease_expires_at"], row["hold_refused_at"], row["renewed_at"]) == (
         lease_before,
         clock.now_ms(),
@@ -440,9 +414,9 @@ async def test_a_lapse_after_a_stopped_hold_refused_renewal_is_not_charged(
 
     clock.advance(seconds=LEASE)
     assert await reap(app) == 1
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert (row["state"], row["charged"]) == ("expired", 0)
-    task_row = await one(work, tasks, tasks.c.public_id == task["id"])
+    task_row = await work.one(tasks, tasks.c.public_id == task["id"])
     assert (task_row["state"], task_row["attempts_used"]) == ("ready", 0)
     [expired] = [e for e in audit_log.events if e.action == "attempt.expired"]
     assert expired.details["charged"] is False
@@ -465,12 +439,12 @@ async def test_the_space_owner_overrides_another_agents_attempt_only_with_a_reas
     claim = await work.claim(task["id"], work.agent)
     attempt_id = claim["attempt"]["id"]
     body = {"generation": 1, "reason": "the agent is stuck"}
-    before = await snapshot(app)
+    before = await work.snapshot()
     refused = await work.call(
         "POST", f"/attempts/{attempt_id}/{action}", work.owner, json=body, expect=422
     )
     assert "override_reason" in refused["errors"]
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
 
     done = await work.call(
         "POST",
@@ -481,9 +455,9 @@ async def test_the_space_owner_overrides_another_agents_attempt_only_with_a_reas
     )
     state = "canceled" if action == "cancel" else "released"
     assert done["state"] == state
-    row = await one(work, attempts, attempts.c.public_id == attempt_id)
+    row = await work.one(attempts, attempts.c.public_id == attempt_id)
     assert (row["state"], row["end_reason"], row["charged"]) == (state, "the agent is stuck", 0)
-    task_row = await one(work, tasks, tasks.c.public_id == task["id"])
+    task_row = await work.one(tasks, tasks.c.public_id == task["id"])
     assert (task_row["state"], task_row["attempts_used"]) == ("ready", 0)
     [event] = [e for e in audit_log.events if e.action == f"attempt.{state}"]
     assert (event.actor_id, event.target_id, event.admin_override) == (
@@ -501,7 +475,7 @@ async def test_a_plain_member_cannot_act_on_another_agents_attempt(app, work, au
     task = await work.task("not yours")
     claim = await work.claim(task["id"], work.agent)
     attempt_id = claim["attempt"]["id"]
-    before = await snapshot(app)
+    before = await work.snapshot()
     audited = len(audit_log.events)
     bodies = {
         **reports(1),
@@ -517,7 +491,7 @@ async def test_a_plain_member_cannot_act_on_another_agents_attempt(app, work, au
                 expect=403,
                 problem="not-attempt-owner",
             )
-    assert await snapshot(app) == before
+    assert await work.snapshot() == before
     assert len(audit_log.events) == audited
     # The owner's own cancel is no override.
     await work.call(

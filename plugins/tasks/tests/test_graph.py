@@ -71,14 +71,6 @@ async def edges(work: Any) -> set[tuple[int, int]]:
     return {(r["task_id"], r["prerequisite_id"]) for r in await work.rows(dependencies)}
 
 
-async def ready_ids(work: Any) -> list[str]:
-    return [t["id"] for t in (await work.call("GET", "/ready", expect=200))["items"]]
-
-
-def audited(audit_log: Any, action: str) -> list[Any]:
-    return [e for e in audit_log.events if e.action == action]
-
-
 async def test_a_chain_becomes_ready_one_link_at_a_time(work, audit_log):
     """C depends on B depends on A: only A is ready; each completion readies
     the next link, in the transaction that completes it."""
@@ -86,8 +78,8 @@ async def test_a_chain_becomes_ready_one_link_at_a_time(work, audit_log):
     b = await work.task("B", prerequisites=[a["id"]])
     c = await work.task("C", prerequisites=[b["id"]])
     assert (a["state"], b["state"], c["state"]) == ("ready", "open", "open")
-    assert await ready_ids(work) == [a["id"]]
-    created = {e.target_id: e.details["prerequisites"] for e in audited(audit_log, "task.created")}
+    assert await work.ready_ids() == [a["id"]]
+    created = {e.target_id: e.details["prerequisites"] for e in audit_log.of("task.created")}
     assert created == {a["id"]: [], b["id"]: [a["id"]], c["id"]: [b["id"]]}
     links = await work.call("GET", f"/tasks/{b['id']}/dependencies", work.viewer, expect=200)
     assert [p["id"] for p in links["prerequisites"]] == [a["id"]]
@@ -101,19 +93,19 @@ async def test_a_chain_becomes_ready_one_link_at_a_time(work, audit_log):
 
     await hand_in(work, await work.claim(a["id"]))
     assert await states(work, a["id"], b["id"], c["id"]) == ["done", "ready", "open"]
-    assert await ready_ids(work) == [b["id"]]
+    assert await work.ready_ids() == [b["id"]]
 
     await hand_in(work, await work.claim(b["id"], work.agent2))
     assert await states(work, a["id"], b["id"], c["id"]) == ["done", "done", "ready"]
-    assert await ready_ids(work) == [c["id"]]
+    assert await work.ready_ids() == [c["id"]]
 
     last = await work.claim(c["id"])
     assert last["attempt"]["generation"] == 1
     await hand_in(work, last)
     assert await states(work, a["id"], b["id"], c["id"]) == ["done", "done", "done"]
-    assert [e.target_id for e in audited(audit_log, "task.done")] == [a["id"], b["id"], c["id"]]
+    assert [e.target_id for e in audit_log.of("task.done")] == [a["id"], b["id"], c["id"]]
     # Forbidden: nothing was ever claimed before it was ready.
-    assert [e.target_id for e in audited(audit_log, "task.claimed")] == [a["id"], b["id"], c["id"]]
+    assert [e.target_id for e in audit_log.of("task.claimed")] == [a["id"], b["id"], c["id"]]
 
 
 async def test_cycles_self_edges_and_other_spaces_are_refused_and_duplicates_are_no_ops(
@@ -271,7 +263,7 @@ async def test_the_cycle_check_on_a_5000_task_chain(work, audit_log):
     assert len(await edges(work)) == size - 1
     (first,) = await work.rows(tasks, tasks.c.public_id == public_ids[0])
     assert first["state"] == "ready"
-    assert audited(audit_log, "task.dependency.added") == []
+    assert audit_log.of("task.dependency.added") == []
 
     # An edge that closes no cycle is still accepted on the big graph.
     extra = await work.task("outside the chain")
@@ -283,7 +275,7 @@ async def test_the_cycle_check_on_a_5000_task_chain(work, audit_log):
     )
     assert [p["id"] for p in added["prerequisites"]] == [public_ids[-1]]
     assert len(await edges(work)) == size
-    (event,) = audited(audit_log, "task.dependency.added")
+    (event,) = audit_log.of("task.dependency.added")
     assert (event.target_id, event.details) == (extra["id"], {"prerequisite_id": public_ids[-1]})
 
 
@@ -315,9 +307,7 @@ async def test_two_prerequisites_completing_together_ready_their_dependent(
     done = await asyncio.gather(finish(first), finish(second))
     assert [r["task"]["state"] for r in done] == ["done", "done"]
     assert await states(work, p1["id"], p2["id"], d["id"]) == ["done", "done", "ready"]
-    assert await ready_ids(work) == [d["id"]]
-    assert sorted(e.target_id for e in audited(audit_log, "task.done")) == sorted(
-        [p1["id"], p2["id"]]
-    )
+    assert await work.ready_ids() == [d["id"]]
+    assert sorted(e.target_id for e in audit_log.of("task.done")) == sorted([p1["id"], p2["id"]])
     claimed = await work.claim(d["id"])
     assert claimed["attempt"]["generation"] == 1

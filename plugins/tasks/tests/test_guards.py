@@ -9,26 +9,21 @@ import dataclasses
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from buildmax_hookspecs import StageSpec, TaskQueue, Verdict, hookimpl
 from buildmax_tasks.schema import (
-    TABLES,
     agent_revisions,
     agents,
-    attempts,
     decisions,
     dependencies,
     holds,
     policies,
     projects,
-    reservations,
     submissions,
     task_revisions,
     tasks,
 )
 
 from buildmax.app import create_app
-from buildmax.schema import events, space_members, spaces, tokens
 
 REPO = "repo:https://git.test/guards.git@main"
 
@@ -88,49 +83,6 @@ async def app(buildmax_settings, clock, judges):
 # -- helpers ------------------------------------------------------------------
 
 
-async def snapshot(app: Any) -> dict[str, list[str]]:
-    """Every row of every tasks table, the event streams, spaces, members and tokens."""
-    found = {}
-    async with app.db.read() as conn:
-        for table in [*TABLES, events, spaces, space_members, tokens]:
-            rows = [dict(r) for r in await conn.fetch_all(sa.select(table))]
-            if table is tokens:
-                for row in rows:
-                    row.pop("last_used_at")  # touched by authenticating, not a change
-            found[table.name] = sorted(repr(sorted(r.items())) for r in rows)
-    return found
-
-
-async def task_row(work: Any, public_id: str) -> dict[str, Any]:
-    (row,) = await work.rows(tasks, tasks.c.public_id == public_id)
-    return row
-
-
-async def attempt_rows(work: Any, task_id: str) -> list[dict[str, Any]]:
-    pk = (await task_row(work, task_id))["id"]
-    async with work.app.db.read() as conn:
-        rows = await conn.fetch_all(
-            sa.select(attempts).where(attempts.c.task_id == pk).order_by(attempts.c.generation)
-        )
-    return [dict(r) for r in rows]
-
-
-async def ready_ids(work: Any) -> list[str]:
-    return [t["id"] for t in (await work.call("GET", "/ready", work.viewer, expect=200))["items"]]
-
-
-async def held(work: Any) -> list[tuple[str, str]]:
-    return sorted((r["resource"], r["attempt_public_id"]) for r in await work.rows(reservations))
-
-
-def audited(audit_log: Any, action: str, target_id: str | None = None) -> list[Any]:
-    return [
-        e
-        for e in audit_log.events
-        if e.action == action and (target_id is None or e.target_id == target_id)
-    ]
-
-
 async def hand_in(work: Any, claim: dict[str, Any], **body: Any) -> Any:
     attempt = claim["attempt"]
     return await work.call(
@@ -146,7 +98,7 @@ async def finished(work: Any, title: str) -> dict[str, Any]:
     """A task claimed and handed in: done."""
     task = await work.task(title)
     await hand_in(work, await work.claim(task["id"]))
-    assert (await task_row(work, task["id"]))["state"] == "done"
+    assert (await work.task_row(task["id"]))["state"] == "done"
     return task
 
 
@@ -179,7 +131,7 @@ async def test_listing_tasks_shows_only_the_spaces_own_tasks(work, make_principa
         )
     first = await work.task("a one")
     second = await work.task("a two")
-    before = await snapshot(work.app)
+    before = await work.snapshot()
 
     listed = await work.call("GET", "/tasks", work.agent, expect=200)
     assert [t["id"] for t in listed["items"]] == [second["id"], first["id"]]
@@ -192,7 +144,7 @@ async def test_listing_tasks_shows_only_the_spaces_own_tasks(work, make_principa
     theirs = await work.call("GET", base_b + "/tasks", bob, expect=200)
     assert sorted(t["title"] for t in theirs["items"]) == ["b one", "b two"]
     assert len(await work.rows(tasks)) == 4
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
 
 
 async def test_another_spaces_agent_is_refused_on_create_and_update(
@@ -207,7 +159,7 @@ async def test_another_spaces_agent_is_refused_on_create_and_update(
     _, _, coder = await other_space(work, make_principal, make_space)
     helper = await work.call("POST", "/agents", json={"name": "helper", "plugins": []}, expect=201)
     task = await work.task("assign me")
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     for ref in (coder["id"], "coder"):
@@ -229,9 +181,9 @@ async def test_another_spaces_agent_is_refused_on_create_and_update(
             problem="validation-error",
         )
         assert patched["errors"] == {"agent": ["Not an agent of this space."]}
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
-    row = await task_row(work, task["id"])
+    row = await work.task_row(task["id"])
     assert (row["revision"], row["agent_id"]) == (1, None)
 
     # The space's own agent, by name: accepted.
@@ -263,7 +215,7 @@ async def test_a_plain_member_may_neither_place_nor_lift_a_hold(work, audit_log)
         json={"scope": "task", "target": task["id"], "strength": "suspended", "reason": "wait"},
         expect=201,
     )
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     for scope, target in (("space", None), ("project", "main"), ("task", task["id"])):
@@ -280,13 +232,13 @@ async def test_a_plain_member_may_neither_place_nor_lift_a_hold(work, audit_log)
     )
     (row,) = await work.rows(holds)
     assert (row["public_id"], row["lifted_at"], row["lifted_by"]) == (placed["id"], None, None)
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
-    assert await ready_ids(work) == []
+    assert await work.ready_ids() == []
 
     # The owner may lift it.
     await work.call("POST", f"/holds/{placed['id']}/lift", expect=200)
-    assert await ready_ids(work) == [task["id"]]
+    assert await work.ready_ids() == [task["id"]]
 
 
 async def test_a_plain_member_may_neither_define_nor_revise_an_agent(work, audit_log):
@@ -300,7 +252,7 @@ async def test_a_plain_member_may_neither_define_nor_revise_an_agent(work, audit
     made = await work.call(
         "POST", "/agents", json={"name": "coder", "plugins": ["lint"]}, expect=201
     )
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     await work.call(
@@ -323,7 +275,7 @@ async def test_a_plain_member_may_neither_define_nor_revise_an_agent(work, audit
     (revision,) = await work.rows(agent_revisions)
     assert (agent["public_id"], agent["current_revision_id"]) == (made["id"], revision["id"])
     assert (revision["number"], revision["plugins"]) == (1, '["lint"]')
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
     shown = await work.call("GET", "/agents/coder", work.agent, expect=200)
     assert shown["revision"]["number"] == 1
@@ -341,7 +293,7 @@ async def test_a_member_cannot_revise_a_task_another_agent_holds(work, audit_log
     ``require_editable(...)`` call (agent2's PATCH is 200)."""
     task = await work.task("held work", priority=1)
     await work.claim(task["id"])
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     await work.call(
@@ -360,7 +312,7 @@ async def test_a_member_cannot_revise_a_task_another_agent_holds(work, audit_log
         problem="validation-error",
     )
     assert "override_reason" in missing["errors"]
-    row = await task_row(work, task["id"])
+    row = await work.task_row(task["id"])
     assert (row["revision"], row["title"], row["priority"], row["state"]) == (
         1,
         "held work",
@@ -368,7 +320,7 @@ async def test_a_member_cannot_revise_a_task_another_agent_holds(work, audit_log
         "claimed",
     )
     assert len(await work.rows(task_revisions, task_revisions.c.task_id == row["id"])) == 1
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
 
     revised = await work.call(
@@ -378,10 +330,10 @@ async def test_a_member_cannot_revise_a_task_another_agent_holds(work, audit_log
         expect=200,
     )
     assert (revised["revision"], revised["title"], revised["state"]) == (2, "renamed", "claimed")
-    (event,) = audited(audit_log, "task.revised", task["id"])
+    (event,) = audit_log.of("task.revised", task["id"])
     assert event.admin_override is True
     assert event.details == {"revision": 2, "fields": ["title"], "override_reason": "typo"}
-    (attempt,) = await attempt_rows(work, task["id"])
+    (attempt,) = await work.attempts_of(task["id"])
     assert attempt["state"] == "active"
 
 
@@ -392,7 +344,7 @@ async def test_cancelling_a_done_task_is_refused_and_it_stays_done(work, audit_l
     Mutation caught: routes/tasks.py ``cancel`` without the
     ``row["state"] in TERMINAL`` check (the done task becomes canceled)."""
     task = await finished(work, "shipped")
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     refused = await work.call(
@@ -403,9 +355,9 @@ async def test_cancelling_a_done_task_is_refused_and_it_stays_done(work, audit_l
         problem="invalid-state",
     )
     assert "done" in refused["detail"]
-    row = await task_row(work, task["id"])
+    row = await work.task_row(task["id"])
     assert (row["state"], row["outcome_reason"]) == ("done", None)
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
 
 
@@ -422,12 +374,12 @@ async def test_a_task_waits_for_every_prerequisite(work, audit_log):
     b = await work.task("B")
     c = await work.task("C", prerequisites=[a["id"], b["id"]])
     assert c["state"] == "open"
-    waiting = await task_row(work, c["id"])
+    waiting = await work.task_row(c["id"])
 
     await hand_in(work, await work.claim(a["id"]))
-    assert (await task_row(work, a["id"]))["state"] == "done"
-    assert await task_row(work, c["id"]) == waiting
-    assert await ready_ids(work) == [b["id"]]
+    assert (await work.task_row(a["id"]))["state"] == "done"
+    assert await work.task_row(c["id"]) == waiting
+    assert await work.ready_ids() == [b["id"]]
     refused = await work.call(
         "POST", f"/tasks/{c['id']}/claim", json={}, expect=409, problem="task-not-claimable"
     )
@@ -436,11 +388,11 @@ async def test_a_task_waits_for_every_prerequisite(work, audit_log):
     assert taken["task"]["id"] == b["id"]
 
     await hand_in(work, taken)
-    row = await task_row(work, c["id"])
+    row = await work.task_row(c["id"])
     assert (row["state"], row["generation"]) == ("ready", 0)
-    assert await ready_ids(work) == [c["id"]]
-    assert await attempt_rows(work, c["id"]) == []
-    assert [e.target_id for e in audited(audit_log, "task.done")] == [a["id"], b["id"]]
+    assert await work.ready_ids() == [c["id"]]
+    assert await work.attempts_of(c["id"]) == []
+    assert [e.target_id for e in audit_log.of("task.done")] == [a["id"], b["id"]]
 
 
 async def test_retrying_a_task_whose_prerequisite_is_not_done_makes_it_open(work, audit_log):
@@ -452,7 +404,7 @@ async def test_retrying_a_task_whose_prerequisite_is_not_done_makes_it_open(work
     first = await work.task("first")
     later = await work.task("later", prerequisites=[first["id"]])
     await work.call("POST", f"/tasks/{later['id']}/cancel", json={"reason": "paused"}, expect=200)
-    assert (await task_row(work, later["id"]))["state"] == "canceled"
+    assert (await work.task_row(later["id"]))["state"] == "canceled"
 
     retried = await work.call("POST", f"/tasks/{later['id']}/retry", expect=200)
     assert (retried["state"], retried["attempts_used"], retried["outcome_reason"]) == (
@@ -460,18 +412,18 @@ async def test_retrying_a_task_whose_prerequisite_is_not_done_makes_it_open(work
         0,
         None,
     )
-    (event,) = audited(audit_log, "task.retried", later["id"])
+    (event,) = audit_log.of("task.retried", later["id"])
     assert event.details == {"previous_state": "canceled", "state": "open"}
-    assert (await task_row(work, later["id"]))["state"] == "open"
-    assert await ready_ids(work) == [first["id"]]
+    assert (await work.task_row(later["id"]))["state"] == "open"
+    assert await work.ready_ids() == [first["id"]]
     await work.call(
         "POST", f"/tasks/{later['id']}/claim", json={}, expect=409, problem="task-not-claimable"
     )
-    assert await attempt_rows(work, later["id"]) == []
+    assert await work.attempts_of(later["id"]) == []
 
     await hand_in(work, await work.claim(first["id"]))
-    assert (await task_row(work, later["id"]))["state"] == "ready"
-    assert await ready_ids(work) == [later["id"]]
+    assert (await work.task_row(later["id"]))["state"] == "ready"
+    assert await work.ready_ids() == [later["id"]]
 
 
 async def test_a_prerequisite_cannot_be_added_to_a_claimed_task(work, audit_log):
@@ -483,7 +435,7 @@ async def test_a_prerequisite_cannot_be_added_to_a_claimed_task(work, audit_log)
     running = await work.task("running")
     other = await work.task("other")
     await work.claim(running["id"])
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     refused = await work.call(
@@ -495,8 +447,8 @@ async def test_a_prerequisite_cannot_be_added_to_a_claimed_task(work, audit_log)
     )
     assert "claimed" in refused["detail"]
     assert await work.rows(dependencies) == []
-    assert (await task_row(work, running["id"]))["state"] == "claimed"
-    assert await snapshot(work.app) == before
+    assert (await work.task_row(running["id"]))["state"] == "claimed"
+    assert await work.snapshot() == before
     assert audit_log.events == []
     links = await work.call("GET", f"/tasks/{running['id']}/dependencies", expect=200)
     assert links == {"prerequisites": [], "dependents": []}
@@ -520,13 +472,13 @@ async def test_a_suspended_project_hold_keeps_its_tasks_out_of_the_queue(work, a
         json={"scope": "project", "target": "main", "strength": "suspended", "reason": "freeze"},
         expect=201,
     )
-    assert await ready_ids(work) == []
-    before = await snapshot(work.app)
+    assert await work.ready_ids() == []
+    before = await work.snapshot()
     audit_log.events.clear()
 
     nothing = await work.call("POST", "/claims", work.agent, json={}, expect=200)
     assert (nothing["task"], nothing["attempt"], nothing["skipped"]) == (None, None, 0)
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
     shown = await work.call("GET", f"/tasks/{high['id']}", expect=200)
     assert (shown["state"], shown["parked"]) == ("ready", True)
@@ -537,10 +489,10 @@ async def test_a_suspended_project_hold_keeps_its_tasks_out_of_the_queue(work, a
     side = await work.call(
         "POST", "/tasks", json={"project": "side", "title": "side", "priority": 1}, expect=201
     )
-    assert await ready_ids(work) == [side["id"]]
+    assert await work.ready_ids() == [side["id"]]
 
     await work.call("POST", f"/holds/{placed['id']}/lift", expect=200)
-    assert await ready_ids(work) == [high["id"], low["id"], side["id"]]
+    assert await work.ready_ids() == [high["id"], low["id"], side["id"]]
     taken = await work.call("POST", "/claims", work.agent, json={}, expect=201)
     assert (taken["task"]["id"], taken["attempt"]["generation"]) == (high["id"], 1)
 
@@ -557,22 +509,22 @@ async def test_a_candidate_skipped_for_its_second_resource_keeps_no_reservation(
     both = await work.task("both", priority=20, resources=[REPO, "path:app/src/"])
     docs = await work.task("docs", priority=10, resources=["path:app/docs/"])
     holding = await work.claim(holder["id"], work.agent2)
-    assert await held(work) == [(REPO, holding["attempt"]["id"])]
-    skipped_row = await task_row(work, both["id"])
+    assert await work.reservations() == [(REPO, holding["attempt"]["id"])]
+    skipped_row = await work.task_row(both["id"])
 
     taken = await work.call("POST", "/claims", work.agent, json={}, expect=201)
     assert (taken["task"]["id"], taken["skipped"]) == (docs["id"], 1)
-    assert await held(work) == sorted(
+    assert await work.reservations() == sorted(
         [(REPO, holding["attempt"]["id"]), ("path:app/docs/", taken["attempt"]["id"])]
     )
-    assert await task_row(work, both["id"]) == skipped_row
-    assert await attempt_rows(work, both["id"]) == []
-    assert [e.target_id for e in audited(audit_log, "task.claimed")] == [holder["id"], docs["id"]]
+    assert await work.task_row(both["id"]) == skipped_row
+    assert await work.attempts_of(both["id"]) == []
+    assert [e.target_id for e in audit_log.of("task.claimed")] == [holder["id"], docs["id"]]
 
     # Once the holder hands in, the skipped task takes both resources.
     await hand_in(work, holding)
     again = await work.claim(both["id"], work.agent2)
-    assert await held(work) == sorted(
+    assert await work.reservations() == sorted(
         [
             (REPO, again["attempt"]["id"]),
             ("path:app/docs/", taken["attempt"]["id"]),
@@ -591,7 +543,7 @@ async def test_claim_next_recovers_a_lapsed_task_in_the_same_call(work, clock, a
     task = await work.task("lapsing", max_attempts=3)
     first = await work.claim(task["id"], lease_seconds=30)
     clock.advance(seconds=31)
-    assert (await task_row(work, task["id"]))["state"] == "claimed"
+    assert (await work.task_row(task["id"]))["state"] == "claimed"
 
     taken = await work.call("POST", "/claims", work.agent2, json={}, expect=201)
     assert (taken["task"]["id"], taken["attempt"]["generation"], taken["skipped"]) == (
@@ -599,7 +551,7 @@ async def test_claim_next_recovers_a_lapsed_task_in_the_same_call(work, clock, a
         2,
         0,
     )
-    old, new = await attempt_rows(work, task["id"])
+    old, new = await work.attempts_of(task["id"])
     assert (old["public_id"], old["state"], old["charged"]) == (
         first["attempt"]["id"],
         "expired",
@@ -610,11 +562,11 @@ async def test_claim_next_recovers_a_lapsed_task_in_the_same_call(work, clock, a
         "active",
         work.agent2.pk,
     )
-    row = await task_row(work, task["id"])
+    row = await work.task_row(task["id"])
     assert (row["state"], row["generation"], row["attempts_used"]) == ("claimed", 2, 1)
     assert row["current_attempt_id"] == new["id"]
-    assert [e.target_id for e in audited(audit_log, "attempt.expired")] == [first["attempt"]["id"]]
-    assert len(audited(audit_log, "task.claimed", task["id"])) == 2
+    assert [e.target_id for e in audit_log.of("attempt.expired")] == [first["attempt"]["id"]]
+    assert len(audit_log.of("task.claimed", task["id"])) == 2
 
 
 # -- the stage engine ---------------------------------------------------------------
@@ -632,7 +584,7 @@ async def test_two_plugins_judging_one_hand_in_fail_it_and_roll_back(work, judge
     handed = await hand_in(work, await work.claim(subject["id"]))
     [item_id] = handed["work_ids"]
     review = await work.claim(item_id, work.agent2)
-    before = await snapshot(work.app)
+    before = await work.snapshot()
 
     failed = await work.call(
         "POST",
@@ -643,13 +595,13 @@ async def test_two_plugins_judging_one_hand_in_fail_it_and_roll_back(work, judge
         problem="internal-error",
     )
     assert "internal error" in failed["detail"]
-    assert await snapshot(work.app) == before
-    item = await task_row(work, item_id)
+    assert await work.snapshot() == before
+    item = await work.task_row(item_id)
     assert (item["state"], item["current_submission_id"]) == ("claimed", None)
     assert await work.rows(submissions, submissions.c.task_id == item["id"]) == []
-    (attempt,) = await attempt_rows(work, item_id)
+    (attempt,) = await work.attempts_of(item_id)
     assert (attempt["public_id"], attempt["state"]) == (review["attempt"]["id"], "active")
-    row = await task_row(work, subject["id"])
+    row = await work.task_row(subject["id"])
     assert (row["state"], row["stage"]) == ("waiting", "check")
 
 
@@ -670,7 +622,7 @@ async def test_a_stale_policy_revision_is_refused(work, audit_log):
         expect=201,
     )
     assert first["revision"] == 1
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     stale = await work.call(
@@ -685,7 +637,7 @@ async def test_a_stale_policy_revision_is_refused(work, audit_log):
     assert (policy["revision"], policy["approvals_required"]) == (1, 2)
     (project,) = await work.rows(projects)
     assert project["policy_id"] == policy["id"]
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
     shown = await work.call("GET", "/projects/main", expect=200)
     assert (shown["policy"]["revision"], shown["policy"]["approvals_required"]) == (1, 2)
@@ -698,7 +650,7 @@ async def test_a_decision_with_duplicate_options_is_refused(work, audit_log):
     Mutation caught: routes/decisions.py ``create`` without the
     distinct-options check (the decision is opened: 201)."""
     task = await work.task("ask me")
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     refused = await work.call(
@@ -711,9 +663,9 @@ async def test_a_decision_with_duplicate_options_is_refused(work, audit_log):
     )
     assert refused["errors"] == {"options": ["Duplicates."]}
     assert await work.rows(decisions) == []
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
-    assert await ready_ids(work) == [task["id"]]
+    assert await work.ready_ids() == [task["id"]]
 
 
 async def test_a_decision_about_a_finished_task_is_refused(work, audit_log):
@@ -723,7 +675,7 @@ async def test_a_decision_about_a_finished_task_is_refused(work, audit_log):
     Mutation caught: routes/decisions.py ``create`` without the
     ``row["state"] in TERMINAL`` check (the decision is opened: 201)."""
     task = await finished(work, "over")
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
 
     refused = await work.call(
@@ -736,7 +688,7 @@ async def test_a_decision_about_a_finished_task_is_refused(work, audit_log):
     )
     assert "done" in refused["detail"]
     assert await work.rows(decisions) == []
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
 
 

@@ -7,10 +7,9 @@ import asyncio
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR, TaskQueue, Verdict, hookimpl
 from buildmax_tasks.reaper import reap
-from buildmax_tasks.schema import attempts, decisions, holds, reservations, submissions, tasks
+from buildmax_tasks.schema import decisions, holds, submissions
 
 from buildmax.app import create_app
 
@@ -49,49 +48,6 @@ async def app(buildmax_settings, clock, claim_check):
 REPO = "repo:https://git.test/app.git@main"
 
 
-async def task_row(work: Any, public_id: str) -> dict[str, Any]:
-    (row,) = await work.rows(tasks, tasks.c.public_id == public_id)
-    return row
-
-
-async def attempt_rows(work: Any, task_id: str) -> list[dict[str, Any]]:
-    pk = (await task_row(work, task_id))["id"]
-    async with work.app.db.read() as conn:
-        rows = await conn.fetch_all(
-            sa.select(attempts).where(attempts.c.task_id == pk).order_by(attempts.c.generation)
-        )
-    return [dict(r) for r in rows]
-
-
-async def ready_ids(work: Any) -> list[str]:
-    return [t["id"] for t in (await work.call("GET", "/ready", work.viewer, expect=200))["items"]]
-
-
-async def held(work: Any) -> list[tuple[str, str]]:
-    return sorted((r["resource"], r["attempt_public_id"]) for r in await work.rows(reservations))
-
-
-def audited(audit_log: Any, action: str, target_id: str | None = None) -> list[Any]:
-    return [
-        e
-        for e in audit_log.events
-        if e.action == action and (target_id is None or e.target_id == target_id)
-    ]
-
-
-async def on_attempt(
-    work: Any, claim: dict[str, Any], op: str, who: Any = None, expect: int = 200, **body: Any
-) -> Any:
-    attempt = claim["attempt"]
-    return await work.call(
-        "POST",
-        f"/attempts/{attempt['id']}/{op}",
-        who if who is not None else claim["token"],
-        json={"generation": attempt["generation"], **body},
-        expect=expect,
-    )
-
-
 async def hold(work: Any, scope: str, strength: str, target: str | None = None) -> Any:
     return await work.call(
         "POST",
@@ -111,16 +67,16 @@ async def test_cancel_an_attempt_then_the_task_then_retry_it(work, audit_log):
     every earlier attempt row is exactly as it was."""
     task = await work.task("cancel me", max_attempts=2)
     first = await work.claim(task["id"])
-    canceled = await on_attempt(work, first, "cancel", work.agent, reason="wrong approach")
+    canceled = await work.report(first, "cancel", work.agent, reason="wrong approach")
     assert (canceled["state"], canceled["end_reason"]) == ("canceled", "wrong approach")
     assert (await work.call("GET", f"/tasks/{task['id']}", expect=200))["state"] == "ready"
-    assert task["id"] in await ready_ids(work)
-    late = await on_attempt(work, first, "submit", work.agent, expect=409, summary="too late")
+    assert task["id"] in await work.ready_ids()
+    late = await work.report(first, "submit", work.agent, expect=409, summary="too late")
     assert late["type"].endswith(":attempt-ended") and late["state"] == "canceled"
-    revoked = await on_attempt(work, first, "submit", expect=401, summary="too late")
+    revoked = await work.report(first, "submit", expect=401, summary="too late")
     assert revoked["type"].endswith(":unauthenticated")
     assert await work.rows(submissions) == []
-    (event,) = audited(audit_log, "attempt.canceled", first["attempt"]["id"])
+    (event,) = audit_log.of("attempt.canceled", first["attempt"]["id"])
     assert event.details == {"task_id": task["id"], "generation": 1, "reason": "wrong approach"}
 
     # Cancel the task while agent2 holds it: the owner overrides with a reason.
@@ -141,38 +97,38 @@ async def test_cancel_an_attempt_then_the_task_then_retry_it(work, audit_log):
         expect=200,
     )
     assert (ended["state"], ended["outcome_reason"]) == ("canceled", "not needed")
-    row = await task_row(work, task["id"])
+    row = await work.task_row(task["id"])
     assert (row["state"], row["generation"]) == ("canceled", 2)
-    assert [(a["generation"], a["state"]) for a in await attempt_rows(work, task["id"])] == [
+    assert [(a["generation"], a["state"]) for a in await work.attempts_of(task["id"])] == [
         (1, "canceled"),
         (2, "canceled"),
     ]
-    (event,) = audited(audit_log, "task.canceled", task["id"])
+    (event,) = audit_log.of("task.canceled", task["id"])
     assert event.details == {"reason": "not needed", "override_reason": "planning changed"}
     assert event.admin_override is True
-    assert task["id"] not in await ready_ids(work)
+    assert task["id"] not in await work.ready_ids()
     again = await work.call(
         "POST", f"/tasks/{task['id']}/claim", json={}, expect=409, problem="task-not-claimable"
     )
     assert again["state"] == "canceled"
-    await on_attempt(work, second, "renew", work.agent2, expect=409)
+    await work.report(second, "renew", work.agent2, expect=409)
 
     # Retry: space admins only; earlier attempts untouched; next generation 3.
-    before = await attempt_rows(work, task["id"])
+    before = await work.attempts_of(task["id"])
     not_admin = await work.call("POST", f"/tasks/{task['id']}/retry", work.agent, expect=403)
     assert not_admin["type"].endswith(":forbidden")
-    assert (await task_row(work, task["id"]))["state"] == "canceled"
+    assert (await work.task_row(task["id"]))["state"] == "canceled"
     retried = await work.call("POST", f"/tasks/{task['id']}/retry", expect=200)
     assert (retried["state"], retried["attempts_used"], retried["outcome_reason"]) == (
         "ready",
         0,
         None,
     )
-    (event,) = audited(audit_log, "task.retried", task["id"])
+    (event,) = audit_log.of("task.retried", task["id"])
     assert event.details == {"previous_state": "canceled", "state": "ready"}
     third = await work.claim(task["id"])
     assert third["attempt"]["generation"] == 3
-    after = await attempt_rows(work, task["id"])
+    after = await work.attempts_of(task["id"])
     assert after[:2] == before
     assert [(a["generation"], a["state"]) for a in after] == [
         (1, "canceled"),
@@ -197,7 +153,7 @@ async def test_a_stopped_space_refuses_claims_and_renewals_but_accepts_submit(
     waiting = await work.task("waiting")
     finishing = await work.claim(running["id"])
     stalled = await work.claim(lapsing["id"], work.agent2, lease_seconds=60)
-    untouched = await task_row(work, waiting["id"])
+    untouched = await work.task_row(waiting["id"])
 
     placed = await hold(work, "space", "stopped")
     named = {
@@ -206,10 +162,10 @@ async def test_a_stopped_space_refuses_claims_and_renewals_but_accepts_submit(
         "strength": "stopped",
         "reason": "incident 42",
     }
-    (event,) = audited(audit_log, "hold.created", placed["id"])
+    (event,) = audit_log.of("hold.created", placed["id"])
     assert event.details["strength"] == "stopped" and event.details["scope_type"] == "space"
     # Placing a hold rewrites no task row.
-    assert await task_row(work, waiting["id"]) == untouched
+    assert await work.task_row(waiting["id"]) == untouched
 
     refused = await work.call(
         "POST", f"/tasks/{waiting['id']}/claim", json={}, expect=403, problem="task-held"
@@ -217,36 +173,36 @@ async def test_a_stopped_space_refuses_claims_and_renewals_but_accepts_submit(
     assert refused["hold"] == named
     nothing = await work.call("POST", "/claims", json={}, expect=200)
     assert nothing["task"] is None
-    assert await ready_ids(work) == []
+    assert await work.ready_ids() == []
     shown = await work.call("GET", f"/tasks/{waiting['id']}", expect=200)
     assert shown["parked"] is True and shown["held_by"] == [named]
 
-    lease_before = (await attempt_rows(work, running["id"]))[0]["lease_expires_at"]
-    renewal = await on_attempt(work, finishing, "renew", expect=403)
+    lease_before = (await work.attempts_of(running["id"]))[0]["lease_expires_at"]
+    renewal = await work.report(finishing, "renew", expect=403)
     assert renewal["type"].endswith(":task-held") and renewal["hold"] == named
-    (attempt,) = await attempt_rows(work, running["id"])
+    (attempt,) = await work.attempts_of(running["id"])
     assert attempt["lease_expires_at"] == lease_before and attempt["renewed_at"] is None
-    assert audited(audit_log, "attempt.renewed") == []
+    assert audit_log.of("attempt.renewed") == []
 
-    submitted = await on_attempt(work, finishing, "submit", expect=201, summary="finished")
+    submitted = await work.report(finishing, "submit", expect=201, summary="finished")
     assert submitted["task"]["state"] == "done"
 
     # The other attempt's renewal is refused too; its lease then lapses.
-    await on_attempt(work, stalled, "renew", expect=403)
+    await work.report(stalled, "renew", expect=403)
     clock.advance(seconds=61)
     await work.call("POST", f"/holds/{placed['id']}/lift", expect=200)
-    (event,) = audited(audit_log, "hold.lifted", placed["id"])
+    (event,) = audit_log.of("hold.lifted", placed["id"])
     assert event.target_id == placed["id"]
     (lifted,) = await work.rows(holds, holds.c.public_id == placed["id"])
     assert lifted["lifted_at"] is not None and lifted["lifted_by"] == work.owner.pk
 
-    assert sorted(await ready_ids(work)) == sorted([waiting["id"]])
+    assert sorted(await work.ready_ids()) == sorted([waiting["id"]])
     recovered = await work.claim(lapsing["id"], work.agent)
     assert recovered["attempt"]["generation"] == 2
-    old, new = await attempt_rows(work, lapsing["id"])
+    old, new = await work.attempts_of(lapsing["id"])
     assert (new["generation"], new["state"]) == (2, "active")
     assert (old["state"], old["charged"]) == ("expired", 0) and old["hold_refused_at"] is not None
-    assert (await task_row(work, lapsing["id"]))["attempts_used"] == 0
+    assert (await work.task_row(lapsing["id"]))["attempts_used"] == 0
     assert (await work.claim(waiting["id"], work.agent2))["attempt"]["generation"] == 1
 
 
@@ -261,7 +217,7 @@ async def test_a_suspended_task_is_not_claimable_until_the_hold_is_lifted(work, 
     placed = await hold(work, "task", "suspended", task["id"])
     await hold(work, "task", "suspended", busy["id"])
 
-    assert await ready_ids(work) == [other["id"]]
+    assert await work.ready_ids() == [other["id"]]
     refused = await work.call(
         "POST", f"/tasks/{task['id']}/claim", json={}, expect=403, problem="task-held"
     )
@@ -272,9 +228,9 @@ async def test_a_suspended_task_is_not_claimable_until_the_hold_is_lifted(work, 
         "reason": "incident 42",
     }
     assert (await work.call("GET", f"/tasks/{task['id']}", expect=200))["parked"] is True
-    assert await attempt_rows(work, task["id"]) == []
+    assert await work.attempts_of(task["id"]) == []
     # Suspended lets the active attempt finish.
-    renewed = await on_attempt(work, running, "renew", expect=200)
+    renewed = await work.report(running, "renew", expect=200)
     assert renewed["state"] == "active"
     taken = await work.call("POST", "/claims", json={}, expect=201)
     assert taken["task"]["id"] == other["id"] and taken["skipped"] == 0
@@ -284,12 +240,12 @@ async def test_a_suspended_task_is_not_claimable_until_the_hold_is_lifted(work, 
         "POST", f"/holds/{placed['id']}/lift", expect=409, problem="invalid-state"
     )
     assert "already lifted" in again["detail"]
-    assert await ready_ids(work) == [task["id"]]
+    assert await work.ready_ids() == [task["id"]]
     shown = await work.call("GET", f"/tasks/{task['id']}", expect=200)
     assert (shown["state"], shown["parked"], shown["held_by"]) == ("ready", False, [])
     claim = await work.claim(task["id"])
     assert claim["attempt"]["generation"] == 1
-    assert len(audited(audit_log, "hold.lifted")) == 1
+    assert len(audit_log.of("hold.lifted")) == 1
 
 
 # -- J14: claim-next skips, reservations -----------------------------------------------
@@ -308,16 +264,16 @@ async def test_claim_next_skips_a_vetoed_and_a_reserved_candidate(work, claim_ch
     third = await work.task("third", priority=10, resources=["path:app/docs/"])
     claim_check.vetoes[(vetoed["id"], work.agent.id)] = "you reviewed it"
     holding = await work.claim(holder["id"], work.agent2)
-    skipped_before = {t: await task_row(work, t) for t in (vetoed["id"], reserved["id"])}
+    skipped_before = {t: await work.task_row(t) for t in (vetoed["id"], reserved["id"])}
 
     taken = await work.call("POST", "/claims", json={}, who=work.agent, expect=201)
     assert taken["task"]["id"] == third["id"] and taken["skipped"] == 2
-    (event,) = audited(audit_log, "task.claimed", third["id"])
+    (event,) = audit_log.of("task.claimed", third["id"])
     assert event.details["skipped"] == 2
     for task_id, row in skipped_before.items():
-        assert await task_row(work, task_id) == row
-        assert await attempt_rows(work, task_id) == []
-    assert await held(work) == sorted(
+        assert await work.task_row(task_id) == row
+        assert await work.attempts_of(task_id) == []
+    assert await work.reservations() == sorted(
         [(REPO, holding["attempt"]["id"]), ("path:app/docs/", taken["attempt"]["id"])]
     )
 
@@ -352,10 +308,12 @@ async def test_two_tasks_naming_one_resource_cannot_be_claimed_at_once(work, clo
         "principal_id": first["attempt"]["claimant_id"],
         "lease_expires_at": first["attempt"]["lease_expires_at"],
     }
-    assert await attempt_rows(work, loser["id"]) == []
-    assert (await task_row(work, loser["id"]))["generation"] == 0
-    assert await held(work) == sorted((r, first["attempt"]["id"]) for r in winner["resources"])
-    assert [e.target_id for e in audited(audit_log, "task.claimed")] == [winner["id"]]
+    assert await work.attempts_of(loser["id"]) == []
+    assert (await work.task_row(loser["id"]))["generation"] == 0
+    assert await work.reservations() == sorted(
+        (r, first["attempt"]["id"]) for r in winner["resources"]
+    )
+    assert [e.target_id for e in audit_log.of("task.claimed")] == [winner["id"]]
     # A named claim of the loser now is refused the same way.
     again = await work.call(
         "POST",
@@ -368,30 +326,30 @@ async def test_two_tasks_naming_one_resource_cannot_be_claimed_at_once(work, clo
     assert again["holder"]["attempt_id"] == first["attempt"]["id"]
     if winner is two:
         # Run the rest of the journey with task one holding the resource.
-        await on_attempt(work, first, "release", expect=200)
+        await work.report(first, "release", expect=200)
         first = await work.claim(one["id"], work.agent)
-        assert await held(work) == sorted(
+        assert await work.reservations() == sorted(
             [(REPO, first["attempt"]["id"]), ("path:app/src/", first["attempt"]["id"])]
         )
 
     # Submit ends the reservation.
-    await on_attempt(work, first, "submit", expect=201, summary="done")
-    assert await held(work) == []
+    await work.report(first, "submit", expect=201, summary="done")
+    assert await work.reservations() == []
     second = await work.claim(two["id"], work.agent2)
-    assert await held(work) == [(REPO, second["attempt"]["id"])]
+    assert await work.reservations() == [(REPO, second["attempt"]["id"])]
 
     # Release ends it.
-    await on_attempt(work, second, "release", expect=200)
-    assert await held(work) == []
-    assert (await task_row(work, two["id"]))["state"] == "ready"
+    await work.report(second, "release", expect=200)
+    assert await work.reservations() == []
+    assert (await work.task_row(two["id"]))["state"] == "ready"
 
     # Expiry ends it (the reaper retires the lapsed attempt).
     third = await work.claim(two["id"], work.agent, lease_seconds=30)
-    assert await held(work) == [(REPO, third["attempt"]["id"])]
+    assert await work.reservations() == [(REPO, third["attempt"]["id"])]
     clock.advance(seconds=31)
     assert await reap(work.app) == 1
-    assert await held(work) == []
-    assert [a["state"] for a in await attempt_rows(work, two["id"])][-2:] == [
+    assert await work.reservations() == []
+    assert [a["state"] for a in await work.attempts_of(two["id"])][-2:] == [
         "released",
         "expired",
     ]
@@ -419,14 +377,14 @@ async def test_a_pending_decision_parks_its_task_until_a_human_answers(work, aud
         "human",
         work.agent.id,
     )
-    (event,) = audited(audit_log, "decision.opened", asked["id"])
+    (event,) = audit_log.of("decision.opened", asked["id"])
     assert event.details == {
         "task_id": task["id"],
         "answerable_by": "human",
         "option_count": 2,
     }
 
-    assert task["id"] not in await ready_ids(work)
+    assert task["id"] not in await work.ready_ids()
     shown = await work.call("GET", f"/tasks/{task['id']}", expect=200)
     assert (shown["state"], shown["parked"], shown["pending_decisions"]) == (
         "ready",
@@ -438,7 +396,7 @@ async def test_a_pending_decision_parks_its_task_until_a_human_answers(work, aud
     )
     assert parked["decisions"] == [asked["id"]]
     assert (await work.call("POST", "/claims", json={}, expect=200))["task"] is None
-    assert await attempt_rows(work, task["id"]) == []
+    assert await work.attempts_of(task["id"]) == []
 
     agent_answer = await work.call(
         "POST",
@@ -458,7 +416,7 @@ async def test_a_pending_decision_parks_its_task_until_a_human_answers(work, aud
     assert "answer" in not_an_option["errors"]
     (row,) = await work.rows(decisions, decisions.c.public_id == asked["id"])
     assert (row["state"], row["answer"], row["answered_by"]) == ("pending", None, None)
-    assert audited(audit_log, "decision.answered") == []
+    assert audit_log.of("decision.answered") == []
 
     answered = await work.call(
         "POST",
@@ -471,7 +429,7 @@ async def test_a_pending_decision_parks_its_task_until_a_human_answers(work, aud
         "ship",
         work.owner.id,
     )
-    (event,) = audited(audit_log, "decision.answered", asked["id"])
+    (event,) = audit_log.of("decision.answered", asked["id"])
     assert event.details == {"task_id": task["id"], "answer": "ship"}
     assert event.actor_id == work.owner.id
     (row,) = await work.rows(decisions, decisions.c.public_id == asked["id"])
@@ -485,7 +443,7 @@ async def test_a_pending_decision_parks_its_task_until_a_human_answers(work, aud
     )
     assert "answered" in twice["detail"]
 
-    assert await ready_ids(work) == [task["id"]]
+    assert await work.ready_ids() == [task["id"]]
     shown = await work.call("GET", f"/tasks/{task['id']}", expect=200)
     assert (shown["parked"], shown["pending_decisions"]) == (False, [])
     assert (await work.claim(task["id"]))["attempt"]["generation"] == 1
@@ -507,15 +465,15 @@ async def test_an_expired_decision_stops_parking_its_task(work, clock, audit_log
             answerable_by="member",
             expires_at=clock.now_ms() + 60_000,
         )
-    (event,) = audited(audit_log, "decision.opened", decision_id)
+    (event,) = audit_log.of("decision.opened", decision_id)
     assert event.actor_kind == "system" and event.details["answerable_by"] == "member"
-    assert task["id"] not in await ready_ids(work)
+    assert task["id"] not in await work.ready_ids()
     await work.call(
         "POST", f"/tasks/{task['id']}/claim", json={}, expect=409, problem="task-parked"
     )
 
     clock.advance(seconds=61)
-    assert await ready_ids(work) == [task["id"]]
+    assert await work.ready_ids() == [task["id"]]
     shown = await work.call("GET", f"/tasks/{task['id']}", expect=200)
     assert (shown["parked"], shown["pending_decisions"]) == (False, [])
     late = await work.call(
@@ -530,7 +488,7 @@ async def test_an_expired_decision_stops_parking_its_task(work, clock, audit_log
     listed = await work.call("GET", "/decisions?state=all", expect=200)
     assert [(d["id"], d["state"]) for d in listed["items"]] == [(decision_id, "expired")]
     assert (await work.call("GET", "/decisions", expect=200))["items"] == []
-    assert audited(audit_log, "decision.answered") == []
+    assert audit_log.of("decision.answered") == []
     (row,) = await work.rows(decisions, decisions.c.public_id == decision_id)
     assert (row["state"], row["answer"]) == ("pending", None)
     assert (await work.claim(task["id"]))["attempt"]["generation"] == 1

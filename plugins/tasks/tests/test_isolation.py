@@ -21,10 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
-from buildmax_tasks.schema import TABLES
 
-from buildmax.schema import events, spaces, tokens
 from buildmax.spaces import put_member
 
 PROBLEM = "urn:buildmax:problem:"
@@ -253,19 +250,6 @@ async def spaces_ab(work, make_principal, make_space):
     return res_a, res_b
 
 
-async def snapshot(app: Any) -> dict[str, list[str]]:
-    """Every row of every tasks table, the event streams, spaces and tokens."""
-    found = {}
-    async with app.db.read() as conn:
-        for table in [*TABLES, events, spaces, tokens]:
-            rows = [dict(r) for r in await conn.fetch_all(sa.select(table))]
-            if table is tokens:
-                for row in rows:
-                    row.pop("last_used_at")  # touched by authenticating, not a change
-            found[table.name] = sorted(repr(sorted(r.items())) for r in rows)
-    return found
-
-
 async def call_route(
     work: Any, route: Route, space: str, res: dict[str, str], who: Any
 ) -> tuple[int, Any, str]:
@@ -287,7 +271,7 @@ async def test_a_member_of_a_gets_404_for_every_route_of_b(work, spaces_ab, audi
     """A's owner (every role check of A passes) names space B: 404 for every
     route, nothing changes anywhere, nothing is audited."""
     _, res_b = spaces_ab
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
     wrong = []
     for route in ROUTES:
@@ -295,7 +279,7 @@ async def test_a_member_of_a_gets_404_for_every_route_of_b(work, spaces_ab, audi
         if status != 404 or body.get("type") != PROBLEM + "not-found":
             wrong.append((route.method, route.rule, status, body))
     assert wrong == []
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
 
 
@@ -304,7 +288,7 @@ async def test_b_resources_named_under_a_are_not_found(work, spaces_ab, audit_lo
     or decision under A's own space: 404; A's listings never show B's
     records; nothing changes and nothing is audited."""
     res_a, res_b = spaces_ab
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
     b_ids = {v for k, v in res_b.items() if k != "space"}
     wrong = []
@@ -322,7 +306,7 @@ async def test_b_resources_named_under_a_are_not_found(work, spaces_ab, audit_lo
         if status != expected_status or body.get("type") != PROBLEM + slug:
             wrong.append((route.method, route.rule, status, body))
     assert wrong == []
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
 
 
@@ -330,7 +314,7 @@ async def test_a_viewer_is_refused_every_mutation_with_403(work, spaces_ab, audi
     """A viewer of A calls every mutation route with A's own resources and a
     valid body: 403 each time; nothing changes; nothing is audited."""
     res_a, _ = spaces_ab
-    before = await snapshot(work.app)
+    before = await work.snapshot()
     audit_log.events.clear()
     mutations = [r for r in ROUTES if r.mutates]
     wrong = []
@@ -339,7 +323,7 @@ async def test_a_viewer_is_refused_every_mutation_with_403(work, spaces_ab, audi
         if status != 403 or body.get("type") != PROBLEM + "forbidden":
             wrong.append((route.method, route.rule, status, body))
     assert wrong == []
-    assert await snapshot(work.app) == before
+    assert await work.snapshot() == before
     assert audit_log.events == []
 
 

@@ -64,24 +64,6 @@ async def app(buildmax_settings, clock, with_stage):
 # -- helpers ------------------------------------------------------------------
 
 
-async def task_row(work: Any, public_id: str) -> dict[str, Any]:
-    (row,) = await work.rows(tasks, tasks.c.public_id == public_id)
-    return row
-
-
-async def on_attempt(
-    work: Any, claim: dict[str, Any], op: str, who: Any = None, expect: int = 200, **body: Any
-) -> Any:
-    attempt = claim["attempt"]
-    return await work.call(
-        "POST",
-        f"/attempts/{attempt['id']}/{op}",
-        who if who is not None else claim["token"],
-        json={"generation": attempt["generation"], **body},
-        expect=expect,
-    )
-
-
 async def event_count(app: Any) -> int:
     async with app.db.read() as conn:
         return int(await conn.fetch_val(sa.select(sa.func.count()).select_from(events)))
@@ -108,8 +90,8 @@ async def test_a_reservation_ends_with_its_attempt_even_after_the_task_dropped_t
         json={"expected_revision": 1, "resources": []},
         expect=200,
     )
-    await on_attempt(work, claim, "submit", expect=201, summary="done")
-    assert (await task_row(work, first["id"]))["state"] == "done"
+    await work.report(claim, "submit", expect=201, summary="done")
+    assert (await work.task_row(first["id"]))["state"] == "done"
 
     # The attempt ended: its reservation must be gone with it.
     second = await work.task("needs the repo", resources=[REPO])
@@ -134,7 +116,7 @@ async def test_retrying_canceled_stage_work_keeps_its_stage_so_its_verdict_appli
     never applied, and the subject stays ``waiting`` for ever."""
     subject = await work.task("the subject")
     claim = await work.claim(subject["id"])
-    handed = await on_attempt(work, claim, "submit", expect=201, summary="ready for review")
+    handed = await work.report(claim, "submit", expect=201, summary="ready for review")
     [item_id] = handed["work_ids"]
     # Stage work is the stage's: a member may not drop it, an admin may.
     await work.call(
@@ -149,13 +131,13 @@ async def test_retrying_canceled_stage_work_keeps_its_stage_so_its_verdict_appli
         "POST", f"/tasks/{item_id}/cancel", work.owner, json={"reason": "oops"}, expect=200
     )
     await work.call("POST", f"/tasks/{item_id}/retry", work.owner, json={}, expect=200)
-    assert (await task_row(work, item_id))["stage"] == "check"
+    assert (await work.task_row(item_id))["stage"] == "check"
 
     review = await work.claim(item_id, work.agent2)
-    await on_attempt(
-        work, review, "submit", expect=201, summary="fine", candidate={"decision": "approve"}
+    await work.report(
+        review, "submit", expect=201, summary="fine", candidate={"decision": "approve"}
     )
-    assert (await task_row(work, subject["id"]))["state"] == "done"
+    assert (await work.task_row(subject["id"]))["state"] == "done"
 
 
 # -- validation at the edge: 422, never 500 -------------------------------------------
@@ -204,7 +186,7 @@ async def test_reasons_and_options_within_the_schema_limits_are_accepted(work, r
         )
     elif route == "fail":
         claim = await work.claim(task["id"])
-        response = await on_attempt(work, claim, "fail", expect=None, reason=long_text)
+        response = await work.report(claim, "fail", expect=None, reason=long_text)
     else:
         response = await work.call(
             "POST",
@@ -259,9 +241,9 @@ async def test_a_lapse_long_after_a_lifted_stop_and_a_successful_renewal_is_char
         json={"scope": "space", "strength": "stopped", "reason": "incident"},
         expect=201,
     )
-    await on_attempt(work, claim, "renew", expect=403)
+    await work.report(claim, "renew", expect=403)
     await work.call("POST", f"/holds/{hold['id']}/lift", work.owner, json={}, expect=200)
-    renewed = await on_attempt(work, claim, "renew", expect=200)
+    renewed = await work.report(claim, "renew", expect=200)
     assert renewed["state"] == "active"
 
     # The agent dies; its lease lapses with no hold anywhere.
@@ -269,7 +251,7 @@ async def test_a_lapse_long_after_a_lifted_stop_and_a_successful_renewal_is_char
     assert await reap(work.app) == 1
     [row] = await work.rows(attempts, attempts.c.public_id == claim["attempt"]["id"])
     assert (row["state"], row["charged"]) == ("expired", 1)
-    assert (await task_row(work, task["id"]))["state"] == "failed"
+    assert (await work.task_row(task["id"]))["state"] == "failed"
 
 
 # -- overrides -------------------------------------------------------------------------
@@ -284,7 +266,7 @@ async def test_an_admin_override_records_its_reason_in_the_audit_trail(work, aud
     task = await work.task("stuck")
     claim = await work.claim(task["id"])
     why = "the agent stopped answering at 03:00"
-    await on_attempt(work, claim, "renew", work.owner, expect=200, override_reason=why)
+    await work.report(claim, "renew", work.owner, expect=200, override_reason=why)
     [event] = [e for e in audit_log.events if e.action == "attempt.renewed"]
     assert event.admin_override is True
     assert why in json.dumps(event.details), event.details
@@ -328,7 +310,7 @@ async def test_an_admin_retries_a_task_stranded_in_an_unloaded_stage(work):
     may cancel it)."""
     task = await work.task("stranded")
     claim = await work.claim(task["id"])
-    await on_attempt(work, claim, "submit", expect=201, summary="done")
+    await work.report(claim, "submit", expect=201, summary="done")
     # The stage that held it is no longer loaded (arranged in the database:
     # no public route puts a task in a stage without its plugin).
     async with work.app.db.write() as tx:
@@ -384,9 +366,7 @@ async def test_the_reaper_never_expires_an_attempt_whose_renewal_committed_first
     work.app.plugins.pm.register(pause, name="review-pause")
     try:
         clock.advance(seconds=LEASE - 1)
-        renewing = asyncio.create_task(
-            on_attempt(work, claim, "renew", expect=200, lease_seconds=LEASE)
-        )
+        renewing = asyncio.create_task(work.report(claim, "renew", expect=200, lease_seconds=LEASE))
         await asyncio.wait_for(pause.reached.wait(), 10)
         clock.advance(seconds=2)
         reaping = asyncio.create_task(reap(work.app))
@@ -400,7 +380,7 @@ async def test_the_reaper_never_expires_an_attempt_whose_renewal_committed_first
     [row] = await work.rows(attempts, attempts.c.public_id == claim["attempt"]["id"])
     assert row["lease_expires_at"] > clock.now_ms()
     assert (row["state"], row["charged"]) == ("active", 0)
-    assert (await task_row(work, task["id"]))["state"] == "claimed"
+    assert (await work.task_row(task["id"]))["state"] == "claimed"
 
 
 # -- attempt tokens ------------------------------------------------------------------
@@ -532,7 +512,7 @@ async def test_canceling_a_subject_audits_its_canceled_stage_work_and_attempts(
     canceling sibling slots."""
     subject = await work.task("the subject")
     claim = await work.claim(subject["id"])
-    handed = await on_attempt(work, claim, "submit", expect=201, summary="review me")
+    handed = await work.report(claim, "submit", expect=201, summary="review me")
     [item_id] = handed["work_ids"]
     review = await work.claim(item_id, work.agent2)
     await work.call(
@@ -544,7 +524,7 @@ async def test_canceling_a_subject_audits_its_canceled_stage_work_and_attempts(
     )
     [row] = await work.rows(attempts, attempts.c.public_id == review["attempt"]["id"])
     assert row["state"] == "canceled"
-    assert (await task_row(work, item_id))["state"] == "canceled"
+    assert (await work.task_row(item_id))["state"] == "canceled"
     audited = {(e.action, e.target_id) for e in audit_log.events}
     assert ("task.canceled", subject["id"]) in audited
     assert ("task.canceled", item_id) in audited, sorted(audited)
@@ -560,10 +540,10 @@ async def test_prerequisites_of_a_finished_task_cannot_be_removed(work):
     prereq = await work.task("first")
     task = await work.task("second", prerequisites=[prereq["id"]])
     claim = await work.claim(prereq["id"])
-    await on_attempt(work, claim, "submit", expect=201, summary="done")
+    await work.report(claim, "submit", expect=201, summary="done")
     second = await work.claim(task["id"])
-    await on_attempt(work, second, "submit", expect=201, summary="done")
-    assert (await task_row(work, task["id"]))["state"] == "done"
+    await work.report(second, "submit", expect=201, summary="done")
+    assert (await work.task_row(task["id"]))["state"] == "done"
     await work.call(
         "DELETE",
         f"/tasks/{task['id']}/dependencies/{prereq['id']}",

@@ -190,13 +190,8 @@ async def hand_in(work: Any, claim: dict[str, Any], expect: int = 201, **candida
     )
 
 
-async def task_row(work: Any, public_id: str) -> dict[str, Any]:
-    (row,) = await work.rows(tasks, tasks.c.public_id == public_id)
-    return row
-
-
 async def linked_rows(work: Any, subject_id: str) -> list[dict[str, Any]]:
-    subject = await task_row(work, subject_id)
+    subject = await work.task_row(subject_id)
     async with work.app.db.read() as conn:
         rows = await conn.fetch_all(
             sa.select(tasks).where(tasks.c.subject_task_id == subject["id"]).order_by(tasks.c.id)
@@ -204,22 +199,9 @@ async def linked_rows(work: Any, subject_id: str) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
-async def ready_ids(work: Any) -> list[str]:
-    body = await work.call("GET", "/ready", expect=200)
-    return [t["id"] for t in body["items"]]
-
-
 async def submission_verdict(work: Any, submission_id: str) -> str | None:
     (row,) = await work.rows(submissions, submissions.c.public_id == submission_id)
     return row["verdict"]
-
-
-def audited(audit_log: Any, action: str, target_id: str | None = None) -> list[Any]:
-    return [
-        e
-        for e in audit_log.events
-        if e.action == action and (target_id is None or e.target_id == target_id)
-    ]
 
 
 async def submitted_subject(work: Any, **fields: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -259,13 +241,13 @@ async def test_two_approvals_pass_the_stage_and_release_dependents(
         (subject["id"], submission_id)
     }
     assert not any(i["human_only"] for i in items)
-    assert await ready_ids(work) == handed["work_ids"]
+    assert await work.ready_ids() == handed["work_ids"]
     rows = await linked_rows(work, subject["id"])
     assert [(r["public_id"], r["slot"], r["stage"]) for r in rows] == [
         (handed["work_ids"][0], 0, "check"),
         (handed["work_ids"][1], 1, "check"),
     ]
-    (entered,) = audited(audit_log, "task.stage_entered", subject["id"])
+    (entered,) = audit_log.of("task.stage_entered", subject["id"])
     assert entered.details == {"stage": "check", "work_ids": handed["work_ids"]}
 
     # First approval: pending. The subject keeps waiting, the dependent stays open.
@@ -275,10 +257,10 @@ async def test_two_approvals_pass_the_stage_and_release_dependents(
     # Done stage work still says which stage and slot it was.
     assert (approved["task"]["stage"], approved["task"]["slot"]) == ("check", 0)
     assert await submission_verdict(work, approved["submission"]["id"]) == "pending"
-    assert (await task_row(work, subject["id"]))["state"] == "waiting"
-    assert (await task_row(work, dependent["id"]))["state"] == "open"
+    assert (await work.task_row(subject["id"]))["state"] == "waiting"
+    assert (await work.task_row(dependent["id"]))["state"] == "open"
     assert stage_plugin.judged == [(handed["work_ids"][0], "check", "pending")]
-    assert audited(audit_log, "task.done", subject["id"]) == []
+    assert audit_log.of("task.done", subject["id"]) == []
 
     # Second approval: pass. No further stage: the subject is done and its
     # dependent ready.
@@ -289,14 +271,14 @@ async def test_two_approvals_pass_the_stage_and_release_dependents(
     assert done["state"] == "done" and done["stage"] is None
     released = await work.call("GET", f"/tasks/{dependent['id']}", expect=200)
     assert released["state"] == "ready"
-    assert await ready_ids(work) == [dependent["id"]]
+    assert await work.ready_ids() == [dependent["id"]]
     assert stage_plugin.judged[-1] == (handed["work_ids"][1], "check", "pass")
-    assert len(audited(audit_log, "task.done", subject["id"])) == 1
+    assert len(audit_log.of("task.done", subject["id"])) == 1
     # Forbidden: no other work was created, nothing reopened or failed, the
     # subject's one attempt stayed its only one.
     assert len(await linked_rows(work, subject["id"])) == 2
-    assert audited(audit_log, "task.reopened") == audited(audit_log, "task.failed") == []
-    subject_pk = (await task_row(work, subject["id"]))["id"]
+    assert audit_log.of("task.reopened") == audit_log.of("task.failed") == []
+    subject_pk = (await work.task_row(subject["id"]))["id"]
     assert [
         (a["generation"], a["state"])
         for a in await work.rows(attempts, attempts.c.task_id == subject_pk)
@@ -323,8 +305,8 @@ async def test_changes_reopen_the_subject_with_findings_for_its_next_attempt(
     reopened = await work.call("GET", f"/tasks/{subject['id']}", expect=200)
     assert reopened["state"] == "ready" and reopened["stage"] is None
     assert reopened["finding_ids"] == ["F-1", "F-2"]
-    assert subject["id"] in await ready_ids(work)
-    (event,) = audited(audit_log, "task.reopened", subject["id"])
+    assert subject["id"] in await work.ready_ids()
+    (event,) = audit_log.of("task.reopened", subject["id"])
     assert event.details == {
         "stage": "check",
         "finding_ids": ["F-1", "F-2"],
@@ -367,7 +349,7 @@ async def test_changes_reopen_the_subject_with_findings_for_its_next_attempt(
     assert [(w.id, w.state) for w in old_work] == [(slot0, "done"), (slot1, "canceled")]
     assert [w.id for w in new_work] == resubmitted["work_ids"]
     assert len(await linked_rows(work, subject["id"])) == 4
-    assert audited(audit_log, "task.failed") == audited(audit_log, "task.done", subject["id"]) == []
+    assert audit_log.of("task.failed") == audit_log.of("task.done", subject["id"]) == []
 
 
 async def test_reject_fails_the_subject_with_the_reason(work, stage_plugin, audit_log):
@@ -386,14 +368,14 @@ async def test_reject_fails_the_subject_with_the_reason(work, stage_plugin, audi
     assert failed["state"] == "failed" and failed["outcome_reason"] == "out of scope"
     assert failed["stage"] is None
     assert (await work.call("GET", f"/tasks/{slot1}", expect=200))["state"] == "canceled"
-    assert (await task_row(work, dependent["id"]))["state"] == "open"
-    assert await ready_ids(work) == []
-    (event,) = audited(audit_log, "task.failed", subject["id"])
+    assert (await work.task_row(dependent["id"]))["state"] == "open"
+    assert await work.ready_ids() == []
+    (event,) = audit_log.of("task.failed", subject["id"])
     assert event.details == {"reason": "out of scope"}
     assert stage_plugin.judged == [(slot0, "check", "reject")]
     # Forbidden: no done subject, no reopened subject, no new linked work.
-    assert audited(audit_log, "task.done", subject["id"]) == []
-    assert audited(audit_log, "task.reopened") == []
+    assert audit_log.of("task.done", subject["id"]) == []
+    assert audit_log.of("task.reopened") == []
     assert len(await linked_rows(work, subject["id"])) == 2
     refused = await work.call(
         "POST", f"/tasks/{subject['id']}/claim", json={}, expect=409, problem="task-not-claimable"
@@ -444,7 +426,7 @@ async def test_concurrent_last_approvals_advance_the_subject_exactly_once(
         ("check", 1, "done"),
         ("final", 0, "ready"),
     ]
-    entered = audited(audit_log, "task.stage_entered", subject["id"])
+    entered = audit_log.of("task.stage_entered", subject["id"])
     assert [e.details["stage"] for e in entered] == ["check", "final"]
     (final,) = [r for r in rows if r["stage"] == "final"]
     assert entered[1].details["work_ids"] == [final["public_id"]]
@@ -453,8 +435,8 @@ async def test_concurrent_last_approvals_advance_the_subject_exactly_once(
     # The final stage's single approval completes the subject.
     closing = await work.claim(final["public_id"], work.agent2)
     await hand_in(work, closing, decision="approve")
-    assert (await task_row(work, subject["id"]))["state"] == "done"
-    assert len(audited(audit_log, "task.done", subject["id"])) == 1
+    assert (await work.task_row(subject["id"]))["state"] == "done"
+    assert len(audit_log.of("task.done", subject["id"])) == 1
 
 
 # -- slots from the policy, the human slot ------------------------------------------
@@ -509,14 +491,14 @@ async def test_slot_count_and_human_slot_come_from_the_project_policy(
         problem="claim-vetoed",
     )
     assert "human" in vetoed["detail"]
-    slot_row = await task_row(work, human_slot)
+    slot_row = await work.task_row(human_slot)
     assert (slot_row["state"], slot_row["generation"]) == ("ready", 0)
     assert await work.rows(attempts, attempts.c.task_id == slot_row["id"]) == []
 
     # Claim-next as an agent passes over the human slot and takes slot 1.
     taken = await work.call("POST", "/claims", work.agent2, json={}, expect=201)
     assert taken["task"]["id"] == handed["work_ids"][1] and taken["skipped"] == 1
-    (claimed,) = audited(audit_log, "task.claimed", handed["work_ids"][1])
+    (claimed,) = audit_log.of("task.claimed", handed["work_ids"][1])
     assert claimed.details["skipped"] == 1
 
     # A human claims slot 0; three approvals pass the stage.
@@ -524,16 +506,16 @@ async def test_slot_count_and_human_slot_come_from_the_project_policy(
     third = await work.claim(handed["work_ids"][2], reviewer)
     await hand_in(work, human, decision="approve")
     await hand_in(work, taken, decision="approve")
-    assert (await task_row(work, subject["id"]))["state"] == "waiting"
+    assert (await work.task_row(subject["id"]))["state"] == "waiting"
     await hand_in(work, third, decision="approve")
-    assert (await task_row(work, subject["id"]))["state"] == "done"
+    assert (await work.task_row(subject["id"]))["state"] == "done"
 
     # No approvals required: the stage is skipped and submit completes the task.
     await work.call("POST", "/projects/main/policy", json={"approvals_required": 0}, expect=201)
     skipped, handed = await submitted_subject(work)
     assert handed["task"]["state"] == "done" and handed["work_ids"] == []
     assert await linked_rows(work, skipped["id"]) == []
-    assert audited(audit_log, "task.stage_entered", skipped["id"]) == []
+    assert audit_log.of("task.stage_entered", skipped["id"]) == []
 
 
 # -- a stage whose plugin is gone ------------------------------------------------
@@ -567,10 +549,10 @@ async def test_a_task_waiting_in_an_unloaded_stage_is_reported_not_completed(
         assert (still["state"], still["stage_missing"]) == ("waiting", True)
         assert subject["id"] not in [t["id"] for t in (await other.call("GET", "/ready"))["items"]]
 
-    row = await task_row(work, subject["id"])
+    row = await work.task_row(subject["id"])
     assert (row["state"], row["stage"], row["outcome_reason"]) == ("waiting", "check", None)
-    assert audited(audit_log, "task.done", subject["id"]) == []
-    assert audited(audit_log, "task.failed", subject["id"]) == []
+    assert audit_log.of("task.done", subject["id"]) == []
+    assert audit_log.of("task.failed", subject["id"]) == []
 
 
 # -- claim checks -------------------------------------------------------------------
@@ -596,18 +578,18 @@ async def test_a_claim_check_veto_refuses_a_named_claim_and_claim_next_skips_it(
     )
     assert refused["detail"] == "you wrote the spec"
     assert (vetoed["id"], work.agent.id) in stage_plugin.checked
-    row = await task_row(work, vetoed["id"])
+    row = await work.task_row(vetoed["id"])
     assert (row["state"], row["generation"], row["current_attempt_id"]) == ("ready", 0, None)
     assert await work.rows(attempts) == []
-    assert audited(audit_log, "task.claimed") == []
+    assert audit_log.of("task.claimed") == []
 
     taken = await work.call("POST", "/claims", work.agent, json={}, expect=201)
     assert taken["task"]["id"] == other["id"] and taken["skipped"] == 1
-    (event,) = audited(audit_log, "task.claimed")
+    (event,) = audit_log.of("task.claimed")
     assert (event.target_id, event.details["skipped"]) == (other["id"], 1)
-    assert (await task_row(work, vetoed["id"]))["generation"] == 0
+    assert (await work.task_row(vetoed["id"]))["generation"] == 0
     (attempt,) = await work.rows(attempts)
-    assert attempt["task_id"] == (await task_row(work, other["id"]))["id"]
+    assert attempt["task_id"] == (await work.task_row(other["id"]))["id"]
 
     # Vetoed for that claimant only.
     allowed = await work.claim(vetoed["id"], work.agent2)
@@ -658,11 +640,11 @@ async def test_an_unresolvable_run_environment_creates_no_attempt(work, stage_pl
         problem="run-environment-unresolved",
     )
     assert "plugin lint is not active in this space" in refused["detail"]
-    row = await task_row(work, stuck["id"])
+    row = await work.task_row(stuck["id"])
     assert (row["state"], row["generation"], row["current_attempt_id"]) == ("ready", 0, None)
     assert await work.rows(attempts) == []
     assert await work.rows(reservations) == []
-    assert audited(audit_log, "task.claimed") == []
+    assert audit_log.of("task.claimed") == []
 
     taken = await work.call("POST", "/claims", work.agent, json={}, expect=201)
     assert taken["task"]["id"] == other["id"] and taken["skipped"] == 1
@@ -672,8 +654,8 @@ async def test_an_unresolvable_run_environment_creates_no_attempt(work, stage_pl
     ]
     (only,) = await work.rows(attempts)
     assert only["public_id"] == taken["attempt"]["id"]
-    assert (await task_row(work, stuck["id"]))["generation"] == 0
-    (event,) = audited(audit_log, "task.claimed")
+    assert (await work.task_row(stuck["id"]))["generation"] == 0
+    (event,) = audit_log.of("task.claimed")
     assert event.details["skipped"] == 1
 
 
@@ -699,7 +681,7 @@ async def test_agent_revisions_are_validated_and_reach_the_run_environment(
     assert refused["detail"] == "shady is not in the catalog"
     assert await work.rows(agents) == []
     assert await work.rows(agent_revisions) == []
-    assert audited(audit_log, "agent.revised") == []
+    assert audit_log.of("agent.revised") == []
 
     made = await work.call(
         "POST", "/agents", json={"name": "coder", "plugins": ["lint"]}, expect=201
@@ -736,7 +718,7 @@ async def test_agent_revisions_are_validated_and_reach_the_run_environment(
     assert validated.space_id == work.space.id and validated.agent_name == "coder"
     saved = await work.rows(agent_revisions, agent_revisions.c.agent_id == agent_row["id"])
     assert sorted(r["number"] for r in saved) == [1, 2]
-    assert [e.details for e in audited(audit_log, "agent.revised")] == [
+    assert [e.details for e in audit_log.of("agent.revised")] == [
         {"revision": 1, "plugins": ["lint"]},
         {"revision": 2, "plugins": ["format", "lint"]},
     ]
@@ -757,5 +739,5 @@ async def test_agent_revisions_are_validated_and_reach_the_run_environment(
     (row,) = await work.rows(attempts)
     revision_pk = next(r["id"] for r in saved if r["number"] == 2)
     assert row["agent_revision_id"] == revision_pk
-    (event,) = audited(audit_log, "task.claimed")
+    (event,) = audit_log.of("task.claimed")
     assert event.details["agent_revision_id"] == second["id"]
