@@ -22,7 +22,7 @@ from buildmax.ids import new_id
 
 from .change import Change
 from .lifecycle import cancel_linked_work, complete, finish, reopen, set_task
-from .records import attempt_ref, submission_ref, task_ref
+from .records import attempt_ref, load_task_by_pk, submission_ref, task_ref
 from .schema import policies, projects, submissions, task_revisions, tasks
 
 VERDICTS = ("pending", "pass", "changes", "reject")
@@ -93,8 +93,6 @@ class StageEngine:
         if linked:
             # Serialises every hand-in of one subject's stage work: two
             # last approvals arriving together cannot both count as pending.
-            from .records import load_task_by_pk
-
             subject = await load_task_by_pk(ch.tx, task["subject_task_id"], for_update=True)
             await complete(ch, task, **values)
             task = {**task, "state": "done"}

@@ -55,9 +55,9 @@ async def reaches(ch: Change, start_pk: int, target_pk: int) -> bool:
 
 async def add_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]) -> bool:
     """Add ``task -> prerequisite``; ``False`` when the edge already exists.
+    The caller holds :func:`lock_graph`, taken before any task row.
 
     Refuses a cycle (409) and a task that is no longer open or ready."""
-    await lock(ch.tx, "task_graph", ch.space_pk)
     if task["state"] not in EDITABLE:
         raise InvalidState(
             f"the task is {task['state']}; prerequisites change only while it is open or ready"
@@ -88,8 +88,8 @@ async def add_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[st
 
 
 async def remove_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]) -> bool:
-    """Remove ``task -> prerequisite``; ``False`` when there was no such edge."""
-    await lock(ch.tx, "task_graph", ch.space_pk)
+    """Remove ``task -> prerequisite``; ``False`` when there was no such edge.
+    The caller holds :func:`lock_graph`, taken before any task row."""
     if task["state"] not in EDITABLE:
         raise InvalidState(
             f"the task is {task['state']}; prerequisites change only while it is open or ready"

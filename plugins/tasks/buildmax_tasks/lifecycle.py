@@ -104,7 +104,7 @@ async def release_dependents(ch: Change, task_pk: int) -> list[str]:
     return ready
 
 
-def _leave_stage(task: dict[str, Any]) -> dict[str, Any]:
+def leave_stage(task: dict[str, Any]) -> dict[str, Any]:
     """A finished task leaves the stage it waited in; linked stage work keeps
     the stage it belongs to (it is part of the work item's identity)."""
     return {} if task.get("subject_task_id") is not None else {"stage": None}
@@ -113,9 +113,7 @@ def _leave_stage(task: dict[str, Any]) -> dict[str, Any]:
 async def complete(ch: Change, task: dict[str, Any], **values: Any) -> list[str]:
     """Mark a task done (writing ``values`` too) and release its dependents;
     their public ids."""
-    await set_task(
-        ch, task["id"], state="done", outcome_reason=None, **_leave_stage(task), **values
-    )
+    await set_task(ch, task["id"], state="done", outcome_reason=None, **leave_stage(task), **values)
     await ch.audit("task.done", "task", task["public_id"])
     await ch.event("task.state", task_id=task["public_id"], state="done")
     return await release_dependents(ch, task["id"])
@@ -123,7 +121,7 @@ async def complete(ch: Change, task: dict[str, Any], **values: Any) -> list[str]
 
 async def finish(ch: Change, task: dict[str, Any], state: str, reason: str) -> None:
     """End a task as ``failed`` or ``canceled`` (with its unfinished linked work)."""
-    await set_task(ch, task["id"], state=state, outcome_reason=reason, **_leave_stage(task))
+    await set_task(ch, task["id"], state=state, outcome_reason=reason, **leave_stage(task))
     await ch.audit(f"task.{state}", "task", task["public_id"], reason=reason)
     await ch.event("task.state", task_id=task["public_id"], state=state)
     if task["current_submission_id"] is not None:

@@ -311,3 +311,30 @@ async def test_two_prerequisites_completing_together_ready_their_dependent(
     assert sorted(e.target_id for e in audit_log.of("task.done")) == sorted([p1["id"], p2["id"]])
     claimed = await work.claim(d["id"])
     assert claimed["attempt"]["generation"] == 1
+
+
+async def test_two_edges_racing_to_close_a_cycle_never_both_land(work):
+    """A -> B and B -> A added at the same moment, twelve times over: each
+    pair leaves exactly one edge, the other request is 409 dependency-cycle.
+    Catches: the space's graph lock (``lock_graph``) dropped from the add
+    route: on PostgreSQL both cycle checks then run before either edge
+    commits, and both edges land."""
+    pairs = [(await work.task(f"a{i}"), await work.task(f"b{i}")) for i in range(12)]
+
+    async def add(task: dict[str, Any], prerequisite: dict[str, Any]) -> int:
+        response = await work.client.post(
+            f"{work.base}/tasks/{task['id']}/dependencies",
+            headers=work.agent.headers,
+            json={"prerequisite": prerequisite["id"]},
+        )
+        return response.status_code
+
+    statuses = await asyncio.gather(*(add(x, y) for a, b in pairs for x, y in ((a, b), (b, a))))
+    assert sorted(statuses) == [201] * 12 + [409] * 12, statuses
+    edges = {frozenset((r["task_id"], r["prerequisite_id"])) for r in await work.rows(dependencies)}
+    for a, b in pairs:
+        pair = frozenset(
+            [(await work.task_row(a["id"]))["id"], (await work.task_row(b["id"]))["id"]]
+        )
+        assert pair in edges
+    assert len(await work.rows(dependencies)) == 12

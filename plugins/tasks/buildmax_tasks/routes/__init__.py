@@ -78,13 +78,6 @@ def older_than(table: sa.Table, public_id: str) -> Any:
     )
 
 
-def newer_than(table: sa.Table, public_id: str) -> Any:
-    """Rows written after the row ``public_id``."""
-    return (
-        table.c.id > sa.select(table.c.id).where(table.c.public_id == public_id).scalar_subquery()
-    )
-
-
 def blueprints() -> list[Blueprint]:
     """Every blueprint of the plugin."""
     from . import agents, attempts, decisions, holds, projects, tasks

@@ -37,7 +37,7 @@ from ..graph import (
     prerequisite_ids_query,
     remove_dependency,
 )
-from ..lifecycle import TERMINAL, cancel_linked_work, reopen, set_task
+from ..lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
 from ..problems import InvalidState, RevisionConflict
 from ..records import TASK_SELECT, load_task
 from ..schema import (
@@ -616,9 +616,7 @@ async def retry(space: str, task: str) -> Response:
             )
         if stranded and row["current_submission_id"] is not None:
             await cancel_linked_work(ch, row["current_submission_id"], "the task was retried")
-        # Linked stage work keeps its stage: it is part of what the item is.
-        stage = {} if row["subject_task_id"] is not None else {"stage": None}
-        state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **stage)
+        state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **leave_stage(row))
         await ch.audit(
             "task.retried", "task", row["public_id"], previous_state=row["state"], state=state
         )
