@@ -306,8 +306,7 @@ async def _claim(
     try:
         environment = await _run_environment(ch, attempt, agent_revision)
     except RunEnvironmentRefused as exc:
-        if task["resources"] != "[]":
-            await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt_id})
+        await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt_id})
         raise Skip(
             RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
         ) from None
