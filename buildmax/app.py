@@ -106,7 +106,9 @@ def create_app(
     app.idempotency = Idempotency(app)
     app.token_toucher = TokenToucher(app, settings.token_touch_interval_seconds * 1000)
     app.audit = AuditLog(
-        app, [a for result in app.plugins.call("buildmax_audit_actions") for a in result]
+        app,
+        [a for result in app.plugins.call("buildmax_audit_actions") for a in result],
+        app.plugins.call("buildmax_audit_targets"),
     )
     _provide_blob_store(app)
     _provide_services(app)

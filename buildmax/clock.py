@@ -7,7 +7,7 @@ RFC 3339.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
@@ -41,9 +41,21 @@ class ManualClock:
         self._now += ms + int(seconds * 1000)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def to_rfc3339(epoch_ms: int | None) -> str | None:
     """``1700000000123`` -> ``"2023-11-14T22:13:20.123Z"``; ``None`` stays ``None``."""
     if epoch_ms is None:
         return None
     moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def from_rfc3339(text: str) -> int:
+    """``"2023-11-14T22:13:20.123Z"`` -> ``1700000000123``; a date alone is its
+    midnight UTC, a time without an offset is UTC. ``ValueError`` otherwise."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // timedelta(milliseconds=1)

@@ -113,6 +113,15 @@ def buildmax_audit_actions() -> list[AuditAction]:
     ]
 
 
+@hookimpl
+def buildmax_audit_targets() -> dict[str, str]:
+    return {
+        "principal": "/v1/principals/{id}",
+        "token": "/v1/tokens/{id}",
+        "space": "/v1/spaces/{id}",
+    }
+
+
 async def _sweep_forever(app: Any) -> None:
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_SECONDS)

@@ -86,9 +86,7 @@ class AuditProbe:
 
     @hookimpl
     def buildmax_audit_actions(self) -> list[AuditAction]:
-        return [
-            AuditAction("auditprobe.poked", "The probe was poked", frozenset({"count"}), "space")
-        ]
+        return [AuditAction("auditprobe.poked", "The probe was poked", frozenset({"count"}))]
 
     @hookimpl
     async def buildmax_audit_record(self, tx: Any, event: Any) -> None:
@@ -356,6 +354,54 @@ def test_buildmax_audit_actions_two_plugins_declaring_one_action_fail_app_creati
                 ("notes-b", _duplicate_declarer("notes.added")),
             ],
         )
+
+
+class _Targets:
+    def __init__(self, mapping: dict[str, str]) -> None:
+        self.mapping = mapping
+
+    @hookimpl
+    def buildmax_audit_targets(self) -> dict[str, str]:
+        return self.mapping
+
+
+@pytest.mark.engine_independent
+def test_buildmax_audit_targets_link_an_event_target_to_where_it_is_read(tmp_path):
+    settings = Config(data_dir=str(tmp_path), load_plugins="")
+    app = create_app(
+        settings, extra_plugins=[("notes", _Targets({"note": "/v1/spaces/{space}/notes/{id}"}))]
+    )
+    assert app.audit.link("note", "nt_1", "sp_1") == "/v1/spaces/sp_1/notes/nt_1"
+    # The kernel's own targets; a space-relative target without a space, or
+    # a type nobody claimed, stays unlinked.
+    assert app.audit.link("principal", "pr_1", None) == "/v1/principals/pr_1"
+    assert app.audit.link("note", "nt_1", None) is None
+    assert app.audit.link("comet", "c_1", "sp_1") is None
+
+
+@pytest.mark.engine_independent
+def test_buildmax_audit_targets_a_type_claimed_twice_fails_app_creation(tmp_path):
+    settings = Config(data_dir=str(tmp_path), load_plugins="")
+    with pytest.raises(AuditError, match=re.escape("'space' is claimed twice")):
+        create_app(settings, extra_plugins=[("copycat", _Targets({"space": "/x/{id}"}))])
+
+
+async def test_buildmax_audit_actions_a_target_of_another_type_is_refused(probe_app, probe):
+    with pytest.raises(AuditError, match="names 'space' targets, not 'task'"):
+        async with probe_app.db.write() as tx:
+            await probe_app.audit.record(
+                tx, SYSTEM_ACTOR, "space.updated", target_type="task", target_id="tk_1"
+            )
+    assert probe.seen == []
+
+
+async def test_buildmax_audit_actions_details_must_be_plain_json(probe_app, probe):
+    with pytest.raises(AuditError, match="not plain JSON"):
+        async with probe_app.db.write() as tx:
+            await probe_app.audit.record(
+                tx, SYSTEM_ACTOR, "auditprobe.poked", details={"count": object()}
+            )
+    assert probe.seen == []
 
 
 # == buildmax_blueprints and buildmax_services ========================================

@@ -15,7 +15,9 @@ from ..config import Config, ConfigError, apply_log_level, load_config
 T = TypeVar("T")
 
 
-def _settings(config_path: str | None, **overrides: Any) -> Config:
+def load_settings(config_path: str | None, **overrides: Any) -> Config:
+    """The server's settings (file, environment, then ``overrides``); a
+    configuration error becomes a clean CLI error."""
     try:
         return load_config(config_path, **overrides)
     except ConfigError as exc:
@@ -58,7 +60,7 @@ async def _open_app(settings: Config) -> Any:
     return app
 
 
-def _with_app(settings: Config, work: Callable[[Any], Awaitable[T]]) -> T:
+def with_app(settings: Config, work: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``work(app)`` with a connected (not serving) app, then close it."""
 
     async def go() -> T:
@@ -140,7 +142,7 @@ def serve(
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.run import run
 
-    settings = _settings(
+    settings = load_settings(
         config_path,
         data_dir=data_dir,
         database_url=database_url,
@@ -193,9 +195,9 @@ def db_migrate(config_path: str | None, data_dir: str | None, database_url: str 
     """Apply every pending migration of the loaded plugins (a no-op when current)."""
     from ..migrations import migrate
 
-    settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
+    settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    applied = _with_app(settings, lambda app: migrate(app.db, app.migrations(), app.clock))
+    applied = with_app(settings, lambda app: migrate(app.db, app.migrations(), app.clock))
     if not applied:
         click.echo("Nothing to migrate: the database is current.")
     for migration in applied:
@@ -210,9 +212,9 @@ def db_status(config_path: str | None, data_dir: str | None, database_url: str |
     """Show each plugin's migrations: current, pending, ahead, or not loaded."""
     from ..migrations import migration_status
 
-    settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
+    settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    statuses = _with_app(settings, lambda app: migration_status(app.db, app.migrations()))
+    statuses = with_app(settings, lambda app: migration_status(app.db, app.migrations()))
     click.echo(f"{'plugin':<24} {'database':>8} {'code':>6}  state")
     for s in statuses:
         code = "-" if s.code_version is None else str(s.code_version)
@@ -251,7 +253,7 @@ def admin_bootstrap(
     from ..bootstrap import AlreadyBootstrapped, bootstrap_admin
     from ..migrations import migrate
 
-    settings = _settings(config_path, data_dir=data_dir, database_url=database_url)
+    settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
     if password == "-":
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     if password is not None:
@@ -283,7 +285,7 @@ def plugins(requirements: bool) -> None:
     """The server's Python plugins: name, version, source, hooks implemented."""
     from ..plugins import create_plugins
 
-    settings = _settings(None)
+    settings = load_settings(None)
     infos = create_plugins(allow=settings.plugin_allow_list).infos()
     if requirements:
         from importlib.metadata import entry_points

@@ -75,6 +75,7 @@ class Tx:
         self._executor = executor
         self._after_commit: list[Callable[[], Any]] = []
         self._before_commit: list[Callable[[], Awaitable[None]]] = []
+        self._before_commit_last: list[Callable[[], Awaitable[None]]] = []
         #: Set once COMMIT has succeeded (even if the caller was cancelled).
         self.committed = False
         #: Set when the transaction or read connection has ended.
@@ -111,15 +112,19 @@ class Tx:
         """Run ``callback`` once this transaction has committed."""
         self._after_commit.append(callback)
 
-    def before_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
+    def before_commit(self, callback: Callable[[], Awaitable[None]], *, last: bool = False) -> None:
         """Await ``callback()`` inside this transaction just before COMMIT
-        (in registration order); an exception rolls everything back."""
-        self._before_commit.append(callback)
+        (in registration order); an exception rolls everything back.
+        ``last=True`` callbacks run after every other one, including those
+        registered meanwhile."""
+        (self._before_commit_last if last else self._before_commit).append(callback)
 
     async def run_before_commit(self) -> None:
-        """Run the before-commit callbacks, including any they register."""
-        while self._before_commit:
-            await self._before_commit.pop(0)()
+        """Run the before-commit callbacks, including any they register: the
+        ordinary ones first, then the ``last`` ones."""
+        while self._before_commit or self._before_commit_last:
+            queue = self._before_commit or self._before_commit_last
+            await queue.pop(0)()
 
     async def run_after_commit(self) -> None:
         """Run the registered callbacks once COMMIT succeeded, even when the

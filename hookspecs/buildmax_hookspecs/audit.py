@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 
 from .markers import hookspec
 from .protocols import Transaction
@@ -17,6 +17,18 @@ def buildmax_audit_actions() -> Iterable[AuditAction] | None:
     kernel refuses to record an action nobody declared, or details with a
     key the action did not declare. A name declared twice is a start-up
     error.
+    """
+
+
+@hookspec
+def buildmax_audit_targets() -> Mapping[str, str] | None:
+    """Where the audit targets this plugin names can be read, by target type.
+
+    Return a mapping of target type (``"task"``) to a URL path template in
+    which ``{id}`` is the target's public id and ``{space}`` the event's
+    space (``"/v1/spaces/{space}/tasks/{id}"``). Audit readers link each
+    event's target through it; a type with no template is shown unlinked.
+    Called once by the app factory; a type claimed twice is a start-up error.
     """
 
 

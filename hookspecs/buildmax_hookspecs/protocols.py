@@ -47,10 +47,14 @@ class Transaction(Protocol):
         """Run ``callback`` (sync, or returning an awaitable) once this
         transaction has committed; never when it rolls back."""
 
-    def before_commit(self, callback: Callable[[], Awaitable[None]]) -> None:
+    def before_commit(self, callback: Callable[[], Awaitable[None]], *, last: bool = False) -> None:
         """Await ``callback()`` inside this write transaction just before it
-        commits; an exception rolls the transaction back. (Batch work that
-        holds a lock until commit, such as publishing events, goes here.)"""
+        commits, in registration order; an exception rolls the transaction
+        back. (Batch work that holds a lock until commit, such as publishing
+        events, goes here.) ``last=True`` callbacks run after every other
+        one, even one registered meanwhile: for a lock that many transactions
+        contend on (an audit chain's head), taken last so it is held only
+        until COMMIT and always after any other lock."""
 
 
 class BlobTooLarge(Exception):

@@ -72,6 +72,16 @@ async def buildmax_shutdown(app: Any) -> None:
             await task
 
 
+@hookimpl
+def buildmax_audit_targets() -> dict[str, str]:
+    return {
+        "project": "/v1/spaces/{space}/projects/{id}",
+        "task": "/v1/spaces/{space}/tasks/{id}",
+        "attempt": "/v1/spaces/{space}/attempts/{id}",
+        "agent": "/v1/spaces/{space}/agents/{id}",
+    }
+
+
 def _action(name: str, description: str, target: str, *keys: str) -> AuditAction:
     # Any change may be an admin or owner overriding an attempt's owner.
     return AuditAction(name, description, frozenset((*keys, "override_reason")), target)

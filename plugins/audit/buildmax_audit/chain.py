@@ -1,0 +1,186 @@
+"""The hash chain: what an event's hash covers, and appending to a chain.
+
+Each space has a chain of its own and events with no space go on the system
+chain, so appends in different spaces never wait for each other. An event's
+hash is ``sha256(previous_hash || canonical_json(record))``: the previous
+hash as its 64 hex characters, then the canonical JSON (sorted keys, no
+whitespace, UTF-8) of the event's :func:`record`. The first event of a chain
+follows :data:`GENESIS`.
+
+Appending takes the chain's head row lock. The events of a transaction are
+kept aside and appended in one batch per chain by a ``last`` before-commit
+callback, so the lock is the last one the transaction takes and is held
+only until COMMIT: concurrent transactions append in commit order, each
+chain stays gap-free, and two transactions can never wait on each other's
+chains in opposite orders (chains are locked in sorted order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import AuditEvent, Transaction
+from sqlalchemy.dialects import postgresql, sqlite
+
+from buildmax.audit import canonical_json
+from buildmax.schema import spaces
+
+from .schema import SYSTEM_CHAIN, chains, events
+
+#: The "previous hash" of a chain's first event.
+GENESIS = "0" * 64
+
+#: The fields of an event its hash covers, in the order exports write them.
+RECORD_FIELDS = (
+    "chain",
+    "seq",
+    "time",
+    "actor_id",
+    "actor_kind",
+    "acting_through",
+    "space_id",
+    "action",
+    "target_type",
+    "target_id",
+    "details",
+    "request_id",
+    "admin_override",
+)
+
+
+def chain_of(space_id: str | None) -> str:
+    """The chain an event of ``space_id`` goes on."""
+    return SYSTEM_CHAIN if space_id is None else space_id
+
+
+async def chain_named(app: Any, ref: str) -> str | None:
+    """The chain ``ref`` names: ``system``, or a space by slug or public id
+    (``None`` when no space has that name)."""
+    if ref == SYSTEM_CHAIN:
+        return ref
+    async with app.db.read() as conn:
+        public_id = await conn.fetch_val(
+            sa.select(spaces.c.public_id).where(
+                sa.or_(spaces.c.public_id == ref, spaces.c.slug == ref)
+            )
+        )
+    return None if public_id is None else str(public_id)
+
+
+def chain_hash(previous: str, record: Mapping[str, Any]) -> str:
+    """``sha256(previous || canonical_json(record))`` in hex."""
+    return hashlib.sha256(previous.encode("ascii") + canonical_json(record)).hexdigest()
+
+
+def record_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The hashed record of a stored event row (details parsed, the flag a
+    boolean): exactly :data:`RECORD_FIELDS`."""
+    record = {name: row[name] for name in RECORD_FIELDS}
+    if isinstance(record["details"], str):
+        record["details"] = json.loads(record["details"])
+    record["admin_override"] = bool(record["admin_override"])
+    return record
+
+
+def _record(chain: str, seq: int, event: AuditEvent) -> dict[str, Any]:
+    return {
+        "chain": chain,
+        "seq": seq,
+        "time": event.time,
+        "actor_id": event.actor_id,
+        "actor_kind": event.actor_kind,
+        "acting_through": event.acting_through,
+        "space_id": event.space_id,
+        "action": event.action,
+        "target_type": event.target_type,
+        "target_id": event.target_id,
+        "details": dict(event.details),
+        "request_id": event.request_id,
+        "admin_override": event.admin_override,
+    }
+
+
+_ADVANCE = (
+    sa.update(chains)
+    .where(chains.c.chain == sa.bindparam("chain_key"))
+    .values(seq=chains.c.seq + sa.bindparam("count", type_=sa.BigInteger))
+    .returning(chains.c.seq, chains.c.head_hash)
+)
+_SET_HEAD = (
+    sa.update(chains)
+    .where(chains.c.chain == sa.bindparam("chain_key"))
+    .values(head_hash=sa.bindparam("head"))
+)
+_NEW_CHAIN = {"seq": 0, "head_hash": GENESIS, "anchor_seq": 0, "anchor_hash": GENESIS}
+_CREATE_CHAIN = {
+    name: insert(chains)
+    .values(chain=sa.bindparam("chain_key"), **_NEW_CHAIN)
+    .on_conflict_do_nothing(index_elements=["chain"])
+    for name, insert in (("sqlite", sqlite.insert), ("postgresql", postgresql.insert))
+}
+_INSERT = events.insert().values({name: sa.bindparam(name) for name in (*RECORD_FIELDS, "hash")})
+
+
+async def append(tx: Transaction, chain: str, batch: Sequence[AuditEvent]) -> list[int]:
+    """Append ``batch`` to ``chain`` in ``tx`` (locking its head until
+    commit); the sequence numbers given, in order."""
+    advance = {"chain_key": chain, "count": len(batch)}
+    head = await tx.fetch_one(_ADVANCE, advance)
+    if head is None:
+        await tx.execute(_CREATE_CHAIN[tx.dialect], {"chain_key": chain})
+        head = await tx.fetch_one(_ADVANCE, advance)
+        assert head is not None
+    first = int(head["seq"]) - len(batch) + 1
+    previous = str(head["head_hash"])
+    rows = []
+    for offset, event in enumerate(batch):
+        record = _record(chain, first + offset, event)
+        previous = chain_hash(previous, record)
+        rows.append(
+            {
+                **record,
+                "details": canonical_json(record["details"]).decode(),
+                "admin_override": int(event.admin_override),
+                "hash": previous,
+            }
+        )
+    if len(rows) == 1:
+        await tx.execute(_INSERT, rows[0])
+    else:
+        await tx.execute(events.insert().values(rows))
+    await tx.execute(_SET_HEAD, {"chain_key": chain, "head": previous})
+    return [first + offset for offset in range(len(batch))]
+
+
+class Appender:
+    """Keeps each transaction's events aside and appends them, chain by
+    chain in sorted order, as the transaction's last work before COMMIT."""
+
+    def __init__(self) -> None:
+        self._pending: weakref.WeakKeyDictionary[Any, list[AuditEvent]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def add(self, tx: Transaction, event: AuditEvent) -> None:
+        """Append ``event`` when ``tx`` commits (and never if it rolls back)."""
+        pending = self._pending.get(tx)
+        if pending is None:
+            pending = self._pending[tx] = []
+
+            async def flush() -> None:
+                await self._flush(tx)
+
+            tx.before_commit(flush, last=True)
+        pending.append(event)
+
+    async def _flush(self, tx: Transaction) -> None:
+        by_chain: dict[str, list[AuditEvent]] = {}
+        for event in self._pending.pop(tx, []):
+            by_chain.setdefault(chain_of(event.space_id), []).append(event)
+        for chain in sorted(by_chain):
+            await append(tx, chain, by_chain[chain])

@@ -1,0 +1,72 @@
+"""The audit plugin's hook implementations (entry point ``audit``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import click
+from buildmax_hookspecs import AuditAction, AuditEvent, Migration, Transaction, hookimpl
+
+from buildmax.migrations import create_tables
+
+from .chain import Appender
+from .retention import sweep_forever
+from .schema import TABLES
+from .settings import audit_settings
+
+_SWEEPER = "buildmax_audit.sweeper"
+_appender = Appender()
+
+
+@hookimpl
+def buildmax_migrations() -> list[Migration]:
+    return [Migration("audit", 1, "audit chains and events", create_tables(*TABLES))]
+
+
+@hookimpl
+def buildmax_audit_record(tx: Transaction, event: AuditEvent) -> None:
+    _appender.add(tx, event)
+
+
+@hookimpl
+def buildmax_audit_actions() -> list[AuditAction]:
+    return [
+        AuditAction(
+            "audit.retention.applied",
+            "Retention removed a chain's oldest events; the last one removed is its anchor",
+            frozenset({"removed", "through_seq", "anchor_hash", "retention_days"}),
+            "audit_chain",
+        )
+    ]
+
+
+@hookimpl
+def buildmax_blueprints(app: Any) -> list[Any]:
+    from .routes import blueprint
+
+    audit_settings(app)  # a bad [plugins.audit] table stops the app being built
+    return [blueprint]
+
+
+@hookimpl
+def buildmax_register_commands(cli: click.Group) -> None:
+    from .commands import audit_group
+
+    cli.add_command(audit_group)
+
+
+@hookimpl
+def buildmax_startup(app: Any) -> None:
+    if audit_settings(app).retention_days > 0:
+        app.extensions[_SWEEPER] = asyncio.get_running_loop().create_task(sweep_forever(app))
+
+
+@hookimpl
+async def buildmax_shutdown(app: Any) -> None:
+    task = app.extensions.pop(_SWEEPER, None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,45 @@
+"""The audit plugin's settings, from the ``[plugins.audit]`` table of the
+server's TOML file."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from buildmax.config import ConfigError
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """Retention and its sweep."""
+
+    #: Events older than this many days are removed by the sweep; 0 keeps
+    #: every event forever.
+    retention_days: int = 0
+    #: How often the retention sweep runs (when retention is set).
+    sweep_interval_seconds: int = 3600
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> AuditSettings:
+        """Settings from a ``[plugins.audit]`` table; unknown keys are refused."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"[plugins.audit]: unknown setting(s) {', '.join(unknown)}")
+        for key, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"[plugins.audit] {key}: expected a non-negative integer")
+        if raw.get("sweep_interval_seconds") == 0:
+            raise ConfigError("[plugins.audit] sweep_interval_seconds: expected at least 1")
+        return cls(**raw)
+
+
+def audit_settings(app: Any) -> AuditSettings:
+    """The app's audit settings (parsed once, kept on the app)."""
+    cached = app.extensions.get("buildmax_audit.settings")
+    if cached is None:
+        cached = AuditSettings.from_mapping(app.settings.plugins.get("audit", {}))
+        app.extensions["buildmax_audit.settings"] = cached
+    return cached  # type: ignore[no-any-return]
