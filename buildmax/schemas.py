@@ -41,15 +41,19 @@ class PrincipalCreate(Schema):
     system_role = fields.String(
         load_default=None, allow_none=True, validate=validate.OneOf(SYSTEM_ROLES)
     )
-    password = fields.String(load_default=None, allow_none=True, load_only=True)
+    password = fields.String(
+        load_default=None, allow_none=True, load_only=True, metadata={"secret": True}
+    )
 
 
 class PrincipalUpdate(Schema):
     display_name = fields.String(validate=validate.Length(max=200))
     system_role = fields.String(allow_none=True, validate=validate.OneOf(SYSTEM_ROLES))
     disabled = fields.Boolean(truthy={True}, falsy={False})
-    password = fields.String(load_only=True)
-    current_password = fields.String(load_only=True, validate=validate.Length(max=1024))
+    password = fields.String(load_only=True, metadata={"secret": True})
+    current_password = fields.String(
+        load_only=True, validate=validate.Length(max=1024), metadata={"secret": True}
+    )
 
 
 class PrincipalOut(Schema):
@@ -72,7 +76,9 @@ class PrincipalPage(Schema):
 
 class SessionCreate(Schema):
     name = fields.String(required=True, validate=validate.Length(min=1, max=64))
-    password = fields.String(required=True, validate=validate.Length(min=1, max=1024))
+    password = fields.String(
+        required=True, validate=validate.Length(min=1, max=1024), metadata={"secret": True}
+    )
 
 
 class TokenCreate(Schema):
@@ -106,7 +112,9 @@ class TokenOut(Schema):
 
 
 class TokenIssued(TokenOut):
-    token = fields.String(metadata={"description": "The secret; shown only in this response."})
+    token = fields.String(
+        metadata={"description": "The secret; shown only in this response.", "secret": True}
+    )
 
 
 class TokenPage(Schema):

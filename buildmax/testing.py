@@ -510,12 +510,84 @@ def clock() -> ManualClock:
     return ManualClock(SystemClock().now_ms())
 
 
+#: Secrets shorter than this are not looked for (they would match by chance).
+MIN_WATCHED_SECRET = 8
+
+#: The audit trail's tables (every plugin's tables carry its prefix).
+_AUDIT_TABLES = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'audit\\_%' "
+    "ESCAPE '\\'",
+    "postgresql": "SELECT tablename AS name FROM pg_tables WHERE schemaname = current_schema() "
+    "AND tablename LIKE 'audit\\_%' ESCAPE '\\'",
+}
+
+
+class SecretWatch:
+    """Every secret a test's server minted (token secrets) or was sent
+    (values of request fields marked ``metadata={"secret": True}``)."""
+
+    def __init__(self) -> None:
+        self.values: set[str] = set()
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Start watching ``buildmax.tokens.new_secret`` and request bodies."""
+        from . import bodies, tokens
+
+        mint, validate = tokens.new_secret, bodies.validate
+
+        def new_secret() -> str:
+            secret = mint()
+            self.values.add(secret)
+            return secret
+
+        def watched_validate(schema: Any, payload: Any) -> dict[str, Any]:
+            if isinstance(payload, dict):
+                for name, field in schema.fields.items():
+                    value = payload.get(field.data_key or name)
+                    if field.metadata.get("secret") and isinstance(value, str):
+                        self.values.add(value)
+            return validate(schema, payload)
+
+        monkeypatch.setattr(tokens, "new_secret", new_secret)
+        monkeypatch.setattr(bodies, "validate", watched_validate)
+
+    async def found_in_audit_tables(self, app: BuildMax) -> list[str]:
+        """``"<table>: <secret prefix>..."`` for every watched secret an
+        audit table holds anywhere in a row."""
+        import sqlalchemy as sa
+
+        secrets_ = [v for v in self.values if len(v) >= MIN_WATCHED_SECRET]
+        found = []
+        async with app.db.read() as conn:
+            names = [r["name"] for r in await conn.fetch_all(sa.text(_AUDIT_TABLES[conn.dialect]))]
+            for name in names:
+                for row in await conn.fetch_all(sa.text(f'SELECT * FROM "{name}"')):
+                    text = " ".join(str(value) for value in row.values())
+                    found += [f"{name}: {s[:6]}..." for s in secrets_ if s in text]
+        return found
+
+
 @pytest.fixture
-async def app(buildmax_settings: Config, clock: ManualClock) -> AsyncIterator[BuildMax]:
-    """A started app (migrated, plugins loaded) on the test's database."""
+def secret_watch(monkeypatch: pytest.MonkeyPatch) -> SecretWatch:
+    """The secrets of this test (see :class:`SecretWatch`)."""
+    watch = SecretWatch()
+    watch.install(monkeypatch)
+    return watch
+
+
+@pytest.fixture
+async def app(
+    buildmax_settings: Config, clock: ManualClock, secret_watch: SecretWatch
+) -> AsyncIterator[BuildMax]:
+    """A started app (migrated, plugins loaded) on the test's database.
+
+    When the test ends, no audit table may hold a secret the test's server
+    minted or was sent: every test that changes something checks it."""
     application = create_app(buildmax_settings, clock=clock, auto_migrate=True)
     async with application.test_app():
         yield application
+        leaked = await secret_watch.found_in_audit_tables(application)
+        assert leaked == [], f"the audit trail holds secrets: {leaked}"
 
 
 @pytest.fixture

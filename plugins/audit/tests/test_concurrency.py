@@ -100,6 +100,13 @@ async def _run_workers(shares: list[list[dict[str, Any]]]) -> list[dict[str, Any
     return [result for stdout, _ in outputs for result in json.loads(stdout)]
 
 
+def _log_errors(servers: list[ServerProcess]) -> list[str]:
+    """A few distinct exception lines the servers logged (a failure's why)."""
+    lines = (line.strip() for server in servers for line in server.log().splitlines())
+    found = {line for line in lines if re.match(r"[\w.]+(Error|Exception): |DETAIL: ", line)}
+    return sorted(found)[:5]
+
+
 def _start_servers(settings: Config, tmp_path: Path, count: int) -> list[ServerProcess]:
     servers: list[ServerProcess] = []
     try:
@@ -128,9 +135,9 @@ async def test_concurrent_mutations_leave_gap_free_verifying_chains(
 
 
 async def _exercise(app: Any, urls: list[str], servers: list[ServerProcess]) -> None:
-    secrets = [token for server in servers for token in TOKEN.findall(server.log())]
-    assert len(secrets) == 1, "exactly one server process bootstraps the admin"
-    admin = {"Authorization": f"Bearer {secrets[0]}"}
+    minted = [token for server in servers for token in TOKEN.findall(server.log())]
+    assert len(minted) == 1, "exactly one server process bootstraps the admin"
+    admin = {"Authorization": f"Bearer {minted[0]}"}
 
     # Setup, as the bootstrapped admin: 3 spaces, 20 principals with a
     # token each, every principal an admin of every space.
@@ -147,7 +154,9 @@ async def _exercise(app: Any, urls: list[str], servers: list[ServerProcess]) -> 
         ]
         principals = []
         for n in range(PRINCIPALS):
-            principal = await call("POST", "/v1/principals", {"name": f"agent-{n}", "kind": "agent"})
+            principal = await call(
+                "POST", "/v1/principals", {"name": f"agent-{n}", "kind": "agent"}
+            )
             issued = await call(
                 "POST", "/v1/tokens", {"name": "load", "principal_id": principal["id"]}
             )
@@ -187,7 +196,10 @@ async def _exercise(app: Any, urls: list[str], servers: list[ServerProcess]) -> 
 
     assert sorted(result["index"] for result in results) == list(range(MUTATIONS))
     failed = [result for result in results if not 200 <= (result["status"] or 0) < 300]
-    assert not failed, f"{len(failed)} requests failed, first: {failed[:3]}"
+    assert not failed, (
+        f"{len(failed)} of {MUTATIONS} requests failed, first: {failed[:2]}; "
+        f"server logs: {_log_errors(servers)}"
+    )
 
     # Exactly one new event per mutation, on the right chain, by the
     # principal that made the request; nothing older changed.
@@ -205,8 +217,23 @@ async def _exercise(app: Any, urls: list[str], servers: list[ServerProcess]) -> 
         else:
             assert (event["space_id"], event["target_id"]) == (chain, chain)
 
-    # Every chain gap-free, its head the last event, advanced by its share.
+    # Every chain verifies, through each server and in the database.
     heads_after = await heads(app)
+    async with httpx.AsyncClient(headers=admin, timeout=30) as client:
+        for url in urls:
+            response = await client.get(url + "/v1/audit/verify")
+            assert response.status_code == 200, response.text
+            report = response.json()
+            broken = [(c["chain"], c["broken_seq"], c["cause"]) for c in report["chains"]]
+            assert report["ok"], [problem for problem in broken if problem[1] is not None]
+            assert {chain["chain"] for chain in report["chains"]} == set(heads_after)
+    reports = await verify_database(app)
+    assert [(r.chain, r.broken_seq, r.cause) for r in reports if not r.ok] == []
+    assert {r.chain: r.last_seq for r in reports} == {
+        chain: head["seq"] for chain, head in heads_after.items()
+    }
+
+    # Every chain gap-free, its head the last event, advanced by its share.
     assert set(heads_after) == set(heads_before)
     per_chain = Counter(event["chain"] for event in new)
     assert per_chain[SYSTEM_CHAIN] == MUTATIONS // 2
@@ -216,16 +243,3 @@ async def _exercise(app: Any, urls: list[str], servers: list[ServerProcess]) -> 
         assert seqs == list(range(head["anchor_seq"] + 1, head["seq"] + 1)), chain
         assert head["head_hash"] == stored[-1]["hash"], chain
         assert head["seq"] - heads_before[chain]["seq"] == per_chain[chain], chain
-
-    # And every chain verifies, through each server and in the database.
-    for url in urls:
-        response = httpx.get(url + "/v1/audit/verify", headers=admin, timeout=30)
-        assert response.status_code == 200, response.text
-        report = response.json()
-        assert report["ok"], [chain for chain in report["chains"] if not chain["ok"]]
-        assert {chain["chain"] for chain in report["chains"]} == set(heads_after)
-    reports = await verify_database(app)
-    assert [(r.chain, r.broken_seq, r.cause) for r in reports if not r.ok] == []
-    assert {r.chain: r.last_seq for r in reports} == {
-        chain: head["seq"] for chain, head in heads_after.items()
-    }
