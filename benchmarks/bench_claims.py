@@ -742,6 +742,26 @@ def serve_args(data_dir: Path, port: int, database_url: str | None) -> list[str]
     return args
 
 
+#: ``--load-plugins``: the servers' BUILDMAX_LOAD_PLUGINS (None: every installed plugin).
+LOAD_PLUGINS: str | None = None
+
+
+def server_env() -> dict[str, str]:
+    """The servers' environment: no BUILDMAX_* variables, except the
+    plugin allow-list when ``--load-plugins`` gave one."""
+    env = clean_env()
+    if LOAD_PLUGINS is not None:
+        env["BUILDMAX_LOAD_PLUGINS"] = LOAD_PLUGINS
+    return env
+
+
+def env_note(note: str) -> str:
+    """How the servers' environment is described in the report."""
+    if LOAD_PLUGINS is None:
+        return note
+    return f"{note}; except BUILDMAX_LOAD_PLUGINS={LOAD_PLUGINS!r}"
+
+
 def start_server(
     name: str, workdir: Path, data_dir: Path, database_url: str | None = None
 ) -> Server:
@@ -750,7 +770,7 @@ def start_server(
     progress(f"starting {name}: {' '.join(args)}")
     log = workdir / f"{name}.log"
     log.unlink(missing_ok=True)
-    server = spawn(name, args, log, f"http://{HOST}:{port}", clean_env())
+    server = spawn(name, args, log, f"http://{HOST}:{port}", server_env())
     wait_ready(server, "/readyz", timeout=SETUP_TIMEOUT_S)
     return server
 
@@ -762,7 +782,7 @@ def loaded_plugins() -> list[str]:
             [*buildmax_command(), "plugins"],
             capture_output=True,
             text=True,
-            env=clean_env(),
+            env=server_env(),
             timeout=60,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -1217,7 +1237,7 @@ def run_sqlite(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         )
         result["configuration"] = {
             "command": " ".join(serve_args(data_dir, port_of(server), None)),
-            "environment": "no BUILDMAX_* variables, no configuration file",
+            "environment": env_note("no BUILDMAX_* variables, no configuration file"),
             "served": next(
                 (ln for ln in server.log().splitlines() if "BuildMax serving" in ln), ""
             ),
@@ -1298,7 +1318,7 @@ def run_postgres(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         migrate = [*buildmax_command(), "db", "migrate", "--database-url", url]
         progress(f"migrating: {' '.join(migrate)}")
         done = subprocess.run(
-            migrate, capture_output=True, text=True, env=clean_env(), timeout=SETUP_TIMEOUT_S
+            migrate, capture_output=True, text=True, env=server_env(), timeout=SETUP_TIMEOUT_S
         )
         if done.returncode != 0:
             raise BenchError(f"buildmax db migrate failed:\n{done.stdout}\n{done.stderr}")
@@ -1323,8 +1343,11 @@ def run_postgres(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "commands": [
                 " ".join(serve_args(data_dir, port_of(s), url)) + f"   # {s.name}" for s in servers
             ],
-            "environment": "no BUILDMAX_* variables, no configuration file; "
-            "defaults as for SQLite, pg_pool_min 2 / pg_pool_max 10 per process",
+            "environment": env_note(
+                "no BUILDMAX_* variables, no configuration file; "
+                "defaults as for SQLite, pg_pool_min 2 / pg_pool_max 10 per process"
+            ),
+            "plugins": loaded_plugins(),
         }
         ours = measure_ours(servers, setup, opts, workdir, True, opts.profile)
         load: LoadResult = ours.pop("_load")
@@ -1646,6 +1669,8 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"  command : {line}")
         if pg.get("configuration"):
             print(f"  config  : {pg['configuration']['environment']}")
+            for line in pg["configuration"].get("plugins", []):
+                print(f"  plugin  : {line}")
         print_seed(pg)
         if "ours" in pg:
             print_ours("ours (2 x buildmax serve, agents split 25/25)", pg["ours"])
@@ -1765,9 +1790,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=40,
         help="with --profile: sequential cycles counted by serve_census.py (40)",
     )
+    p.add_argument(
+        "--load-plugins",
+        metavar="NAMES",
+        help="the servers' BUILDMAX_LOAD_PLUGINS, e.g. 'tasks' to measure without the audit "
+        "plugin (default: every installed plugin)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp directory (logs, SQLite db)")
     opts = p.parse_args(argv)
+    global LOAD_PLUGINS
+    LOAD_PLUGINS = opts.load_plugins
     engines = {e.strip() for e in opts.engines.split(",") if e.strip()}
     if not engines or engines - {"sqlite", "postgresql"}:
         p.error("--engines: sqlite, postgresql or both")

@@ -17,6 +17,7 @@ chains in opposite orders (chains are locked in sorted order).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import weakref
@@ -123,7 +124,20 @@ _CREATE_CHAIN = {
     .on_conflict_do_nothing(index_elements=["chain"])
     for name, insert in (("sqlite", sqlite.insert), ("postgresql", postgresql.insert))
 }
-_INSERT = events.insert().values({name: sa.bindparam(name) for name in (*RECORD_FIELDS, "hash")})
+_COLUMNS = (*RECORD_FIELDS, "hash")
+
+#: Events per INSERT statement when a transaction appends many.
+INSERT_BATCH = 50
+
+
+@functools.cache
+def _insert(count: int, set_head: bool) -> Any:
+    """One INSERT of ``count`` events (placeholders ``<column>_<i>``), built
+    once per shape so it is compiled once. ``set_head`` (PostgreSQL) makes it
+    a data-modifying CTE of the head's update: one round trip for both."""
+    rows = [{name: sa.bindparam(f"{name}_{i}") for name in _COLUMNS} for i in range(count)]
+    statement = events.insert().values(rows)
+    return _SET_HEAD.add_cte(statement.cte("appended")) if set_head else statement
 
 
 async def append(tx: Transaction, chain: str, batch: Sequence[AuditEvent]) -> list[int]:
@@ -149,11 +163,17 @@ async def append(tx: Transaction, chain: str, batch: Sequence[AuditEvent]) -> li
                 "hash": previous,
             }
         )
-    if len(rows) == 1:
-        await tx.execute(_INSERT, rows[0])
+    head = {"chain_key": chain, "head": previous}
+    for start in range(0, len(rows), INSERT_BATCH):
+        chunk = rows[start : start + INSERT_BATCH]
+        params = {f"{name}_{i}": row[name] for i, row in enumerate(chunk) for name in _COLUMNS}
+        last = start + INSERT_BATCH >= len(rows)
+        if last and tx.dialect == "postgresql":
+            await tx.execute(_insert(len(chunk), True), params | head)
+            break
+        await tx.execute(_insert(len(chunk), False), params)
     else:
-        await tx.execute(events.insert().values(rows))
-    await tx.execute(_SET_HEAD, {"chain_key": chain, "head": previous})
+        await tx.execute(_SET_HEAD, head)
     return [first + offset for offset in range(len(batch))]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from buildmax_audit.chain import GENESIS, chain_hash, record_of
-from buildmax_audit.schema import SYSTEM_CHAIN, events
+from buildmax_audit.schema import SYSTEM_CHAIN, chains, events
 from buildmax_audit.verify import verify_database
 from buildmax_hookspecs import SYSTEM_ACTOR, hookimpl
 
@@ -273,4 +273,52 @@ async def test_events_of_one_transaction_keep_their_order_on_each_chain(app, mak
     assert [(e["seq"], e["details"]["name"]) for e in on_space] == [(1, "a"), (2, "b"), (3, "c")]
     system = await trail(app, events.c.chain == SYSTEM_CHAIN)
     assert [e["action"] for e in system][-3:] == ["principal.updated"] * 3
+    assert all(report.ok for report in await verify_database(app))
+
+
+async def test_the_chain_is_appended_to_after_every_other_before_commit_callback(
+    app, make_space, admin
+):
+    """The head lock is the last a transaction takes: work registered after
+    the event (such as publishing the space's events) still sees the old head."""
+    space = await make_space(admin)
+    seen = []
+
+    async def later() -> None:
+        row = await tx.fetch_one(chains.select().where(chains.c.chain == space.id))
+        seen.append(None if row is None else row["seq"])
+
+    async with app.db.write() as tx:
+        await app.audit.record(
+            tx,
+            SYSTEM_ACTOR,
+            "space.updated",
+            space_id=space.id,
+            target_type="space",
+            target_id=space.id,
+            details={"name": "x"},
+        )
+        tx.before_commit(later)
+    assert seen == [None]
+    assert (await heads(app))[space.id]["seq"] == 1
+
+
+async def test_a_transaction_with_many_events_appends_them_all_in_order(app, make_space, admin):
+    space = await make_space(admin)
+    async with app.db.write() as tx:
+        for index in range(120):
+            await app.audit.record(
+                tx,
+                SYSTEM_ACTOR,
+                "space.updated",
+                space_id=space.id,
+                target_type="space",
+                target_id=space.id,
+                details={"name": f"n{index}"},
+            )
+    stored = await trail(app, events.c.chain == space.id)
+    assert [(e["seq"], e["details"]["name"]) for e in stored] == [
+        (index + 1, f"n{index}") for index in range(120)
+    ]
+    assert (await heads(app))[space.id]["head_hash"] == stored[-1]["hash"]
     assert all(report.ok for report in await verify_database(app))
