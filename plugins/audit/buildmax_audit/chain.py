@@ -151,7 +151,7 @@ async def append(tx: Transaction, chain: str, batch: Sequence[AuditEvent]) -> li
         assert head is not None
     first = int(head["seq"]) - len(batch) + 1
     previous = str(head["head_hash"])
-    rows = []
+    rows: list[dict[str, Any]] = []
     for offset, event in enumerate(batch):
         record = _record(chain, first + offset, event)
         previous = chain_hash(previous, record)
