@@ -135,7 +135,9 @@ def _insert(count: int, set_head: bool) -> Any:
     """One INSERT of ``count`` events (placeholders ``<column>_<i>``), built
     once per shape so it is compiled once. ``set_head`` (PostgreSQL) makes it
     a data-modifying CTE of the head's update: one round trip for both."""
-    rows = [{name: sa.bindparam(f"{name}_{i}") for name in _COLUMNS} for i in range(count)]
+    rows: list[dict[str, Any]] = [
+        {name: sa.bindparam(f"{name}_{i}") for name in _COLUMNS} for i in range(count)
+    ]
     statement = events.insert().values(rows)
     return _SET_HEAD.add_cte(statement.cte("appended")) if set_head else statement
 
