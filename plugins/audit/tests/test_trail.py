@@ -322,3 +322,13 @@ async def test_a_transaction_with_many_events_appends_them_all_in_order(app, mak
     ]
     assert (await heads(app))[space.id]["head_hash"] == stored[-1]["hash"]
     assert all(report.ok for report in await verify_database(app))
+
+
+async def test_a_retried_mutation_is_audited_once(app, client, admin):
+    before = len(await trail(app))
+    headers = {**admin.headers, "Idempotency-Key": "create-retry-1"}
+    for _ in range(2):
+        response = await client.post("/v1/spaces", headers=headers, json={"slug": "retried"})
+        assert response.status_code == 201
+    created = await trail(app, events.c.action == "space.created")
+    assert len(created) == 1 and len(await trail(app)) == before + 1
