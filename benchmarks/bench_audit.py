@@ -50,7 +50,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
 import resource
@@ -67,6 +66,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench_read import BenchError, clean_env, nearest_rank, strip_private
+
 #: Audit issue item 6: added cost of one event inside a transaction, p95, SQLite.
 TARGET_APPEND_P95_US = 1000.0
 #: Peak RSS growth between the small and the full export still called bounded.
@@ -79,10 +80,6 @@ CHILD_TIMEOUT_S = 1800.0
 
 def progress(message: str) -> None:
     print(f"[bench_audit] {message}", file=sys.stderr, flush=True)
-
-
-class BenchError(Exception):
-    """The benchmark could not run; printed as one line."""
 
 
 def version_of(dist: str) -> str:
@@ -99,9 +96,7 @@ def pct_us(values_ns: list[int], p: float) -> float | None:
     """The ``p``-th percentile (nearest rank) of ``values_ns``, in microseconds."""
     if not values_ns:
         return None
-    ordered = sorted(values_ns)
-    rank = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
-    return round(ordered[rank] / 1000, 1)
+    return round(nearest_rank(values_ns, p) / 1000, 1)
 
 
 def summary_us(values_ns: list[int]) -> dict[str, Any]:
@@ -116,11 +111,6 @@ def summary_us(values_ns: list[int]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- subprocesses
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without BUILDMAX_* so the commands run on their defaults."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
 
 
 #: Runs argv[2:] and writes its exit code, wall time and own rusage to argv[1]. A
@@ -702,14 +692,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= opts.appends <= 1_000_000 or not 0 <= opts.warmup_appends <= 100_000:
         p.error("--appends 1..1,000,000, --warmup-appends 0..100,000")
     return opts
-
-
-def strip_private(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: strip_private(v) for k, v in value.items() if not k.startswith("_")}
-    if isinstance(value, list):
-        return [strip_private(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

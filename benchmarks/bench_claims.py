@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import platform
 import resource
@@ -66,9 +65,11 @@ from bench_read import (
     clean_env,
     free_port,
     http,
+    nearest_rank,
     proc_cpu_seconds,
     proc_status,
     spawn,
+    strip_private,
     version_of,
     wait_ready,
 )
@@ -93,9 +94,7 @@ def pct(values: list[float], p: float) -> float | None:
     """The ``p``-th percentile (nearest rank) of ``values`` in seconds, as ms."""
     if not values:
         return None
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
-    return round(ordered[rank] * 1000, 2)
+    return round(nearest_rank(values, p) * 1000, 2)
 
 
 def latency_summary(values: list[float]) -> dict[str, Any]:
@@ -1814,14 +1813,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= opts.pq_processes <= opts.agents:
         p.error("--pq-processes between 1 and --agents")
     return opts
-
-
-def strip_private(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: strip_private(v) for k, v in value.items() if not k.startswith("_")}
-    if isinstance(value, list):
-        return [strip_private(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

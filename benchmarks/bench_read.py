@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -65,6 +66,21 @@ def progress(message: str) -> None:
 
 class BenchError(Exception):
     """The benchmark could not run (setup failed); printed as one line."""
+
+
+def nearest_rank(values: list[Any], p: float) -> Any:
+    """The ``p``-th percentile of non-empty ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def strip_private(value: Any) -> Any:
+    """``value`` without the ``_``-prefixed keys of its mappings (for JSON reports)."""
+    if isinstance(value, dict):
+        return {k: strip_private(v) for k, v in value.items() if not k.startswith("_")}
+    if isinstance(value, list):
+        return [strip_private(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- helpers

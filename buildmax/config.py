@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 ENV_PREFIX = "BUILDMAX_"
 
@@ -220,3 +220,22 @@ def _validate(config: Config) -> None:
     url = config.database_url
     if url and config.engine == "sqlite" and not url.startswith("sqlite:///"):
         raise ConfigError(f"database_url must be postgresql://... or sqlite:///<path>, got {url!r}")
+
+
+S = TypeVar("S")
+
+
+def integer_settings(cls: type[S], plugin: str, raw: Mapping[str, Any], *, minimum: int) -> S:
+    """A plugin's settings dataclass of integers from its ``[plugins.<plugin>]``
+    table: an unknown key, or a value that is not an integer of at least
+    ``minimum``, is a :class:`ConfigError` naming the table and key."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"[plugins.{plugin}]: unknown setting(s) {', '.join(unknown)}")
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(
+                f"[plugins.{plugin}] {key}: expected an integer of at least {minimum}"
+            )
+    return cls(**raw)

@@ -8,13 +8,13 @@ kernel's housekeeping (expired idempotency receipts, old sign-in failures).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import AuditAction, Migration, hookimpl
 
+from .background import start_background, stop_background
 from .blobstore import FileBlobStore
 from .migrations import KERNEL, create_tables
 from .schema import KERNEL_TABLES, sign_in_failures
@@ -141,13 +141,9 @@ async def sweep(app: Any) -> None:
 
 @hookimpl
 def buildmax_startup(app: Any) -> None:
-    app.extensions[_SWEEPER] = asyncio.get_running_loop().create_task(_sweep_forever(app))
+    start_background(app, _SWEEPER, _sweep_forever(app))
 
 
 @hookimpl
 async def buildmax_shutdown(app: Any) -> None:
-    task = app.extensions.pop(_SWEEPER, None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await stop_background(app, _SWEEPER)

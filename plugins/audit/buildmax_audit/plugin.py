@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 import click
 from buildmax_hookspecs import AuditAction, AuditEvent, Migration, Transaction, hookimpl
 
+from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
 from .chain import Appender
@@ -60,13 +59,9 @@ def buildmax_register_commands(cli: click.Group) -> None:
 @hookimpl
 def buildmax_startup(app: Any) -> None:
     if audit_settings(app).retention_days > 0:
-        app.extensions[_SWEEPER] = asyncio.get_running_loop().create_task(sweep_forever(app))
+        start_background(app, _SWEEPER, sweep_forever(app))
 
 
 @hookimpl
 async def buildmax_shutdown(app: Any) -> None:
-    task = app.extensions.pop(_SWEEPER, None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await stop_background(app, _SWEEPER)

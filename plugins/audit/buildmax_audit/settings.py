@@ -3,12 +3,11 @@ server's TOML file."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from buildmax.config import ConfigError
+from buildmax.config import ConfigError, integer_settings
 
 
 @dataclass(frozen=True)
@@ -24,16 +23,10 @@ class AuditSettings:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> AuditSettings:
         """Settings from a ``[plugins.audit]`` table; unknown keys are refused."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"[plugins.audit]: unknown setting(s) {', '.join(unknown)}")
-        for key, value in raw.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"[plugins.audit] {key}: expected a non-negative integer")
-        if raw.get("sweep_interval_seconds") == 0:
+        settings = integer_settings(cls, "audit", raw, minimum=0)
+        if settings.sweep_interval_seconds < 1:
             raise ConfigError("[plugins.audit] sweep_interval_seconds: expected at least 1")
-        return cls(**raw)
+        return settings
 
 
 def audit_settings(app: Any) -> AuditSettings:

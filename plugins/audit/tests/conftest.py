@@ -11,9 +11,30 @@ import pytest
 import sqlalchemy as sa
 from buildmax_audit.commands import audit_group
 from buildmax_audit.schema import chains, events
+from buildmax_hookspecs import SYSTEM_ACTOR
 from click.testing import CliRunner, Result
 
 from buildmax.config import Config
+
+
+async def record_rename(app: Any, tx: Any, space_id: str, name: str) -> None:
+    """Record, as the system, one ``space.updated`` event of ``space_id`` in ``tx``."""
+    await app.audit.record(
+        tx,
+        SYSTEM_ACTOR,
+        "space.updated",
+        space_id=space_id,
+        target_type="space",
+        target_id=space_id,
+        details={"name": name},
+    )
+
+
+async def rename(app: Any, space_id: str, *names: str) -> None:
+    """One ``space.updated`` event per name, each in its own transaction."""
+    for name in names:
+        async with app.db.write() as tx:
+            await record_rename(app, tx, space_id, name)
 
 
 async def trail(app: Any, *conditions: Any) -> list[dict[str, Any]]:

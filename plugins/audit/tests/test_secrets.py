@@ -4,7 +4,7 @@ tests show the watch sees the secrets and catches a leak."""
 
 from __future__ import annotations
 
-from buildmax_hookspecs import SYSTEM_ACTOR
+from .conftest import record_rename
 
 PASSWORD = "a long enough password"
 
@@ -30,14 +30,6 @@ async def test_the_watch_catches_a_secret_written_to_the_trail(
     space = await make_space(admin)
     async with app.db.write() as tx:
         # A declared key carrying a secret value: only the watch can see it.
-        await app.audit.record(
-            tx,
-            SYSTEM_ACTOR,
-            "space.updated",
-            space_id=space.id,
-            target_type="space",
-            target_id=space.id,
-            details={"name": f"leaked {admin.token}"},
-        )
+        await record_rename(app, tx, space.id, f"leaked {admin.token}")
     assert await secret_watch.found_in_audit_tables(app) == [f"audit_events: {admin.token[:6]}..."]
     secret_watch.values.discard(admin.token)  # so the fixture's own check passes

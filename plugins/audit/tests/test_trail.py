@@ -17,7 +17,7 @@ from buildmax.audit import AuditError
 from buildmax.bootstrap import bootstrap_admin
 from buildmax.schema import principals, spaces
 
-from .conftest import heads, trail
+from .conftest import heads, record_rename, trail
 
 PASSWORD = "correct horse battery staple"
 #: The space is the one the request creates.
@@ -257,15 +257,7 @@ async def test_events_of_one_transaction_keep_their_order_on_each_chain(app, mak
     space = await make_space(admin)
     async with app.db.write() as tx:
         for name in ("a", "b", "c"):
-            await app.audit.record(
-                tx,
-                SYSTEM_ACTOR,
-                "space.updated",
-                space_id=space.id,
-                target_type="space",
-                target_id=space.id,
-                details={"name": name},
-            )
+            await record_rename(app, tx, space.id, name)
             await app.audit.record(
                 tx, SYSTEM_ACTOR, "principal.updated", target_type="principal", target_id=admin.id
             )
@@ -289,15 +281,7 @@ async def test_the_chain_is_appended_to_after_every_other_before_commit_callback
         seen.append(None if row is None else row["seq"])
 
     async with app.db.write() as tx:
-        await app.audit.record(
-            tx,
-            SYSTEM_ACTOR,
-            "space.updated",
-            space_id=space.id,
-            target_type="space",
-            target_id=space.id,
-            details={"name": "x"},
-        )
+        await record_rename(app, tx, space.id, "x")
         tx.before_commit(later)
     assert seen == [None]
     assert (await heads(app))[space.id]["seq"] == 1
@@ -307,15 +291,7 @@ async def test_a_transaction_with_many_events_appends_them_all_in_order(app, mak
     space = await make_space(admin)
     async with app.db.write() as tx:
         for index in range(120):
-            await app.audit.record(
-                tx,
-                SYSTEM_ACTOR,
-                "space.updated",
-                space_id=space.id,
-                target_type="space",
-                target_id=space.id,
-                details={"name": f"n{index}"},
-            )
+            await record_rename(app, tx, space.id, f"n{index}")
     stored = await trail(app, events.c.chain == space.id)
     assert [(e["seq"], e["details"]["name"]) for e in stored] == [
         (index + 1, f"n{index}") for index in range(120)

@@ -3,6 +3,7 @@ verifiable: ``buildmax audit verify|export|sweep`` and ``GET /v1/audit/verify``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -11,25 +12,11 @@ import pytest
 import sqlalchemy as sa
 from buildmax_audit.retention import DAY_MS, sweep
 from buildmax_audit.schema import SYSTEM_CHAIN, chains, events
+from buildmax_audit.settings import AuditSettings, audit_settings
 from buildmax_audit.verify import verify_database
 from buildmax_hookspecs import SYSTEM_ACTOR
 
-from .conftest import heads, tamper, trail
-
-
-async def rename(app: Any, space: Any, *names: str) -> None:
-    """One ``space.updated`` event per name, each in its own transaction."""
-    for name in names:
-        async with app.db.write() as tx:
-            await app.audit.record(
-                tx,
-                SYSTEM_ACTOR,
-                "space.updated",
-                space_id=space.id,
-                target_type="space",
-                target_id=space.id,
-                details={"name": name},
-            )
+from .conftest import heads, rename, tamper, trail
 
 
 @pytest.fixture
@@ -37,7 +24,7 @@ async def space(app, admin, make_space):
     """A space whose chain holds events 1..6 (renames n1..n6); the system
     chain holds one event."""
     made = await make_space(admin, "tampered")
-    await rename(app, made, *(f"n{i}" for i in range(1, 7)))
+    await rename(app, made.id, *(f"n{i}" for i in range(1, 7)))
     async with app.db.write() as tx:
         await app.audit.record(
             tx, SYSTEM_ACTOR, "principal.enabled", target_type="principal", target_id=admin.id
@@ -159,9 +146,9 @@ async def test_an_export_verifies_offline_and_tampering_with_it_is_detected(
 async def test_an_export_of_one_space_and_a_time_window(app, clock, space, audit_cli, tmp_path):
     clock.advance(seconds=60)
     middle = clock.now_ms()
-    await rename(app, space, "n7", "n8")
+    await rename(app, space.id, "n7", "n8")
     clock.advance(seconds=60)
-    await rename(app, space, "n9")
+    await rename(app, space.id, "n9")
     from buildmax.clock import to_rfc3339
 
     out = tmp_path / "window.jsonl"
@@ -192,7 +179,7 @@ async def test_retention_keeps_the_chain_verifiable_and_is_audited(
     app, clock, space, audit_cli, tmp_path
 ):
     clock.advance(seconds=10 * 86400)
-    await rename(app, space, "recent")
+    await rename(app, space.id, "recent")
     old_sixth = (await trail(app, events.c.chain == space.id, events.c.seq == 6))[0]
 
     swept = await sweep(app, retention_days=5)
@@ -228,7 +215,52 @@ async def test_the_sweep_command_applies_retention(app, clock, admin, make_space
     # The command runs on the real clock: these events are three days old.
     clock.advance(ms=-3 * DAY_MS)
     space = await make_space(admin)
-    await rename(app, space, "old", "older")
+    await rename(app, space.id, "old", "older")
     result = await audit_cli("sweep", "--retention-days", "1")
     assert f"{space.id}: removed 2 event(s) through 2" in result.output
     assert all(report.ok for report in await verify_database(app))
+
+
+@pytest.mark.engine_independent
+def test_retention_settings_are_checked(tmp_path):
+    from buildmax.app import create_app
+    from buildmax.config import Config, ConfigError
+
+    def build(table: dict[str, Any]) -> Any:
+        return create_app(Config(data_dir=str(tmp_path), plugins={"audit": table}))
+
+    assert audit_settings(build({})) == AuditSettings(retention_days=0)
+    assert audit_settings(build({"retention_days": 30})).retention_days == 30
+    for table, message in (
+        ({"retention_day": 30}, r"\[plugins.audit\]: unknown setting\(s\) retention_day"),
+        ({"retention_days": -1}, "retention_days: expected an integer of at least 0"),
+        ({"retention_days": "30"}, "retention_days: expected an integer"),
+        ({"sweep_interval_seconds": 0}, "sweep_interval_seconds: expected at least 1"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            build(table)
+
+
+async def test_the_server_sweeps_on_its_own_when_retention_is_set(buildmax_database_url, tmp_path):
+    from buildmax.app import create_app
+    from buildmax.clock import ManualClock, SystemClock
+    from buildmax.config import Config
+
+    url = buildmax_database_url if buildmax_database_url.startswith("postgresql") else ""
+    settings = Config(
+        data_dir=str(tmp_path / "swept"),
+        database_url=url,
+        plugins={"audit": {"retention_days": 1, "sweep_interval_seconds": 1}},
+    )
+    clock = ManualClock(SystemClock().now_ms())
+    app = create_app(settings, clock=clock, auto_migrate=True)
+    async with app.test_app():
+        await rename(app, "sp_swept", "old")
+        clock.advance(ms=2 * DAY_MS)
+        for _ in range(40):
+            if (await heads(app))["sp_swept"]["anchor_seq"] == 1:
+                break
+            await asyncio.sleep(0.1)
+        stored = await trail(app, events.c.chain == "sp_swept")
+        assert [e["action"] for e in stored] == ["audit.retention.applied"]
+        assert all(report.ok for report in await verify_database(app))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 import click
 from buildmax_hookspecs import AuditAction, Migration, TaskQueue, hookimpl
 
+from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
 from .queue import SqlTaskQueue
@@ -60,16 +59,12 @@ def buildmax_startup(app: Any) -> None:
     tasks_state(app)  # inconsistent stages stop start-up here
     app.idempotency.register_reminter(TOKEN_KIND, remint_attempt_token)
     interval = task_settings(app).reap_interval_seconds
-    app.extensions[_REAPER] = asyncio.get_running_loop().create_task(reap_forever(app, interval))
+    start_background(app, _REAPER, reap_forever(app, interval))
 
 
 @hookimpl
 async def buildmax_shutdown(app: Any) -> None:
-    task = app.extensions.pop(_REAPER, None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await stop_background(app, _REAPER)
 
 
 @hookimpl

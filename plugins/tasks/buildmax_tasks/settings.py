@@ -3,12 +3,11 @@ server's TOML file."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from buildmax.config import ConfigError
+from buildmax.config import ConfigError, integer_settings
 
 
 @dataclass(frozen=True)
@@ -27,16 +26,7 @@ class TaskSettings:
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> TaskSettings:
         """Settings from a ``[plugins.tasks]`` table; unknown keys are refused."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"[plugins.tasks]: unknown setting(s) {', '.join(unknown)}")
-        values: dict[str, int] = {}
-        for key, value in raw.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"[plugins.tasks] {key}: expected a positive integer")
-            values[key] = value
-        settings = cls(**values)
+        settings = integer_settings(cls, "tasks", raw, minimum=1)
         if settings.lease_seconds > settings.lease_max_seconds:
             raise ConfigError("[plugins.tasks] lease_seconds exceeds lease_max_seconds")
         return settings
