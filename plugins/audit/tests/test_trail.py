@@ -17,7 +17,7 @@ from buildmax.audit import AuditError
 from buildmax.bootstrap import bootstrap_admin
 from buildmax.schema import principals, spaces
 
-from .conftest import heads, record_rename, trail
+from .conftest import heads, record_rename, rename, trail
 
 PASSWORD = "correct horse battery staple"
 #: The space is the one the request creates.
@@ -308,3 +308,27 @@ async def test_a_retried_mutation_is_audited_once(app, client, admin):
         assert response.status_code == 201
     created = await trail(app, events.c.action == "space.created")
     assert len(created) == 1 and len(await trail(app)) == before + 1
+
+
+TRICKY_NAMES = [
+    "Ünïcode ✓ 🚀",
+    'quotes " and \\ backslashes',
+    '"seq":0, inside a value',
+    "tab\tnew\nline\r and \u2028",
+    "",
+]
+
+
+async def test_any_text_is_hashed_alike_by_every_engine(app, make_space, admin):
+    """On PostgreSQL a single event's hash is computed by the database; it
+    must agree with the canonical JSON hashed here, for any text."""
+    space = await make_space(admin)
+    for name in TRICKY_NAMES:
+        await rename(app, space.id, name)
+    stored = await trail(app, events.c.chain == space.id)
+    previous = GENESIS
+    for event, name in zip(stored, TRICKY_NAMES, strict=True):
+        assert event["details"] == {"name": name}
+        assert event["hash"] == chain_hash(previous, record_of(event))
+        previous = event["hash"]
+    assert all(report.ok for report in await verify_database(app))
