@@ -50,4 +50,12 @@ async def bootstrap_admin(
             target_id=principal["public_id"],
             details={"name": name},
         )
+        await app.audit.record(
+            tx,
+            SYSTEM_ACTOR,
+            "token.created",
+            target_type="token",
+            target_id=issued.public_id,
+            details={"principal_id": principal["public_id"], "name": "bootstrap"},
+        )
     return issued

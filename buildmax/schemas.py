@@ -26,6 +26,8 @@ class Timestamp(fields.Field[Any]):
 
 #: Names that would collide with route words (``/v1/principals/me``).
 RESERVED_NAMES = ("me",)
+#: Slugs with another meaning (``system`` names the audit trail's system chain).
+RESERVED_SLUGS = ("system",)
 
 
 class PrincipalCreate(Schema):
@@ -128,7 +130,10 @@ class TokenPage(Schema):
 class SpaceCreate(Schema):
     slug = fields.String(
         required=True,
-        validate=validate.Regexp(SLUG_PATTERN, error="2-63 lowercase letters, digits or '-'"),
+        validate=[
+            validate.Regexp(SLUG_PATTERN, error="2-63 lowercase letters, digits or '-'"),
+            validate.NoneOf(RESERVED_SLUGS, error="this slug is reserved"),
+        ],
     )
     name = fields.String(load_default=None, validate=validate.Length(min=1, max=200))
     owner_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(max=64))

@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import contextlib
 import glob
+import json
 import os
 import platform
 import secrets
@@ -556,7 +557,10 @@ class SecretWatch:
         audit table holds anywhere in a row."""
         import sqlalchemy as sa
 
-        secrets_ = [v for v in self.values if len(v) >= MIN_WATCHED_SECRET]
+        # As written, and as it reads inside stored JSON (quotes, backslashes
+        # and control characters escaped).
+        watched = [v for v in self.values if len(v) >= MIN_WATCHED_SECRET]
+        secrets_ = {*watched, *(json.dumps(v, ensure_ascii=False)[1:-1] for v in watched)}
         found = []
         async with app.db.read() as conn:
             names = [r["name"] for r in await conn.fetch_all(sa.text(_AUDIT_TABLES[conn.dialect]))]

@@ -192,8 +192,9 @@ async def update(ref: str) -> Response:
             )
         if await count_admins(tx) == 0:
             raise Conflict("this would leave no enabled system admin", slug="last-admin")
+        ended = []
         if password_hash is not None:
-            await _end_other_sessions(tx, target["id"], caller.token_pk, now)
+            ended = await _end_other_sessions(tx, target["id"], caller.token_pk, now)
         row = await find_principal(tx, target["public_id"])
         assert row is not None
         for action, details in _audit_actions(values, row):
@@ -204,6 +205,15 @@ async def update(ref: str) -> Response:
                 target_type="principal",
                 target_id=row["public_id"],
                 details=details,
+            )
+        for token_id in ended:
+            await app.audit.record(
+                tx,
+                caller.actor,
+                "token.revoked",
+                target_type="token",
+                target_id=token_id,
+                details={"principal_id": row["public_id"]},
             )
     return json_response(_render(row))
 
@@ -226,9 +236,10 @@ def _changes(
 
 async def _end_other_sessions(
     tx: Transaction, principal_pk: int, keep_token_pk: int, now: int
-) -> None:
-    """A new password ends the principal's sign-in sessions but the current one."""
-    await tx.execute(
+) -> list[str]:
+    """A new password ends the principal's sign-in sessions but the current
+    one; the public ids of the sessions it ended."""
+    rows = await tx.fetch_all(
         sa.update(tokens)
         .where(
             tokens.c.principal_id == principal_pk,
@@ -237,7 +248,9 @@ async def _end_other_sessions(
             tokens.c.id != keep_token_pk,
         )
         .values(revoked_at=now)
+        .returning(tokens.c.public_id)
     )
+    return sorted(row["public_id"] for row in rows)
 
 
 def _audit_actions(values: dict[str, Any], row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

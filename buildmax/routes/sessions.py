@@ -109,8 +109,13 @@ async def sign_out() -> Response:
     app = current_buildmax()
     caller = await authenticate()
     async with app.db.write() as tx:
-        await revoke_token(tx, caller.actor.token_id or "", now=app.clock.now_ms())
-        await app.audit.record(
-            tx, caller.actor, "token.revoked", target_type="token", target_id=caller.actor.token_id
-        )
+        # Two sign-outs at once: only the one that revoked it is audited.
+        if await revoke_token(tx, caller.actor.token_id or "", now=app.clock.now_ms()):
+            await app.audit.record(
+                tx,
+                caller.actor,
+                "token.revoked",
+                target_type="token",
+                target_id=caller.actor.token_id,
+            )
     return Response(status=204)

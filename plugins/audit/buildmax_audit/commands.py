@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from buildmax.clock import from_rfc3339
+from buildmax.clock import from_rfc3339, to_rfc3339
 from buildmax.commands.server import (
     config_option,
     data_dir_option,
@@ -26,8 +26,10 @@ def _time(name: str, value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        return from_rfc3339(value)
-    except ValueError:
+        moment = from_rfc3339(value)
+        to_rfc3339(moment)  # it must be writable in the export's header too
+        return moment
+    except (ValueError, OverflowError):
         raise click.BadParameter(
             f"{value!r} is not an RFC 3339 time (like 2026-01-31T12:00:00Z)", param_hint=name
         ) from None
@@ -79,7 +81,7 @@ def export_command(
     after --since to the last before --until. The file appears only once
     it is complete.
     """
-    from .export import export_lines, plan
+    from .export import TrailChanged, export_lines, plan
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
     start, end = _time("--since", since), _time("--until", until)
@@ -92,7 +94,10 @@ def export_command(
             async for line in export_lines(app, slices, since=start, until=end):
                 sys.stdout.write(line)
             return total, len(slices)
-        handle, temporary = tempfile.mkstemp(prefix=".audit-export-", dir=directory)
+        try:
+            handle, temporary = tempfile.mkstemp(prefix=".audit-export-", dir=directory)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
         try:
             with (
                 os.fdopen(handle, "w", encoding="utf-8") as out,
@@ -110,7 +115,10 @@ def export_command(
             raise
         return total, len(slices)
 
-    events, chains = with_app(settings, work)
+    try:
+        events, chains = with_app(settings, work)
+    except TrailChanged as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"exported {events} event(s) of {chains} chain(s) to {output}", err=True)
 
 

@@ -29,6 +29,11 @@ FORMAT = "buildmax-audit-export"
 VERSION = 1
 
 
+class TrailChanged(Exception):
+    """Events the export planned to write were gone when it read them (a
+    retention sweep ran meanwhile)."""
+
+
 @dataclass(frozen=True)
 class ChainSlice:
     """The run of one chain's sequence numbers an export covers."""
@@ -111,8 +116,9 @@ async def export_lines(
                 "hash": piece.anchor_hash,
             }
         )
-        last_hash = piece.anchor_hash
+        last_hash, written = piece.anchor_hash, 0
         async for row in stored_events(app, piece.chain, piece.first, piece.last):
+            written += 1
             item: dict[str, Any] = {"kind": "event"}
             for name in RECORD_FIELDS:
                 item[name] = row[name]
@@ -120,5 +126,10 @@ async def export_lines(
             item["admin_override"] = bool(row["admin_override"])
             item["hash"] = last_hash = row["hash"]
             yield _line(item)
+        if written != piece.size:
+            raise TrailChanged(
+                f"chain {piece.chain} lost events {piece.first}..{piece.last} while it was "
+                "exported (a retention sweep?); export again"
+            )
         ends[piece.chain] = {"last_seq": piece.last, "hash": last_hash}
     yield _line({"kind": "end", "events": sum(p.size for p in slices), "chains": ends})

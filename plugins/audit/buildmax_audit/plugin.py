@@ -12,7 +12,7 @@ from buildmax.migrations import create_tables
 
 from .chain import Appender
 from .retention import sweep_forever
-from .schema import TABLES
+from .schema import RETENTION_ACTION, TABLES
 from .settings import audit_settings
 
 _SWEEPER = "buildmax_audit.sweeper"
@@ -33,7 +33,7 @@ def buildmax_audit_record(tx: Transaction, event: AuditEvent) -> None:
 def buildmax_audit_actions() -> list[AuditAction]:
     return [
         AuditAction(
-            "audit.retention.applied",
+            RETENTION_ACTION,
             "Retention removed a chain's oldest events; the last one removed is its anchor",
             frozenset({"removed", "through_seq", "anchor_hash", "retention_days"}),
             "audit_chain",

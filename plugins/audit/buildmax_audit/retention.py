@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR
 
-from .schema import SYSTEM_CHAIN, chains, events
+from .schema import RETENTION_ACTION, SYSTEM_CHAIN, chains, events
 from .settings import audit_settings
 from .verify import chain_heads
 
@@ -86,7 +86,7 @@ async def _sweep_chain(app: Any, chain: str, horizon: int, days: int) -> Swept |
         await app.audit.record(
             tx,
             SYSTEM_ACTOR,
-            "audit.retention.applied",
+            RETENTION_ACTION,
             space_id=None if chain == SYSTEM_CHAIN else chain,
             target_type="audit_chain",
             target_id=chain,

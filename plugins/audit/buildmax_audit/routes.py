@@ -143,7 +143,8 @@ def _conditions() -> list[Any]:
             conditions.append(column == value)
     action = _text_filter("action")
     if action is not None:
-        conditions.append(events.c.action.startswith(action, autoescape=True))
+        # Exact and case-sensitive on both engines (SQLite's LIKE ignores case).
+        conditions.append(sa.func.substr(events.c.action, 1, len(action)) == action)
     since, until = _time_filter("since"), _time_filter("until")
     if since is not None:
         conditions.append(events.c.time >= since)

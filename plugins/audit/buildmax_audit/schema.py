@@ -17,6 +17,8 @@ metadata = sa.MetaData()
 
 #: The chain of events with no space.
 SYSTEM_CHAIN = "system"
+#: The action a retention sweep appends to the chain it trimmed.
+RETENTION_ACTION = "audit.retention.applied"
 
 chains = sa.Table(
     "audit_chains",

@@ -9,6 +9,9 @@ from typing import Any
 
 from buildmax.config import ConfigError, integer_settings
 
+#: A retention longer than a century is a mistake, not a policy.
+MAX_RETENTION_DAYS = 36_500
+
 
 @dataclass(frozen=True)
 class AuditSettings:
@@ -24,6 +27,10 @@ class AuditSettings:
     def from_mapping(cls, raw: Mapping[str, Any]) -> AuditSettings:
         """Settings from a ``[plugins.audit]`` table; unknown keys are refused."""
         settings = integer_settings(cls, "audit", raw, minimum=0)
+        if settings.retention_days > MAX_RETENTION_DAYS:
+            raise ConfigError(
+                f"[plugins.audit] retention_days: at most {MAX_RETENTION_DAYS} (0 keeps forever)"
+            )
         if settings.sweep_interval_seconds < 1:
             raise ConfigError("[plugins.audit] sweep_interval_seconds: expected at least 1")
         return settings

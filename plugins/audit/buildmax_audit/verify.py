@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
-from .chain import GENESIS, RECORD_FIELDS, chain_hash, record_of
-from .schema import chains, events
+from .chain import RECORD_FIELDS, chain_hash, record_of
+from .schema import RETENTION_ACTION, chains, events
 
 #: Events read per query while verifying or exporting.
 BATCH = 1000
@@ -94,18 +94,27 @@ class ChainCheck:
         self.previous = stored_hash
         self.expected += 1
 
-    def finish(self, head_seq: int | None, head_hash: str | None) -> ChainReport:
-        """Compare the end of the chain with the head it recorded (``None``
-        when the source records none) and return the report."""
-        if self.report.ok and head_seq is not None:
-            if self.expected - 1 < head_seq:
-                self.fail(
-                    self.expected,
-                    f"events {self.expected}..{head_seq} are missing (the chain's head is "
-                    f"{head_seq})",
-                )
-            elif self.expected - 1 > head_seq or self.previous != head_hash:
-                self.fail(head_seq, "the chain's recorded head does not match its events")
+    def finish(self, committed_seq: int, head_seq: int, head_hash: str | None) -> ChainReport:
+        """Compare the end of the chain with its recorded head and return the
+        report. Every event up to ``committed_seq`` must have been seen;
+        ``head_seq``/``head_hash`` is the head as recorded now (on a live
+        database it may have moved on past ``committed_seq`` meanwhile)."""
+        last = self.expected - 1
+        if not self.report.ok:
+            pass
+        elif last < committed_seq:
+            self.fail(
+                self.expected,
+                f"events {self.expected}..{committed_seq} are missing (the chain's head is "
+                f"{committed_seq})",
+            )
+        elif last > head_seq:
+            self.fail(
+                head_seq + 1,
+                f"event {head_seq + 1} is beyond the chain's recorded head ({head_seq})",
+            )
+        elif last == head_seq and head_hash is not None and self.previous != head_hash:
+            self.fail(head_seq, "the chain's recorded head does not match its events")
         return self.report
 
 
@@ -147,17 +156,64 @@ async def stored_events(
         after = rows[-1]["seq"]
 
 
-async def verify_database(app: Any, only: str | None = None) -> list[ChainReport]:
-    """Verify every chain in the database (or just ``only``)."""
-    heads = await chain_heads(app, only)
-    reports = []
-    for head in heads:
-        check = ChainCheck.start(head["chain"], head["anchor_seq"], head["anchor_hash"])
-        async for row in stored_events(app, head["chain"], head["anchor_seq"] + 1):
+async def _head(app: Any, chain: str) -> dict[str, Any] | None:
+    async with app.db.read() as conn:
+        row = await conn.fetch_one(sa.select(chains).where(chains.c.chain == chain))
+    return None if row is None else dict(row)
+
+
+async def _anchor_recorded(app: Any, head: dict[str, Any]) -> bool:
+    """Whether the chain's newest retention event names its anchor (each
+    sweep appends one after moving the anchor)."""
+    async with app.db.read() as conn:
+        details = await conn.fetch_val(
+            sa.select(events.c.details)
+            .where(events.c.chain == head["chain"], events.c.action == RETENTION_ACTION)
+            .order_by(events.c.seq.desc())
+            .limit(1)
+        )
+    if details is None:
+        return False
+    recorded = json.loads(details)
+    return bool(
+        recorded.get("through_seq") == head["anchor_seq"]
+        and recorded.get("anchor_hash") == head["anchor_hash"]
+    )
+
+
+async def verify_chain(app: Any, chain: str) -> ChainReport:
+    """Verify one chain of a live database: events appended while it runs
+    are checked too, and a retention sweep that moves the anchor meanwhile
+    makes it start again from the new anchor."""
+    while True:
+        head = await _head(app, chain)
+        if head is None:
+            report = ChainReport(chain, 0)
+            report.broken_seq, report.cause = 0, "the chain's head is gone"
+            return report
+        check = ChainCheck.start(chain, head["anchor_seq"], head["anchor_hash"])
+        async for row in stored_events(app, chain, head["anchor_seq"] + 1):
             check.feed(record_of(row), row["hash"])
             if not check.report.ok:
                 break
-        reports.append(check.finish(head["seq"], head["head_hash"]))
+        now = await _head(app, chain)
+        if now is not None and now["anchor_seq"] != head["anchor_seq"]:
+            continue
+        now = now or head
+        report = check.finish(head["seq"], now["seq"], now["head_hash"])
+        if report.ok and head["anchor_seq"] > 0 and not await _anchor_recorded(app, head):
+            check.fail(
+                head["anchor_seq"],
+                f"the anchor (event {head['anchor_seq']}) was not set by a recorded "
+                "retention sweep",
+            )
+        return report
+
+
+async def verify_database(app: Any, only: str | None = None) -> list[ChainReport]:
+    """Verify every chain in the database (or just ``only``)."""
+    heads = await chain_heads(app, only)
+    reports = [await verify_chain(app, head["chain"]) for head in heads]
     known = {head["chain"] for head in heads}
     query = sa.select(events.c.chain, sa.func.min(events.c.seq).label("first")).group_by(
         events.c.chain
@@ -202,34 +258,46 @@ def verify_export(stream: IO[str]) -> list[ChainReport]:
         raise ExportError("the file does not start with an audit export header")
     checks: dict[str, ChainCheck] = {}
     end: dict[str, Any] | None = None
+    seen = 0
     for number, item in items:
         kind = item.get("kind")
         if end is not None:
             raise ExportError(f"line {number} follows the end line")
         if kind == "anchor":
-            chain = str(item.get("chain"))
+            chain, seq, anchor = item.get("chain"), item.get("seq"), item.get("hash")
+            if not (isinstance(chain, str) and isinstance(seq, int) and isinstance(anchor, str)):
+                raise ExportError(f"line {number}: an anchor needs a chain, a seq and a hash")
             if chain in checks:
                 raise ExportError(f"line {number}: a second anchor for chain {chain!r}")
-            checks[chain] = ChainCheck.start(
-                chain, int(item.get("seq", 0)), str(item.get("hash", GENESIS))
-            )
+            checks[chain] = ChainCheck.start(chain, seq, anchor)
         elif kind == "event":
-            chain = str(item.get("chain"))
-            check = checks.get(chain)
-            if check is None:
-                raise ExportError(f"line {number}: an event of chain {chain!r} before its anchor")
-            try:
-                record = {name: item[name] for name in RECORD_FIELDS}
-            except KeyError as missing:
-                check.feed({"seq": item.get("seq")}, "")
-                check.report.cause = f"the event lacks {missing}"
-                continue
-            check.feed(record, str(item.get("hash")))
+            seen += 1
+            _feed_line(checks, number, item)
         elif kind == "end":
             end = item
         else:
             raise ExportError(f"line {number} is of no known kind")
-    return _finish_export(checks, end)
+    reports = _finish_export(checks, end)
+    if end is not None and end.get("events") != seen and all(r.ok for r in reports):
+        raise ExportError(f"the end line counts {end.get('events')} events; the file holds {seen}")
+    return reports
+
+
+def _feed_line(checks: Mapping[str, ChainCheck], number: int, item: Mapping[str, Any]) -> None:
+    chain = str(item.get("chain"))
+    check = checks.get(chain)
+    if check is None:
+        raise ExportError(f"line {number}: an event of chain {chain!r} before its anchor")
+    missing = [name for name in RECORD_FIELDS if name not in item]
+    seq = item.get("seq")
+    if missing:
+        check.fail(check.expected, f"line {number}: the event lacks {', '.join(missing)}")
+        return
+    try:
+        check.feed({name: item[name] for name in RECORD_FIELDS}, str(item.get("hash")))
+    except (TypeError, ValueError):
+        at = seq if isinstance(seq, int) else check.expected
+        check.fail(at, f"line {number}: the event is not plain JSON")
 
 
 def _finish_export(
@@ -244,9 +312,13 @@ def _finish_export(
         raise ExportError("the end line lists no chains")
     reports = []
     for chain, check in checks.items():
-        head = heads.get(chain) or {}
-        last = head.get("last_seq")
-        reports.append(check.finish(last if isinstance(last, int) else None, head.get("hash")))
+        head = heads.get(chain)
+        if not (isinstance(head, dict) and isinstance(head.get("last_seq"), int)):
+            check.fail(check.report.anchor_seq + 1, "the end line does not name this chain")
+            reports.append(check.report)
+            continue
+        last = head["last_seq"]
+        reports.append(check.finish(last, last, head.get("hash")))
     for chain in sorted(set(heads) - set(checks)):
         report = ChainReport(chain, 0)
         report.broken_seq, report.cause = 0, "the end line names a chain the export lacks"

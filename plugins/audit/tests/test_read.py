@@ -99,8 +99,12 @@ async def test_system_admins_read_every_chain_with_filters(client, admin, two_sp
     assert [e["details"]["name"] for e in by_actor["items"]] == ["two", "one"]
     by_target = await get(client, "/v1/audit", admin, target=ids["space-a"], target_type="space")
     assert len(by_target["items"]) == 3
-    # A LIKE wildcard in the prefix is taken literally.
+    # The prefix is literal and case-sensitive on every engine.
     assert (await get(client, "/v1/audit", admin, action="space%"))["items"] == []
+    assert (await get(client, "/v1/audit", admin, action="SPACE."))["items"] == []
+    # No space can take the name of the system chain.
+    taken = await client.post("/v1/spaces", headers=admin.headers, json={"slug": "system"})
+    assert taken.status_code == 422
 
     await get(client, "/v1/audit", admin, 404, space="nowhere")
     bad = await get(client, "/v1/audit", admin, 422, since="last tuesday")

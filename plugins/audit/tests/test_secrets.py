@@ -20,7 +20,10 @@ async def test_the_watch_sees_minted_tokens_and_secret_fields(app, client, admin
         await client.post("/v1/sessions", json={"name": "carol", "password": PASSWORD})
     ).get_json()
     token = await (await client.post("/v1/tokens", headers=admin.headers, json={})).get_json()
-    assert {PASSWORD, session["token"], token["token"], admin.token} <= secret_watch.values
+    wrong = "a wrong but long password"  # seen only by the sign-in's secret field
+    refused = await client.post("/v1/sessions", json={"name": "carol", "password": wrong})
+    assert refused.status_code == 401
+    assert {PASSWORD, wrong, session["token"], token["token"], admin.token} <= secret_watch.values
     assert await secret_watch.found_in_audit_tables(app) == []
 
 
@@ -33,3 +36,15 @@ async def test_the_watch_catches_a_secret_written_to_the_trail(
         await record_rename(app, tx, space.id, f"leaked {admin.token}")
     assert await secret_watch.found_in_audit_tables(app) == [f"audit_events: {admin.token[:6]}..."]
     secret_watch.values.discard(admin.token)  # so the fixture's own check passes
+
+
+async def test_the_watch_finds_a_secret_stored_escaped_in_json(
+    app, admin, make_space, secret_watch
+):
+    space = await make_space(admin)
+    tricky = 'pass"word\\with\nescapes'
+    secret_watch.values.add(tricky)
+    async with app.db.write() as tx:
+        await record_rename(app, tx, space.id, tricky)
+    assert len(await secret_watch.found_in_audit_tables(app)) == 1
+    secret_watch.values.discard(tricky)

@@ -5,13 +5,14 @@ refused loudly and nothing is written."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from buildmax_audit.chain import GENESIS, chain_hash, record_of
 from buildmax_audit.schema import SYSTEM_CHAIN, chains, events
 from buildmax_audit.verify import verify_database
-from buildmax_hookspecs import SYSTEM_ACTOR, hookimpl
+from buildmax_hookspecs import SYSTEM_ACTOR, AuditAction, hookimpl
 
 from buildmax.audit import AuditError
 from buildmax.bootstrap import bootstrap_admin
@@ -179,16 +180,56 @@ async def test_a_read_or_a_refused_mutation_leaves_no_event(app, client, admin, 
 
 
 async def test_bootstrap_is_a_system_event_on_the_system_chain(app):
-    await bootstrap_admin(app, name="root")
-    [event] = await trail(app)
-    assert (event["action"], event["actor_id"], event["actor_kind"], event["chain"]) == (
-        "admin.bootstrapped",
-        None,
-        "system",
-        SYSTEM_CHAIN,
+    issued = await bootstrap_admin(app, name="root")
+    bootstrapped, token = await trail(app)
+    assert (
+        bootstrapped["action"],
+        bootstrapped["actor_id"],
+        bootstrapped["actor_kind"],
+        bootstrapped["chain"],
+    ) == ("admin.bootstrapped", None, "system", SYSTEM_CHAIN)
+    assert (token["action"], token["target_id"], token["details"]["name"]) == (
+        "token.created",
+        issued.public_id,
+        "bootstrap",
     )
-    assert event["seq"] == 1
-    assert event["hash"] == chain_hash(GENESIS, record_of(event))
+    assert [bootstrapped["seq"], token["seq"]] == [1, 2]
+    assert bootstrapped["hash"] == chain_hash(GENESIS, record_of(bootstrapped))
+
+
+async def test_a_new_password_audits_every_session_it_ends(app, client, admin):
+    created = await client.post(
+        "/v1/principals",
+        headers=admin.headers,
+        json={"kind": "human", "name": "dora", "password": PASSWORD},
+    )
+    dora = (await created.get_json())["id"]
+    sessions = []
+    for _ in range(3):
+        response = await client.post("/v1/sessions", json={"name": "dora", "password": PASSWORD})
+        sessions.append(await response.get_json())
+    as_first = {"Authorization": f"Bearer {sessions[0]['token']}"}
+    changed = await client.patch(
+        f"/v1/principals/{dora}",
+        headers=as_first,
+        json={"password": PASSWORD + "?", "current_password": PASSWORD},
+    )
+    assert changed.status_code == 200
+    revoked = await trail(app, events.c.action == "token.revoked")
+    assert sorted(e["target_id"] for e in revoked) == sorted(s["id"] for s in sessions[1:])
+    assert {(e["actor_id"], e["details"]["principal_id"]) for e in revoked} == {(dora, dora)}
+
+
+async def test_two_sign_outs_at_once_are_audited_once(app, client, admin):
+    response = await client.post("/v1/tokens", headers=admin.headers, json={"name": "twice"})
+    token = await response.get_json()
+    headers = {"Authorization": f"Bearer {token['token']}"}
+    answers = await asyncio.gather(
+        *(client.delete("/v1/sessions/current", headers=headers) for _ in range(5))
+    )
+    assert {a.status_code for a in answers} <= {204, 401}
+    revoked = await trail(app, events.c.action == "token.revoked")
+    assert [e["target_id"] for e in revoked] == [token["id"]]
 
 
 class FailAfter:
@@ -331,4 +372,58 @@ async def test_any_text_is_hashed_alike_by_every_engine(app, make_space, admin):
         assert event["details"] == {"name": name}
         assert event["hash"] == chain_hash(previous, record_of(event))
         previous = event["hash"]
+    assert all(report.ok for report in await verify_database(app))
+
+
+async def test_details_over_8_kib_are_refused(app, make_space, admin):
+    space = await make_space(admin)
+    before = await trail(app)
+    # 4,100 characters of two bytes each: under 8 KiB in characters, over it in bytes.
+    for name in ("x" * 9000, "é" * 4100):
+        with pytest.raises(AuditError, match="exceed 8192 bytes"):
+            async with app.db.write() as tx:
+                await record_rename(app, tx, space.id, name)
+    assert await trail(app) == before
+    await rename(app, space.id, "x" * 8000)
+
+
+async def test_nested_details_hash_alike_on_every_engine(app, make_space, admin):
+    """A detail holding its own ``seq`` key must not confuse the database's
+    half of the hash (PostgreSQL splits the record around the top-level one)."""
+    space = await make_space(admin)
+    app.audit.actions["probe.nested"] = AuditAction(
+        "probe.nested", "nested details", frozenset({"data"}), "space"
+    )
+    async with app.db.write() as tx:
+        await app.audit.record(
+            tx,
+            SYSTEM_ACTOR,
+            "probe.nested",
+            space_id=space.id,
+            target_type="space",
+            target_id=space.id,
+            details={"data": {"seq": 0, "z": [{"seq": 0}]}},
+        )
+    [event] = await trail(app, events.c.chain == space.id)
+    assert event["hash"] == chain_hash(GENESIS, record_of(event))
+
+
+async def test_concurrent_writers_on_shared_and_new_chains_neither_deadlock_nor_collide(
+    app, make_space, admin
+):
+    """Transactions naming two chains in opposite orders lock them in one
+    order; first appends to a chain nobody has written yet all land."""
+    first, second = await make_space(admin), await make_space(admin)
+
+    async def write(index: int) -> None:
+        pair = (first.id, second.id) if index % 2 else (second.id, first.id)
+        async with app.db.write() as tx:
+            for chain in (*pair, f"sp_fresh_{index % 4}"):
+                await record_rename(app, tx, chain, f"w{index}")
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(write(index) for index in range(40)))
+    chains_now = await heads(app)
+    assert chains_now[first.id]["seq"] == chains_now[second.id]["seq"] == 40
+    assert [chains_now[f"sp_fresh_{n}"]["seq"] for n in range(4)] == [10] * 4
     assert all(report.ok for report in await verify_database(app))

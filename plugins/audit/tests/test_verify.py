@@ -264,3 +264,149 @@ async def test_the_server_sweeps_on_its_own_when_retention_is_set(buildmax_datab
         stored = await trail(app, events.c.chain == "sp_swept")
         assert [e["action"] for e in stored] == ["audit.retention.applied"]
         assert all(report.ok for report in await verify_database(app))
+
+
+async def test_verifying_a_trail_that_is_being_written_reports_no_false_break(
+    app, admin, make_space
+):
+    space = await make_space(admin)
+    await rename(app, space.id, *(f"n{i}" for i in range(30)))
+    writing = True
+
+    async def writer() -> None:
+        index = 0
+        while writing:
+            await rename(app, space.id, f"w{index}")
+            index += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(writer())
+    try:
+        found = []
+        for _ in range(15):
+            found += [r.body() for r in await verify_database(app) if not r.ok]
+    finally:
+        writing = False
+        await task
+    assert found == []
+
+
+async def test_a_sweep_during_verification_restarts_the_chain_from_its_new_anchor(
+    app, clock, space, monkeypatch
+):
+    import buildmax_audit.verify as verify_module
+
+    clock.advance(ms=10 * DAY_MS)
+    await rename(app, space.id, "recent")
+    read = verify_module.stored_events
+    swept: list[Any] = []
+
+    async def sweep_first(*args: Any, **kwargs: Any) -> Any:
+        if not swept:
+            swept.append(await sweep(app, retention_days=5))
+        async for row in read(*args, **kwargs):
+            yield row
+
+    monkeypatch.setattr(verify_module, "stored_events", sweep_first)
+    reports = await verify_database(app, space.id)
+    assert swept and [r.body() for r in reports if not r.ok] == []
+    assert reports[0].anchor_seq == 6
+
+
+async def test_an_export_that_loses_events_to_a_sweep_fails(
+    app, clock, space, monkeypatch, tmp_path
+):
+    import buildmax_audit.export as export_module
+
+    clock.advance(ms=10 * DAY_MS)
+    plan = export_module.plan
+
+    async def plan_then_sweep(*args: Any, **kwargs: Any) -> Any:
+        slices = await plan(*args, **kwargs)
+        await sweep(app, retention_days=5)
+        return slices
+
+    monkeypatch.setattr(export_module, "plan", plan_then_sweep)
+    slices = await export_module.plan(app)
+    with pytest.raises(export_module.TrailChanged, match="lost events"):
+        async for _ in export_module.export_lines(app, slices):
+            pass
+
+
+async def test_an_anchor_moved_without_a_retention_sweep_is_reported(app, space, audit_cli):
+    [third] = await trail(app, at(space, 3))
+    await tamper(app, events.delete().where(events.c.chain == space.id, events.c.seq <= 3))
+    await tamper(
+        app,
+        chains.update()
+        .where(chains.c.chain == space.id)
+        .values(anchor_seq=3, anchor_hash=third["hash"]),
+    )
+    result = await audit_cli("verify", expect=1)
+    assert f"{space.id}: first bad sequence 3: the anchor (event 3) was not set" in result.output
+
+
+async def test_events_without_a_chain_head_are_reported(app, space, audit_cli):
+    await tamper(app, chains.delete().where(chains.c.chain == space.id))
+    result = await audit_cli("verify", expect=1)
+    assert f"{space.id}: first bad sequence 1: the chain has events but no head" in result.output
+
+
+async def test_forged_and_malformed_exports_are_refused(app, space, audit_cli, tmp_path):
+    out = tmp_path / "trail.jsonl"
+    await audit_cli("export", "--output", str(out))
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+
+    async def check(name: str, changed: list[dict[str, Any]], expected: str) -> None:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(line) + "\n" for line in changed))
+        result = await audit_cli("verify", str(path), expect=1, offline=True)
+        assert expected in result.output, result.output
+
+    mine = [i for i, line in enumerate(lines) if line.get("chain") == space.id]
+    anchor, third = lines[mine[0]], lines[mine[3]]
+    forged = [
+        {**anchor, "chain": "sp_forged"},
+        {**third, "chain": "sp_forged", "seq": 1},
+    ]
+    await check("forged.jsonl", lines[:-1] + forged + lines[-1:], "sp_forged: first bad sequence")
+    await check(
+        "twice.jsonl", [*lines[: mine[3] + 1], third, *lines[mine[3] + 1 :]], "first bad sequence 4"
+    )
+    await check("anchors.jsonl", [*lines[:-1], anchor, *lines[-1:]], "a second anchor")
+    await check(
+        "count.jsonl", [*lines[:-1], {**lines[-1], "events": 999}], "end line counts 999 events"
+    )
+    await check(
+        "seq.jsonl",
+        [*lines[: mine[0]], {**anchor, "seq": "abc"}, *lines[mine[0] + 1 :]],
+        "an anchor needs a chain, a seq and a hash",
+    )
+    nan = out.read_text().replace('"details":{"name":"n2"}', '"details":{"name":NaN}')
+    (tmp_path / "nan.jsonl").write_text(nan)
+    result = await audit_cli("verify", str(tmp_path / "nan.jsonl"), expect=1, offline=True)
+    assert "not plain JSON" in result.output
+
+
+async def test_retention_keeps_an_event_recorded_at_the_horizon(app, clock, admin, make_space):
+    space = await make_space(admin)
+    clock.now_ms()
+    await rename(app, space.id, "older")
+    clock.advance(ms=1)
+    await rename(app, space.id, "at the horizon")
+    clock.advance(ms=DAY_MS)  # the second event is exactly at the horizon now
+    [swept] = [s for s in await sweep(app, retention_days=1) if s.chain == space.id]
+    assert (swept.removed, swept.through_seq) == (1, 1)
+    kept = await trail(app, events.c.chain == space.id)
+    assert [e["details"].get("name") for e in kept] == ["at the horizon", None]
+
+
+async def test_export_refuses_what_it_cannot_write(app, space, audit_cli, tmp_path):
+    missing = tmp_path / "no" / "such" / "dir" / "trail.jsonl"
+    result = await audit_cli("export", "--output", str(missing), expect=1)
+    assert "cannot write" in result.output
+    ancient = "0001-01-01T00:00:00+23:59"
+    result = await audit_cli(
+        "export", "--since", ancient, "--output", str(tmp_path / "x"), expect=2
+    )
+    assert "not an RFC 3339 time" in result.output
