@@ -61,12 +61,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench_read import BenchError, clean_env, nearest_rank, strip_private
+from bench_read import BenchError, clean_env, db_url, nearest_rank, strip_private
 
 #: Audit issue item 6: added cost of one event inside a transaction, p95, SQLite.
 TARGET_APPEND_P95_US = 1000.0
@@ -485,11 +484,6 @@ async def _pg_admin(url: str, statement: str) -> str:
         return ""
     finally:
         await conn.close()
-
-
-def db_url(base: str, name: str) -> str:
-    parts = urllib.parse.urlsplit(base)
-    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
 
 
 def run_postgres(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from bench_read import (
     Server,
     buildmax_command,
     clean_env,
+    db_url,
     free_port,
     http,
     nearest_rank,
@@ -1296,11 +1297,6 @@ async def _admin(url: str, statement: str) -> None:
         await conn.execute(statement)
     finally:
         await conn.close()
-
-
-def db_url(base: str, name: str) -> str:
-    parts = urllib.parse.urlsplit(base)
-    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
 
 
 def run_postgres(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -72,6 +73,12 @@ def nearest_rank(values: list[Any], p: float) -> Any:
     """The ``p``-th percentile of non-empty ``values`` (nearest rank)."""
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def db_url(base: str, name: str) -> str:
+    """``base`` (a PostgreSQL server URL) naming database ``name``."""
+    parts = urllib.parse.urlsplit(base)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
 
 
 def strip_private(value: Any) -> Any:

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
@@ -239,3 +239,14 @@ def integer_settings(cls: type[S], plugin: str, raw: Mapping[str, Any], *, minim
                 f"[plugins.{plugin}] {key}: expected an integer of at least {minimum}"
             )
     return cls(**raw)
+
+
+def plugin_settings(app: Any, plugin: str, parse: Callable[[Mapping[str, Any]], S]) -> S:
+    """``app``'s ``[plugins.<plugin>]`` table parsed by ``parse``, once: the
+    result is kept on the app."""
+    key = f"{plugin}.settings"
+    cached = app.extensions.get(key)
+    if cached is None:
+        cached = parse(app.settings.plugins.get(plugin, {}))
+        app.extensions[key] = cached
+    return cached  # type: ignore[no-any-return]

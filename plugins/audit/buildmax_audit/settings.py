@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from buildmax.config import ConfigError, integer_settings
+from buildmax.config import ConfigError, integer_settings, plugin_settings
 
 #: A retention longer than a century is a mistake, not a policy.
 MAX_RETENTION_DAYS = 36_500
@@ -38,8 +38,4 @@ class AuditSettings:
 
 def audit_settings(app: Any) -> AuditSettings:
     """The app's audit settings (parsed once, kept on the app)."""
-    cached = app.extensions.get("buildmax_audit.settings")
-    if cached is None:
-        cached = AuditSettings.from_mapping(app.settings.plugins.get("audit", {}))
-        app.extensions["buildmax_audit.settings"] = cached
-    return cached  # type: ignore[no-any-return]
+    return plugin_settings(app, "audit", AuditSettings.from_mapping)

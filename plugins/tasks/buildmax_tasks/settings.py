@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from buildmax.config import ConfigError, integer_settings
+from buildmax.config import ConfigError, integer_settings, plugin_settings
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,4 @@ class TaskSettings:
 
 def task_settings(app: Any) -> TaskSettings:
     """The app's tasks settings (parsed once, kept on the app)."""
-    cached = app.extensions.get("buildmax_tasks.settings")
-    if cached is None:
-        cached = TaskSettings.from_mapping(app.settings.plugins.get("tasks", {}))
-        app.extensions["buildmax_tasks.settings"] = cached
-    return cached  # type: ignore[no-any-return]
+    return plugin_settings(app, "tasks", TaskSettings.from_mapping)
