@@ -4,15 +4,18 @@ Each space has a chain of its own and events with no space go on the system
 chain, so appends in different spaces never wait for each other. An event's
 hash is ``sha256(previous_hash || canonical_json(record))``: the previous
 hash as its 64 hex characters, then the canonical JSON (sorted keys, no
-whitespace, UTF-8) of the event's :func:`record`. The first event of a chain
-follows :data:`GENESIS`.
+whitespace, UTF-8) of the event's record (:data:`RECORD_FIELDS`; see
+:func:`record_of`). The first event of a chain follows :data:`GENESIS`.
 
 Appending takes the chain's head row lock. The events of a transaction are
 kept aside and appended in one batch per chain by a ``last`` before-commit
 callback, so the lock is the last one the transaction takes and is held
 only until COMMIT: concurrent transactions append in commit order, each
 chain stays gap-free, and two transactions can never wait on each other's
-chains in opposite orders (chains are locked in sorted order).
+chains in opposite orders (chains are locked in sorted order). On
+PostgreSQL a single event is appended in one statement whose update of the
+head row computes the new hash in SQL from the row it locked
+(:data:`_APPEND_ONE`); both engines hash the same bytes.
 """
 
 from __future__ import annotations
