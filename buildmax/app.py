@@ -27,6 +27,7 @@ from .migrations import MigrationError, migrate, migration_status, refuse_if_ahe
 from .plugins import Plugins, create_plugins
 from .problems import PROBLEM_CONTENT_TYPE, BadRequest, NotFound, Problem, problem_for_status
 from .services import Services
+from .streaming import PulledRequest, PullingHTTPConnection
 
 log = logging.getLogger("buildmax")
 
@@ -34,7 +35,12 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 class BuildMax(Quart):
-    """The Quart app with the kernel's parts attached."""
+    """The Quart app with the kernel's parts attached. Request bodies are
+    pulled from the connection as the handler reads them
+    (:mod:`buildmax.streaming`)."""
+
+    asgi_http_class = PullingHTTPConnection
+    request_class = PulledRequest
 
     settings: Config
     clock: Clock
