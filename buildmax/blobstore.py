@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from buildmax_hookspecs import BlobNotFound, BlobRef, BlobTooLarge
+from buildmax_hookspecs import BlobDigestMismatch, BlobNotFound, BlobRef, BlobTooLarge
 
 CHUNK = 256 * 1024
 TMP_DIR = ".tmp"
@@ -55,9 +55,15 @@ class FileBlobStore:
         return self.root / _check_key(key)
 
     async def put(
-        self, prefix: str, stream: AsyncIterator[bytes], *, max_bytes: int | None = None
+        self,
+        prefix: str,
+        stream: AsyncIterator[bytes],
+        *,
+        max_bytes: int | None = None,
+        expected_sha256: str | None = None,
     ) -> BlobRef:
-        """Stream to a temporary file, hashing; move to ``<prefix>/sha256/<digest>``."""
+        """Stream to a temporary file, hashing; move to ``<prefix>/sha256/<digest>``
+        (only when the digest is ``expected_sha256``, if given)."""
         _check_key(prefix)
         tmp_dir = self.root / TMP_DIR
         await asyncio.to_thread(tmp_dir.mkdir, parents=True, exist_ok=True)
@@ -77,6 +83,8 @@ class FileBlobStore:
                 await asyncio.to_thread(os.fsync, fh.fileno())
             finally:
                 await asyncio.to_thread(fh.close)
+            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+                raise BlobDigestMismatch(expected_sha256, digest.hexdigest())
             key = f"{prefix}/sha256/{digest.hexdigest()}"
             final = self._path(key)
             await asyncio.to_thread(final.parent.mkdir, parents=True, exist_ok=True)

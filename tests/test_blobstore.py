@@ -13,7 +13,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from buildmax_hookspecs import BlobNotFound, BlobRef, BlobStore, BlobTooLarge, hookimpl
+from buildmax_hookspecs import (
+    BlobDigestMismatch,
+    BlobNotFound,
+    BlobRef,
+    BlobStore,
+    BlobTooLarge,
+    hookimpl,
+)
 
 from buildmax.app import create_app
 from buildmax.blobstore import CHUNK, TMP_DIR, BlobKeyError, FileBlobStore
@@ -148,6 +155,17 @@ async def test_an_oversized_stream_raises_and_leaves_no_file(store):
     assert not (store.root / "up").exists()
     assert list((store.root / TMP_DIR).iterdir()) == []
     assert _files(store.root) == []
+
+
+async def test_bytes_that_are_not_the_expected_digest_leave_nothing(store):
+    data = b"the expected bytes"
+    with pytest.raises(BlobDigestMismatch) as caught:
+        await store.put("up", _stream(data), expected_sha256="0" * 64)
+    assert caught.value.actual == hashlib.sha256(data).hexdigest()
+    assert _files(store.root) == []
+    assert list((store.root / TMP_DIR).iterdir()) == []
+    ref = await store.put("up", _stream(data), expected_sha256=hashlib.sha256(data).hexdigest())
+    assert _files(store.root) == [ref.key]
 
 
 async def test_a_stream_of_exactly_max_bytes_is_accepted(store):

@@ -7,7 +7,15 @@ Protocols services implement. This package imports nothing of BuildMax.
 
 from . import app, audit, auth, storage, workflow
 from .markers import PROJECT_NAME, hookimpl, hookspec
-from .protocols import BlobNotFound, BlobStore, BlobTooLarge, Row, TaskQueue, Transaction
+from .protocols import (
+    BlobDigestMismatch,
+    BlobNotFound,
+    BlobStore,
+    BlobTooLarge,
+    Row,
+    TaskQueue,
+    Transaction,
+)
 from .records import (
     SYSTEM_ACTOR,
     Actor,
@@ -37,6 +45,7 @@ __all__ = [
     "AttemptRef",
     "AuditAction",
     "AuditEvent",
+    "BlobDigestMismatch",
     "BlobNotFound",
     "BlobRef",
     "BlobStore",

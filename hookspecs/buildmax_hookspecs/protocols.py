@@ -71,18 +71,34 @@ class BlobNotFound(Exception):
     """Raised when a key names no blob in the store."""
 
 
+class BlobDigestMismatch(Exception):
+    """Raised by :meth:`BlobStore.put` when the bytes' sha256 is not the one
+    expected. Nothing is left behind: the temporary object is removed first."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(f"the bytes' sha256 is {actual}, not the expected {expected}")
+        self.expected, self.actual = expected, actual
+
+
 @runtime_checkable
 class BlobStore(Protocol):
     """Content-addressed blob storage (filesystem, S3, ...)."""
 
     async def put(
-        self, prefix: str, stream: AsyncIterator[bytes], *, max_bytes: int | None = None
+        self,
+        prefix: str,
+        stream: AsyncIterator[bytes],
+        *,
+        max_bytes: int | None = None,
+        expected_sha256: str | None = None,
     ) -> BlobRef:
         """Store a stream under ``<prefix>/sha256/<digest>``.
 
         The bytes are written to a temporary object and moved into place only
-        once complete, so a failed or oversized upload leaves nothing under
-        the prefix. Raises :class:`BlobTooLarge` past ``max_bytes``."""
+        once complete, so a failed, oversized or mismatched upload leaves
+        nothing under the prefix. Raises :class:`BlobTooLarge` past
+        ``max_bytes`` and :class:`BlobDigestMismatch` when the digest is not
+        ``expected_sha256`` (lowercase hex)."""
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> AsyncIterator[bytes]:
         """Stream a blob's bytes; ``byte_range`` is ``(start, end)`` inclusive.

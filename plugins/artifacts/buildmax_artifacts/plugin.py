@@ -1,0 +1,45 @@
+"""The artifacts plugin's hook implementations (entry point ``artifacts``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from buildmax_hookspecs import AuditAction, Migration, hookimpl
+
+from buildmax.migrations import create_tables
+
+from .schema import TABLES
+from .settings import artifact_settings
+
+
+@hookimpl
+def buildmax_migrations() -> list[Migration]:
+    return [Migration("artifacts", 1, "artifacts, quotas, uploads", create_tables(*TABLES))]
+
+
+@hookimpl
+def buildmax_blueprints(app: Any) -> list[Any]:
+    from .routes import blueprint
+
+    artifact_settings(app)  # a bad [plugins.artifacts] table stops the app being built
+    return [blueprint]
+
+
+@hookimpl
+def buildmax_audit_actions() -> list[AuditAction]:
+    return [
+        AuditAction(
+            "artifact.uploaded",
+            "An artifact was uploaded (its name, type, size and digest; never its bytes)",
+            frozenset({"name", "media_type", "size", "sha256", "task_id", "attempt_id"}),
+            "artifact",
+        ),
+        AuditAction(
+            "artifact.deleted", "An artifact was deleted (a tombstone)", frozenset(), "artifact"
+        ),
+    ]
+
+
+@hookimpl
+def buildmax_audit_targets() -> dict[str, str]:
+    return {"artifact": "/v1/spaces/{space}/artifacts/{id}"}

@@ -1,0 +1,112 @@
+"""Quota accounting: reserve before an upload streams, then settle or release.
+
+Each reservation is one short write transaction: a conditional ``UPDATE``
+per scope adds the declared bytes only if stored + reserved + declared stays
+within the scope's limit (the row lock makes concurrent uploads queue, so
+they can never overshoot together), and an ``artifact_uploads`` row names
+the reservation. No transaction is open while the bytes stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+from sqlalchemy.dialects import postgresql, sqlite
+
+from buildmax.ids import new_id
+from buildmax.problems import Conflict
+
+from .schema import quotas, uploads
+from .settings import ArtifactSettings
+
+DEPLOYMENT = "deployment"
+
+
+class QuotaExceeded(Conflict):
+    slug, title = "quota-exceeded", "The artifact would exceed a storage quota"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Bytes set aside for one upload in flight."""
+
+    public_id: str
+    space_pk: int
+    space_id: str
+    bytes: int
+
+    @property
+    def scopes(self) -> tuple[str, str]:
+        """The quota scopes it counts against."""
+        return DEPLOYMENT, f"space:{self.space_id}"
+
+
+_ENSURE = {
+    name: insert(quotas)
+    .values(scope=sa.bindparam("scope"), used=0, reserved=0)
+    .on_conflict_do_nothing(index_elements=["scope"])
+    for name, insert in (("sqlite", sqlite.insert), ("postgresql", postgresql.insert))
+}
+_RESERVE = (
+    sa.update(quotas)
+    .where(
+        quotas.c.scope == sa.bindparam("scope"),
+        quotas.c.used + quotas.c.reserved + sa.bindparam("bytes", type_=sa.BigInteger)
+        <= sa.bindparam("limit", type_=sa.BigInteger),
+    )
+    .values(reserved=quotas.c.reserved + sa.bindparam("bytes", type_=sa.BigInteger))
+    .returning(quotas.c.scope)
+)
+_MOVE = (
+    sa.update(quotas)
+    .where(quotas.c.scope == sa.bindparam("scope"))
+    .values(
+        reserved=quotas.c.reserved - sa.bindparam("reserved", type_=sa.BigInteger),
+        used=quotas.c.used + sa.bindparam("stored", type_=sa.BigInteger),
+    )
+)
+
+
+async def reserve(
+    app: Any, settings: ArtifactSettings, space_pk: int, space_id: str, size: int, principal_pk: int
+) -> Reservation:
+    """Set ``size`` bytes aside in the deployment's and the space's quota;
+    :class:`QuotaExceeded` (and nothing changed) when either is full."""
+    reservation = Reservation(new_id("up"), space_pk, space_id, size)
+    space_limit = settings.space_quota_bytes or settings.quota_bytes
+    async with app.db.write() as tx:
+        for scope, limit in zip(
+            reservation.scopes, (settings.quota_bytes, space_limit), strict=True
+        ):
+            await tx.execute(_ENSURE[tx.dialect], {"scope": scope})
+            ok = await tx.fetch_val(_RESERVE, {"scope": scope, "bytes": size, "limit": limit})
+            if ok is None:
+                which = "the deployment's" if scope == DEPLOYMENT else "the space's"
+                raise QuotaExceeded(f"{size} more bytes would exceed {which} quota of {limit}")
+        await tx.execute(
+            uploads.insert().values(
+                public_id=reservation.public_id,
+                space_id=space_pk,
+                bytes=size,
+                created_at=app.clock.now_ms(),
+                created_by=principal_pk,
+            )
+        )
+    return reservation
+
+
+async def settle(tx: Transaction, reservation: Reservation, stored: int) -> None:
+    """In ``tx``: end the reservation, counting ``stored`` bytes as used
+    (0 when the upload failed)."""
+    for scope in reservation.scopes:
+        await tx.execute(_MOVE, {"scope": scope, "reserved": reservation.bytes, "stored": stored})
+    await tx.execute(uploads.delete().where(uploads.c.public_id == reservation.public_id))
+
+
+async def release(app: Any, reservation: Reservation) -> None:
+    """End a reservation whose upload failed, in its own transaction."""
+    async with app.db.write() as tx:
+        await settle(tx, reservation, 0)

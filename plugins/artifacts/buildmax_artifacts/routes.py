@@ -1,0 +1,407 @@
+"""Artifacts over HTTP, under ``/v1/spaces/{space}/artifacts``.
+
+Upload: ``POST`` with the bytes as the body (``Content-Type`` is the media
+type) and ``name``, optional ``sha256``, ``task`` and ``attempt`` in the
+query string. The declared size (``Content-Length``, or the limit for a
+chunked body) is reserved first in a short transaction; the body streams
+into the blob store, pulled only as fast as it is written; the artifact row
+is written, and the reservation settled, in a second short transaction. A
+refused, oversized, mismatched or interrupted upload leaves no artifact and
+no reservation, and the store removes its temporary bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, cast
+
+import sqlalchemy as sa
+from buildmax_hookspecs import BlobDigestMismatch, BlobStore, BlobTooLarge, TaskQueue
+from marshmallow import Schema, fields
+from quart import Blueprint, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from buildmax.access import SpaceAccess, require_space
+from buildmax.apidoc import api
+from buildmax.app import BuildMax, current_buildmax
+from buildmax.auth import Caller, authenticate
+from buildmax.bodies import json_response
+from buildmax.database.base import uncancellable
+from buildmax.ids import new_id
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import (
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    Problem,
+    ValidationFailed,
+)
+from buildmax.schema import principals
+from buildmax.schemas import Timestamp
+from buildmax.services import ServiceMissing
+from buildmax.streaming import allow_body
+
+from .quota import Reservation, release, reserve, settle
+from .schema import artifacts
+from .settings import artifact_settings
+
+blueprint = Blueprint("artifacts", __name__)
+
+#: The blob store's key prefix of this plugin (other plugins keep their own).
+KEY_PREFIX = "artifacts"
+_MEDIA_TYPE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: Media types shown inline; everything else is served as an attachment.
+INLINE = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "text/plain"})
+
+
+class DigestMismatch(ValidationFailed):
+    slug, title = "digest-mismatch", "The bytes are not the ones the sha256 names"
+
+
+class BlobMissing(Problem):
+    status, slug, title = 410, "blob-missing", "The artifact's bytes are gone from the store"
+
+
+class RangeNotSatisfiable(Problem):
+    status, slug, title = 416, "range-not-satisfiable", "The range is outside the artifact"
+
+
+class ArtifactOut(Schema):
+    id = fields.String(attribute="public_id")
+    name = fields.String()
+    media_type = fields.String()
+    size = fields.Integer()
+    sha256 = fields.String()
+    task_id = fields.String(allow_none=True)
+    attempt_id = fields.String(allow_none=True)
+    pinned = fields.Boolean()
+    created_at = Timestamp()
+    created_by = fields.String(metadata={"description": "Principal public id"})
+    url = fields.String(metadata={"description": "Where the bytes are downloaded"})
+
+
+class ArtifactPage(Schema):
+    items = fields.List(fields.Nested(ArtifactOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+_OUT = ArtifactOut()
+_SELECT = sa.select(
+    artifacts,
+    sa.select(principals.c.public_id)
+    .where(principals.c.id == artifacts.c.created_by)
+    .scalar_subquery()
+    .label("creator"),
+)
+
+
+def blob_store(app: BuildMax) -> BlobStore:
+    """The app's blob store service."""
+    return cast(BlobStore, app.services.get(cast(type, BlobStore)))
+
+
+def _render(space: SpaceAccess, row: Any) -> dict[str, Any]:
+    return _OUT.dump(  # type: ignore[no-any-return]
+        {
+            **row,
+            "pinned": bool(row["pinned"]),
+            "created_by": row["creator"],
+            "url": f"/v1/spaces/{space.public_id}/artifacts/{row['public_id']}/content",
+        }
+    )
+
+
+def _text_arg(name: str, *, required: bool = False, max_length: int = 255) -> str | None:
+    value = request.args.get(name)
+    if value is None:
+        if required:
+            raise ValidationFailed(f"{name} is required", errors={name: ["Missing."]})
+        return None
+    if not 1 <= len(value) <= max_length or any(ord(c) < 32 or c in "/\\" for c in value):
+        raise ValidationFailed(
+            f"{name} must be 1 to {max_length} printable characters without slashes",
+            errors={name: ["Invalid."]},
+        )
+    return value
+
+
+def _media_type() -> str:
+    raw = (request.headers.get("Content-Type") or "application/octet-stream").split(";")[0]
+    media_type = raw.strip().lower()
+    if not _MEDIA_TYPE.match(media_type):
+        raise ValidationFailed(
+            "Content-Type must be a media type like text/plain",
+            errors={"Content-Type": ["Invalid."]},
+        )
+    return media_type
+
+
+async def _check_links(
+    app: BuildMax, caller: Caller, access: SpaceAccess, task: str | None, attempt: str | None
+) -> tuple[str | None, str | None]:
+    """The task and attempt the artifact belongs to, checked with the tasks
+    plugin (an attempt-scoped token may only name its own attempt)."""
+    if caller.actor.scope_type == "attempt":
+        if attempt is None:
+            attempt = caller.actor.scope_id
+        if attempt != caller.actor.scope_id:
+            raise Forbidden("an attempt's token uploads for its own attempt only")
+    if task is None and attempt is None:
+        return None, None
+    try:
+        queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+    except ServiceMissing:
+        raise ValidationFailed("task and attempt need the tasks plugin") from None
+    async with app.db.read() as conn:
+        found = await queue.attempt(conn, attempt) if attempt else None
+        if attempt and (found is None or found.space_id != access.public_id):
+            raise NotFound("no such attempt in this space")
+        if found is not None:
+            if task is not None and task != found.task_id:
+                raise ValidationFailed("the attempt belongs to another task")
+            return found.task_id, found.id
+        ref = await queue.task(conn, str(task))
+        if ref is None or ref.space_id != access.public_id:
+            raise NotFound("no such task in this space")
+        return ref.id, None
+
+
+@blueprint.post("/v1/spaces/<space>/artifacts")
+@api(
+    "Upload an artifact: the body is its bytes (members; an attempt's token for its attempt)",
+    response=ArtifactOut,
+    status=201,
+    scopes=["attempt"],
+    tags=["artifacts"],
+    content_type="application/octet-stream",
+)
+async def upload(space: str) -> Response:
+    """Query: ``name`` (required), ``sha256`` (the digest the bytes must
+    have), ``task``, ``attempt``. 413 past the size limit, 409
+    ``quota-exceeded``, 422 ``digest-mismatch``."""
+    app = current_buildmax()
+    caller = await authenticate(accept_scopes=("attempt",))
+    access = await require_space(space, "member", caller, "artifacts.upload")
+    settings = artifact_settings(app)
+    name = _text_arg("name", required=True)
+    expected = request.args.get("sha256")
+    if expected is not None and not _SHA256.match(expected):
+        raise ValidationFailed("sha256 must be 64 lowercase hex digits")
+    media_type = _media_type()
+    task_id, attempt_id = await _check_links(
+        app, caller, access, _text_arg("task", max_length=64), _text_arg("attempt", max_length=64)
+    )
+    declared = request.content_length
+    if declared is not None and declared > settings.max_bytes:
+        raise PayloadTooLarge(f"an artifact may have at most {settings.max_bytes} bytes")
+    limit = settings.max_bytes if declared is None else declared
+    reservation = await reserve(
+        app, settings, access.pk, access.public_id, limit, caller.principal_pk
+    )
+    try:
+        body = allow_body(limit)
+        store = blob_store(app)
+        ref = await store.put(
+            f"{KEY_PREFIX}/space/{access.public_id}",
+            body.__aiter__(),
+            max_bytes=limit,
+            expected_sha256=expected,
+        )
+    except (BlobTooLarge, RequestEntityTooLarge):
+        await uncancellable(release(app, reservation))
+        raise PayloadTooLarge(f"the body exceeds {limit} bytes (declared size or limit)") from None
+    except BlobDigestMismatch as exc:
+        await uncancellable(release(app, reservation))
+        raise DigestMismatch(f"the bytes' sha256 is {exc.actual}, not {exc.expected}") from None
+    except BaseException:
+        await uncancellable(release(app, reservation))
+        raise
+    row = await uncancellable(
+        _finalize(app, caller, access, reservation, ref, name, media_type, task_id, attempt_id)
+    )
+    return json_response(_render(access, row), 201)
+
+
+async def _finalize(
+    app: BuildMax,
+    caller: Caller,
+    access: SpaceAccess,
+    reservation: Reservation,
+    ref: Any,
+    name: str | None,
+    media_type: str,
+    task_id: str | None,
+    attempt_id: str | None,
+) -> Any:
+    """Write the artifact row and settle its reservation in one transaction."""
+    public_id = new_id("af")
+    async with app.db.write() as tx:
+        await tx.execute(
+            artifacts.insert().values(
+                public_id=public_id,
+                space_id=access.pk,
+                name=name,
+                media_type=media_type,
+                size=ref.size,
+                sha256=ref.sha256,
+                blob_key=ref.key,
+                task_id=task_id,
+                attempt_id=attempt_id,
+                created_at=app.clock.now_ms(),
+                created_by=caller.principal_pk,
+            )
+        )
+        await settle(tx, reservation, ref.size)
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "artifact.uploaded",
+            space_id=access.public_id,
+            target_type="artifact",
+            target_id=public_id,
+            details={
+                "name": name,
+                "media_type": media_type,
+                "size": ref.size,
+                "sha256": ref.sha256,
+                "task_id": task_id,
+                "attempt_id": attempt_id,
+            },
+        )
+        return await tx.fetch_one(_SELECT.where(artifacts.c.public_id == public_id))
+
+
+async def _find(app: BuildMax, access: SpaceAccess, artifact: str) -> Any:
+    async with app.db.read() as conn:
+        row = await conn.fetch_one(
+            _SELECT.where(
+                artifacts.c.public_id == artifact,
+                artifacts.c.space_id == access.pk,
+                artifacts.c.deleted_at.is_(None),
+            )
+        )
+    if row is None:
+        raise NotFound("no such artifact in this space")
+    return row
+
+
+@blueprint.get("/v1/spaces/<space>/artifacts")
+@api("List a space's artifacts, newest first (viewers)", response=ArtifactPage, tags=["artifacts"])
+async def list_artifacts(space: str) -> Response:
+    """Filters: ``task``, ``attempt``, ``media_type``."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "artifacts.read")
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    query = (
+        _SELECT.where(artifacts.c.space_id == access.pk, artifacts.c.deleted_at.is_(None))
+        .order_by(artifacts.c.id.desc())
+        .limit(page.limit + 1)
+    )
+    for name, column in (
+        ("task", artifacts.c.task_id),
+        ("attempt", artifacts.c.attempt_id),
+        ("media_type", artifacts.c.media_type),
+    ):
+        value = _text_arg(name, max_length=255 if name == "media_type" else 64)
+        if value is not None:
+            query = query.where(column == value)
+    if page.after is not None:
+        older = sa.select(artifacts.c.id).where(artifacts.c.public_id == page.after[0])
+        query = query.where(artifacts.c.id < older.scalar_subquery())
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [_render(access, r) for r in rows[: page.limit]]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
+
+
+@blueprint.get("/v1/spaces/<space>/artifacts/<artifact>")
+@api("An artifact's metadata (viewers)", response=ArtifactOut, tags=["artifacts"])
+async def get_artifact(space: str, artifact: str) -> Response:
+    """Its digest, size, media type, links and who uploaded it."""
+    app = current_buildmax()
+    caller = await authenticate(accept_scopes=("attempt",))
+    access = await require_space(space, "viewer", caller, "artifacts.read")
+    return json_response(_render(access, await _find(app, access, artifact)))
+
+
+def _range(size: int) -> tuple[int, int] | None:
+    """The one byte range asked for, clipped to the artifact; 416 if none fits."""
+    asked = request.range
+    if asked is None:
+        return None
+    if asked.units != "bytes" or len(asked.ranges) != 1:
+        return None  # served whole: one range of bytes is all this supports
+    span = asked.range_for_length(size)
+    if span is None:
+        raise RangeNotSatisfiable(f"the artifact has {size} bytes")
+    return span[0], span[1] - 1
+
+
+@blueprint.get("/v1/spaces/<space>/artifacts/<artifact>/content")
+@api(
+    "Download an artifact's bytes (viewers); one byte range is supported",
+    tags=["artifacts"],
+    content_type="application/octet-stream",
+)
+async def download(space: str, artifact: str) -> Response:
+    """``ETag`` is the sha256; anything but a few image types and plain
+    text comes as an attachment."""
+    app = current_buildmax()
+    caller = await authenticate(accept_scopes=("attempt",))
+    access = await require_space(space, "viewer", caller, "artifacts.read")
+    row = await _find(app, access, artifact)
+    store = blob_store(app)
+    if await store.head(row["blob_key"]) is None:
+        raise BlobMissing("the artifact's bytes are missing from the blob store")
+    span = _range(row["size"])
+    chunks = store.open(row["blob_key"], span)
+    response = Response(chunks, status=206 if span else 200, mimetype=row["media_type"])
+    length = row["size"] if span is None else span[1] - span[0] + 1
+    response.headers["Content-Length"] = str(length)
+    response.headers["ETag"] = f'"{row["sha256"]}"'
+    response.headers["Accept-Ranges"] = "bytes"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Content-Security-Policy"] = "sandbox"
+    if span is not None:
+        response.headers["Content-Range"] = f"bytes {span[0]}-{span[1]}/{row['size']}"
+    disposition = "inline" if row["media_type"] in INLINE else "attachment"
+    response.headers.set("Content-Disposition", disposition, filename=row["name"])
+    return response
+
+
+@blueprint.delete("/v1/spaces/<space>/artifacts/<artifact>")
+@api(
+    "Delete an artifact: a tombstone; its bytes go with the sweep (members)",
+    status=204,
+    tags=["artifacts"],
+)
+async def delete_artifact(space: str, artifact: str) -> Response:
+    """The record keeps who deleted it and when."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "artifacts.delete")
+    async with app.db.write() as tx:
+        deleted = await tx.fetch_val(
+            sa.update(artifacts)
+            .where(
+                artifacts.c.public_id == artifact,
+                artifacts.c.space_id == access.pk,
+                artifacts.c.deleted_at.is_(None),
+            )
+            .values(deleted_at=app.clock.now_ms(), deleted_by=caller.principal_pk)
+            .returning(artifacts.c.size)
+        )
+        if deleted is None:
+            raise NotFound("no such artifact in this space")
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "artifact.deleted",
+            space_id=access.public_id,
+            target_type="artifact",
+            target_id=artifact,
+            admin_override=access.admin_override,
+        )
+    return Response(status=204)

@@ -1,0 +1,179 @@
+"""Uploading, listing, downloading and deleting artifacts (J08), and what a
+refused upload must not leave behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from buildmax_artifacts.schema import artifacts, quotas
+
+from buildmax.spaces import put_member
+
+from .conftest import MAX_BYTES, PROBLEM, QUOTA_BYTES, sha
+
+DATA = os.urandom(100 * 1024) + b"the end"
+
+
+async def test_j08_upload_list_download_in_the_owning_space_only(shelf, audit_log):
+    made = await shelf.upload(DATA, name="run.log", sha256=sha(DATA))
+    assert (made["size"], made["sha256"], made["media_type"]) == (
+        len(DATA),
+        sha(DATA),
+        "text/plain",
+    )
+    assert made["created_by"] == shelf.member.id
+
+    listed = await shelf.client.get(shelf.base, headers=shelf.owner.headers)
+    assert [a["id"] for a in (await listed.get_json())["items"]] == [made["id"]]
+    meta = await shelf.client.get(f"{shelf.base}/{made['id']}", headers=shelf.owner.headers)
+    assert (await meta.get_json())["sha256"] == sha(DATA)
+
+    got = await shelf.client.get(made["url"], headers=shelf.owner.headers)
+    body = await got.get_data()
+    assert got.status_code == 200 and sha(body) == made["sha256"] == sha(DATA)
+    assert got.headers["Content-Length"] == str(len(DATA))
+    assert got.headers["ETag"] == f'"{sha(DATA)}"'
+    assert got.headers["Content-Type"].startswith("text/plain")
+    assert got.headers["Content-Disposition"].startswith("inline")
+
+    # Someone from another space sees nothing, by any route.
+    for path in (shelf.base, f"{shelf.base}/{made['id']}", made["url"]):
+        refused = await shelf.client.get(path, headers=shelf.outsider.headers)
+        assert refused.status_code == 404
+    # Nor through their own space.
+    theirs = f"/v1/spaces/{shelf.other_space.id}/artifacts/{made['id']}"
+    assert (await shelf.client.get(theirs, headers=shelf.outsider.headers)).status_code == 404
+
+    [event] = audit_log.of("artifact.uploaded", made["id"])
+    assert event.details["sha256"] == sha(DATA) and "content" not in event.details
+
+
+async def test_identical_bytes_are_stored_once_per_space(shelf):
+    first = await shelf.upload(DATA, name="a")
+    second = await shelf.upload(DATA, name="b")
+    assert first["id"] != second["id"]
+    assert len([f for f in shelf.blob_files() if "/sha256/" in f]) == 1
+
+
+async def test_a_range_is_served_exactly(shelf):
+    made = await shelf.upload(DATA)
+    got = await shelf.client.get(
+        made["url"], headers={**shelf.member.headers, "Range": "bytes=10-19"}
+    )
+    assert got.status_code == 206
+    assert await got.get_data() == DATA[10:20]
+    assert got.headers["Content-Range"] == f"bytes 10-19/{len(DATA)}"
+    assert got.headers["Content-Length"] == "10"
+    tail = await shelf.client.get(
+        made["url"], headers={**shelf.member.headers, "Range": "bytes=-7"}
+    )
+    assert await tail.get_data() == b"the end"
+    beyond = await shelf.client.get(
+        made["url"], headers={**shelf.member.headers, "Range": f"bytes={len(DATA) + 5}-"}
+    )
+    assert beyond.status_code == 416
+    assert (await beyond.get_json())["type"] == PROBLEM + "range-not-satisfiable"
+
+
+async def test_what_is_not_safe_to_render_comes_as_an_attachment(shelf):
+    made = await shelf.upload(b"<script>alert(1)</script>", name="x.html", media_type="text/html")
+    got = await shelf.client.get(made["url"], headers=shelf.member.headers)
+    assert got.headers["Content-Disposition"] == "attachment; filename=x.html"
+    assert got.headers["X-Content-Type-Options"] == "nosniff"
+
+
+async def test_an_upload_over_the_limit_is_refused_and_leaves_nothing(shelf):
+    before = await shelf.leftovers()
+    refused = await shelf.upload(b"x" * (MAX_BYTES + 1), expect=413)
+    assert refused["type"] == PROBLEM + "payload-too-large"
+    assert await shelf.leftovers() == before
+
+
+async def test_a_wrong_digest_is_refused_and_leaves_nothing(shelf):
+    before = await shelf.leftovers()
+    refused = await shelf.upload(DATA, sha256="0" * 64, expect=422)
+    assert refused["type"] == PROBLEM + "digest-mismatch"
+    assert sha(DATA) in refused["detail"]
+    assert await shelf.leftovers() == before
+    await shelf.upload(DATA, sha256="NOTHEX", expect=422)
+
+
+@pytest.mark.parametrize(
+    ("query", "media_type"),
+    [({"name": ""}, "text/plain"), ({"name": "a/b"}, "text/plain"), ({}, "not a type")],
+)
+async def test_bad_metadata_is_refused_before_any_byte_is_stored(shelf, query, media_type):
+    before = await shelf.leftovers()
+    response = await shelf.client.post(
+        shelf.base,
+        data=DATA,
+        headers={**shelf.member.headers, "Content-Type": media_type},
+        query_string={"name": "ok", **query},
+    )
+    assert response.status_code == 422
+    assert await shelf.leftovers() == before
+
+
+async def test_viewers_read_but_do_not_upload_and_outsiders_do_neither(shelf, make_principal):
+    await shelf.upload(DATA, shelf.outsider, expect=404)
+    viewer = await make_principal("agent")
+    async with shelf.app.db.write() as tx:
+        await put_member(tx, shelf.space.pk, viewer.pk, "viewer", shelf.app.clock.now_ms())
+    await shelf.upload(DATA, viewer, expect=403)
+
+
+async def test_an_upload_of_unknown_size_reserves_the_limit_and_counts_what_it_stored(shelf):
+    await shelf.upload(DATA)  # the test client sends no Content-Length
+    [row] = [r for r in await shelf.rows(quotas) if r["scope"] == "deployment"]
+    assert (row["used"], row["reserved"]) == (len(DATA), 0)
+
+
+async def test_concurrent_uploads_never_exceed_the_quota_together(shelf):
+    piece = os.urandom(200 * 1024)
+    answers = await asyncio.gather(
+        *(
+            shelf.client.post(
+                shelf.base,
+                data=piece + bytes([n]),
+                headers={
+                    **shelf.member.headers,
+                    "Content-Type": "application/octet-stream",
+                    "Content-Length": str(len(piece) + 1),
+                },
+                query_string={"name": f"p{n}"},
+            )
+            for n in range(8)
+        )
+    )
+    statuses = sorted(a.status_code for a in answers)
+    stored = statuses.count(201)
+    assert stored == QUOTA_BYTES // (len(piece) + 1) == 5
+    assert statuses == [201] * stored + [409] * (8 - stored)
+    rows = {row["scope"]: row for row in await shelf.rows(quotas)}
+    assert rows["deployment"]["used"] == stored * (len(piece) + 1) <= QUOTA_BYTES
+    assert rows["deployment"]["reserved"] == 0
+
+
+async def test_delete_leaves_a_tombstone_and_hides_the_artifact(shelf, audit_log):
+    made = await shelf.upload(DATA)
+    gone = await shelf.client.delete(f"{shelf.base}/{made['id']}", headers=shelf.owner.headers)
+    assert gone.status_code == 204
+    for path in (f"{shelf.base}/{made['id']}", made["url"]):
+        assert (await shelf.client.get(path, headers=shelf.owner.headers)).status_code == 404
+    [row] = await shelf.rows(artifacts)
+    assert row["deleted_at"] is not None and row["deleted_by"] == shelf.owner.pk
+    assert audit_log.of("artifact.deleted", made["id"])
+    again = await shelf.client.delete(f"{shelf.base}/{made['id']}", headers=shelf.owner.headers)
+    assert again.status_code == 404
+
+
+async def test_bytes_missing_from_the_store_are_a_clear_410(shelf):
+    made = await shelf.upload(DATA)
+    for path in shelf.blob_files():
+        (Path(shelf.app.settings.data_dir) / "blobs" / path).unlink()
+    got = await shelf.client.get(made["url"], headers=shelf.member.headers)
+    assert got.status_code == 410
+    assert (await got.get_json())["type"] == PROBLEM + "blob-missing"
