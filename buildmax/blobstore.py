@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 from buildmax_hookspecs import BlobDigestMismatch, BlobNotFound, BlobRef, BlobTooLarge
 
 CHUNK = 256 * 1024
+#: Bytes gathered before one write to the temporary file.
+WRITE_SIZE = 1024 * 1024
 TMP_DIR = ".tmp"
 
 
@@ -73,12 +75,18 @@ class FileBlobStore:
         fh = await asyncio.to_thread(open, tmp, "xb")
         try:
             try:
+                pending = bytearray()  # written in pieces of WRITE_SIZE: fewer thread hops
                 async for chunk in stream:
                     size += len(chunk)
                     if max_bytes is not None and size > max_bytes:
                         raise BlobTooLarge(max_bytes)
                     digest.update(chunk)
-                    await asyncio.to_thread(fh.write, chunk)
+                    pending += chunk
+                    if len(pending) >= WRITE_SIZE:
+                        await asyncio.to_thread(fh.write, bytes(pending))
+                        pending.clear()
+                if pending:
+                    await asyncio.to_thread(fh.write, bytes(pending))
                 await asyncio.to_thread(fh.flush)
                 await asyncio.to_thread(os.fsync, fh.fileno())
             finally:
