@@ -177,3 +177,65 @@ async def test_bytes_missing_from_the_store_are_a_clear_410(shelf):
     got = await shelf.client.get(made["url"], headers=shelf.member.headers)
     assert got.status_code == 410
     assert (await got.get_json())["type"] == PROBLEM + "blob-missing"
+
+
+async def test_an_attempts_token_uploads_for_its_own_attempt(shelf):
+    call = shelf.client
+    owner = shelf.owner.headers
+    base = f"/v1/spaces/{shelf.space.id}"
+    made = await call.post(f"{base}/projects", headers=owner, json={"name": "main"})
+    assert made.status_code == 201
+    task = await (
+        await call.post(f"{base}/tasks", headers=owner, json={"project": "main", "title": "t"})
+    ).get_json()
+    claim = await (
+        await call.post(f"{base}/tasks/{task['id']}/claim", headers=shelf.member.headers, json={})
+    ).get_json()
+    uploaded = await shelf.upload(DATA, claim["token"])
+    assert (uploaded["attempt_id"], uploaded["task_id"]) == (claim["attempt"]["id"], task["id"])
+    refused = await shelf.upload(DATA, claim["token"], attempt="at_someone_else", expect=403)
+    assert refused["type"] == PROBLEM + "forbidden"
+    # A member names a task of the space, not one elsewhere.
+    linked = await shelf.upload(DATA, task=task["id"])
+    assert (linked["task_id"], linked["attempt_id"]) == (task["id"], None)
+    await shelf.upload(DATA, task="tk_nowhere", expect=404)
+
+
+async def test_an_upload_cut_off_mid_stream_leaves_nothing(shelf):
+    before = await shelf.leftovers()
+    sent = 0
+
+    async def receive() -> dict[str, object]:
+        nonlocal sent
+        sent += 1
+        if sent <= 3:
+            return {"type": "http.request", "body": b"x" * 16384, "more_body": True}
+        return {"type": "http.disconnect"}
+
+    answers: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        answers.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": shelf.base,
+        "raw_path": shelf.base.encode(),
+        "query_string": b"name=cut",
+        "root_path": "",
+        "headers": [
+            (b"host", b"test"),
+            (b"authorization", f"Bearer {shelf.member.token}".encode()),
+            (b"content-type", b"text/plain"),
+            (b"content-length", b"100000"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8420),
+    }
+    await asyncio.wait_for(shelf.app(scope, receive, send), 10)
+    assert not [a for a in answers if a["type"] == "http.response.start"]
+    assert await shelf.leftovers() == before
