@@ -39,6 +39,15 @@ def _check_key(key: str) -> str:
     return key
 
 
+def _ref(key: str, stat: os.stat_result) -> BlobRef:
+    return BlobRef(
+        key=key,
+        size=stat.st_size,
+        sha256=key.rsplit("/", 1)[-1],
+        modified_at=stat.st_mtime_ns // 1_000_000,
+    )
+
+
 class FileBlobStore:
     """A :class:`~buildmax_hookspecs.BlobStore` on a local directory."""
 
@@ -101,7 +110,7 @@ class FileBlobStore:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
-        return BlobRef(key=key, size=size, sha256=digest.hexdigest())
+        return _ref(key, await asyncio.to_thread(final.stat))
 
     async def open(
         self, key: str, byte_range: tuple[int, int] | None = None
@@ -140,7 +149,7 @@ class FileBlobStore:
             return None
         if not path.is_file():
             return None
-        return BlobRef(key=key, size=stat.st_size, sha256=key.rsplit("/", 1)[-1])
+        return _ref(key, stat)
 
     async def delete(self, key: str) -> bool:
         """Remove the blob; ``True`` if it existed."""
@@ -155,15 +164,15 @@ class FileBlobStore:
         """Every blob under ``prefix`` (a key prefix ending at a ``/`` boundary)."""
         base = self._path(prefix.rstrip("/"))
 
-        def walk() -> list[tuple[str, int]]:
-            found: list[tuple[str, int]] = []
+        def walk() -> list[BlobRef]:
+            found: list[BlobRef] = []
             if not base.is_dir():
                 return found
             for dirpath, _dirs, files in os.walk(base):
                 for name in files:
                     full = Path(dirpath) / name
-                    found.append((full.relative_to(self.root).as_posix(), full.stat().st_size))
-            return sorted(found)
+                    found.append(_ref(full.relative_to(self.root).as_posix(), full.stat()))
+            return sorted(found, key=lambda ref: ref.key)
 
-        for key, size in await asyncio.to_thread(walk):
-            yield BlobRef(key=key, size=size, sha256=key.rsplit("/", 1)[-1])
+        for ref in await asyncio.to_thread(walk):
+            yield ref

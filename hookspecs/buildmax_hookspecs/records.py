@@ -129,11 +129,15 @@ class Migration:
 
 @dataclass(frozen=True)
 class BlobRef:
-    """Where a blob lives in a store, its size in bytes and its sha256 (hex)."""
+    """Where a blob lives in a store, its size in bytes and its sha256 (hex);
+    from ``head`` and ``list``, also when it was last written (UTC epoch
+    milliseconds), so a collector can leave young blobs of uploads in flight
+    alone."""
 
     key: str
     size: int
     sha256: str
+    modified_at: int | None = None
 
 
 @dataclass(frozen=True)

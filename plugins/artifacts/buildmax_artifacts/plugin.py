@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 from buildmax_hookspecs import AuditAction, Migration, hookimpl
 
 from buildmax.migrations import create_tables
@@ -37,7 +38,20 @@ def buildmax_audit_actions() -> list[AuditAction]:
         AuditAction(
             "artifact.deleted", "An artifact was deleted (a tombstone)", frozenset(), "artifact"
         ),
+        AuditAction(
+            "artifact.lost",
+            "The collector found an artifact's bytes gone and tombstoned it",
+            frozenset(),
+            "artifact",
+        ),
     ]
+
+
+@hookimpl
+def buildmax_register_commands(cli: click.Group) -> None:
+    from .commands import artifacts_group
+
+    cli.add_command(artifacts_group)
 
 
 @hookimpl

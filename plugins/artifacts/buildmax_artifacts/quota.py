@@ -100,10 +100,15 @@ async def reserve(
 
 async def settle(tx: Transaction, reservation: Reservation, stored: int) -> None:
     """In ``tx``: end the reservation, counting ``stored`` bytes as used
-    (0 when the upload failed)."""
+    (0 when the upload failed). A reservation the collector already released
+    (its upload outlived the grace period) is not released twice."""
+    reserved = await tx.fetch_val(
+        uploads.delete()
+        .where(uploads.c.public_id == reservation.public_id)
+        .returning(uploads.c.bytes)
+    )
     for scope in reservation.scopes:
-        await tx.execute(_MOVE, {"scope": scope, "reserved": reservation.bytes, "stored": stored})
-    await tx.execute(uploads.delete().where(uploads.c.public_id == reservation.public_id))
+        await tx.execute(_MOVE, {"scope": scope, "reserved": int(reserved or 0), "stored": stored})
 
 
 async def release(app: Any, reservation: Reservation) -> None:

@@ -2,7 +2,8 @@
 
 ``artifact_artifacts`` holds finalized artifacts only: a row is written
 after its bytes are durably stored and their digest checked. Deleting one
-leaves a tombstone (who and when). ``artifact_quotas`` counts, per scope
+leaves a tombstone (who and when); an artifact whose bytes the collector
+found gone is tombstoned as lost. ``artifact_quotas`` counts, per scope
 (``deployment`` and ``space:<public id>``), the bytes stored and the bytes
 reserved by uploads in flight; ``artifact_uploads`` names each reservation,
 so one left by a crashed server can be released.
@@ -39,6 +40,8 @@ artifacts = sa.Table(
     sa.Column("created_by", Id, sa.ForeignKey("principals.id"), nullable=False),
     sa.Column("deleted_at", Millis, nullable=True),
     sa.Column("deleted_by", Id, sa.ForeignKey("principals.id"), nullable=True),
+    # Set (with deleted_at) when the collector found the bytes gone.
+    sa.Column("lost_at", Millis, nullable=True),
     sa.Index("artifact_space_live", "space_id", "deleted_at", "id"),
     sa.Index("artifact_blob", "blob_key"),
 )

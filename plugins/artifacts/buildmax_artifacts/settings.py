@@ -21,6 +21,9 @@ class ArtifactSettings:
     quota_bytes: int = 10 * 1024 * MIB
     #: Bytes one space may store; 0: only the deployment's quota applies.
     space_quota_bytes: int = 0
+    #: Orphaned bytes and reservations younger than this are left to uploads
+    #: that may still be in flight.
+    gc_grace_seconds: int = 3600
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ArtifactSettings:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from buildmax_artifacts.schema import artifacts, quotas
+from buildmax_artifacts.schema import artifacts, quotas, uploads
 
 from buildmax.spaces import put_member
 
@@ -239,3 +239,96 @@ async def test_an_upload_cut_off_mid_stream_leaves_nothing(shelf):
     await asyncio.wait_for(shelf.app(scope, receive, send), 10)
     assert not [a for a in answers if a["type"] == "http.response.start"]
     assert await shelf.leftovers() == before
+
+
+class FailsAfterStoring:
+    """A blob store that stores the bytes, then fails (a crash between the
+    store and the database)."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def put(self, *args: object, **kwargs: object) -> object:
+        await self.store.put(*args, **kwargs)  # type: ignore[attr-defined]
+        raise OSError("injected: the store failed after storing the bytes")
+
+
+async def test_bytes_stored_without_a_row_are_collected_and_nothing_is_visible(
+    shelf, monkeypatch, clock
+):
+    from buildmax_artifacts import routes
+    from buildmax_artifacts.gc import collect
+
+    real = routes.blob_store(shelf.app)
+    monkeypatch.setattr(routes, "blob_store", lambda app: FailsAfterStoring(real))
+    await shelf.upload(DATA, expect=500)
+    monkeypatch.undo()
+    assert await shelf.rows(artifacts) == []
+    assert await shelf.rows(uploads) == []
+    [orphan] = [f for f in shelf.blob_files() if "/sha256/" in f]
+
+    # Young orphans are left alone (an upload may still be in flight).
+    young = await collect(shelf.app, grace_ms=3_600_000)
+    assert (young.orphans, young.young_orphans) == ([], 1)
+    clock.advance(seconds=5)  # the blob's time is the wall clock's
+    dry = await collect(shelf.app, grace_ms=0, dry_run=True)
+    assert dry.orphans == [orphan] and shelf.blob_files() == [orphan]
+    done = await collect(shelf.app, grace_ms=0)
+    assert done.orphans == [orphan] and shelf.blob_files() == []
+    assert (await collect(shelf.app, grace_ms=0)).orphans == []
+
+
+async def test_an_artifact_whose_bytes_vanished_is_410_then_tombstoned_by_gc(shelf, audit_log):
+    from buildmax_artifacts.gc import collect
+
+    made = await shelf.upload(DATA)
+    kept = await shelf.upload(b"other bytes")
+    for path in shelf.blob_files():
+        if sha(DATA) in path:
+            (Path(shelf.app.settings.data_dir) / "blobs" / path).unlink()
+    got = await shelf.client.get(made["url"], headers=shelf.member.headers)
+    assert got.status_code == 410
+    report = await collect(shelf.app, grace_ms=0)
+    assert report.lost == [made["id"]]
+    assert audit_log.of("artifact.lost", made["id"])
+    gone = await shelf.client.get(f"{shelf.base}/{made['id']}", headers=shelf.member.headers)
+    assert gone.status_code == 404
+    still = await shelf.client.get(kept["url"], headers=shelf.member.headers)
+    assert await still.get_data() == b"other bytes"
+
+
+async def test_gc_leaves_other_plugins_blobs_alone(shelf):
+    from buildmax_artifacts import routes
+    from buildmax_artifacts.gc import collect
+
+    store = routes.blob_store(shelf.app)
+
+    async def one(data: bytes):
+        yield data
+
+    theirs = await store.put("catalog/packages", one(b"a plugin package"))
+    await collect(shelf.app, grace_ms=0)
+    assert await store.head(theirs.key) is not None
+
+
+async def test_a_reservation_left_by_a_dead_upload_is_released_once(shelf, clock):
+    from buildmax_artifacts.gc import collect
+    from buildmax_artifacts.quota import reserve, settle
+    from buildmax_artifacts.settings import artifact_settings
+
+    settings = artifact_settings(shelf.app)
+    stuck = await reserve(
+        shelf.app, settings, shelf.space.pk, shelf.space.id, 1000, shelf.member.pk
+    )
+    clock.advance(seconds=7200)
+    assert (await collect(shelf.app, grace_ms=3_600_000)).stale_uploads == 1
+    rows = {row["scope"]: row for row in await shelf.rows(quotas)}
+    assert rows["deployment"]["reserved"] == 0
+    # The upload finishing after all does not release it twice.
+    async with shelf.app.db.write() as tx:
+        await settle(tx, stuck, 600)
+    rows = {row["scope"]: row for row in await shelf.rows(quotas)}
+    assert (rows["deployment"]["reserved"], rows["deployment"]["used"]) == (0, 600)

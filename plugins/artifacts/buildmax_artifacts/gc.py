@@ -1,0 +1,120 @@
+"""Reconciling the blob store with the database (``buildmax artifacts gc``).
+
+Only keys under this plugin's own prefix are looked at (other plugins keep
+their blobs under theirs). A blob no live artifact references is an orphan
+(an upload whose row never committed, or the bytes of deleted artifacts);
+it is removed once it is older than the grace period, so an upload in
+flight is never swept. A live artifact whose bytes are gone is tombstoned as
+lost. A reservation older than the grace period (its server died mid-upload)
+is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import SYSTEM_ACTOR
+
+from buildmax.schema import spaces
+
+from .quota import Reservation, settle
+from .routes import KEY_PREFIX, blob_store
+from .schema import artifacts, uploads
+
+
+@dataclass
+class GcReport:
+    """What a collection found (and, unless a dry run, did)."""
+
+    dry_run: bool
+    blobs_seen: int = 0
+    orphans: list[str] = field(default_factory=list)
+    young_orphans: int = 0
+    lost: list[str] = field(default_factory=list)
+    stale_uploads: int = 0
+
+
+async def collect(
+    app: Any,
+    *,
+    grace_ms: int,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> GcReport:
+    """Reconcile once; ``progress(n)`` is called for every blob looked at."""
+    report = GcReport(dry_run)
+    store = blob_store(app)
+    now = app.clock.now_ms()
+    async with app.db.read() as conn:
+        live = {
+            row["blob_key"]
+            for row in await conn.fetch_all(
+                sa.select(artifacts.c.blob_key).where(artifacts.c.deleted_at.is_(None)).distinct()
+            )
+        }
+    async for ref in store.list(KEY_PREFIX + "/"):
+        report.blobs_seen += 1
+        if progress is not None:
+            progress(1)
+        if ref.key in live:
+            continue
+        if ref.modified_at is None or now - ref.modified_at < grace_ms:
+            report.young_orphans += 1
+            continue
+        report.orphans.append(ref.key)
+        if not dry_run:
+            await store.delete(ref.key)
+    for key in sorted(live):
+        if await store.head(key) is None:
+            report.lost.extend(await _tombstone_lost(app, key, now, dry_run))
+    report.stale_uploads = await _release_stale(app, now - grace_ms, dry_run)
+    return report
+
+
+async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[str]:
+    select = (
+        sa.select(artifacts.c.public_id, spaces.c.public_id.label("space"))
+        .join(spaces, spaces.c.id == artifacts.c.space_id)
+        .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
+    )
+    if dry_run:
+        async with app.db.read() as conn:
+            return [row["public_id"] for row in await conn.fetch_all(select)]
+    async with app.db.write() as tx:
+        rows = await tx.fetch_all(select)
+        await tx.execute(
+            sa.update(artifacts)
+            .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
+            .values(deleted_at=now, lost_at=now)
+        )
+        for row in rows:
+            await app.audit.record(
+                tx,
+                SYSTEM_ACTOR,
+                "artifact.lost",
+                space_id=row["space"],
+                target_type="artifact",
+                target_id=row["public_id"],
+            )
+    return [row["public_id"] for row in rows]
+
+
+async def _release_stale(app: Any, older_than: int, dry_run: bool) -> int:
+    select = (
+        sa.select(uploads, spaces.c.public_id.label("space"))
+        .join(spaces, spaces.c.id == uploads.c.space_id)
+        .where(uploads.c.created_at < older_than)
+    )
+    async with app.db.read() as conn:
+        stale = [dict(row) for row in await conn.fetch_all(select)]
+    if not dry_run:
+        for row in stale:
+            async with app.db.write() as tx:
+                reservation = Reservation(
+                    row["public_id"], row["space_id"], row["space"], row["bytes"]
+                )
+                await settle(tx, reservation, 0)
+    return len(stale)
