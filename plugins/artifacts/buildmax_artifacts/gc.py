@@ -20,7 +20,7 @@ from buildmax_hookspecs import SYSTEM_ACTOR
 
 from buildmax.schema import spaces
 
-from .quota import Reservation, settle
+from .quota import Reservation, free, settle
 from .routes import KEY_PREFIX, blob_store
 from .schema import artifacts, uploads
 
@@ -76,7 +76,7 @@ async def collect(
 
 async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[str]:
     select = (
-        sa.select(artifacts.c.public_id, spaces.c.public_id.label("space"))
+        sa.select(artifacts.c.public_id, artifacts.c.size, spaces.c.public_id.label("space"))
         .join(spaces, spaces.c.id == artifacts.c.space_id)
         .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
     )
@@ -91,6 +91,7 @@ async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[s
             .values(deleted_at=now, lost_at=now)
         )
         for row in rows:
+            await free(tx, row["space"], row["size"])
             await app.audit.record(
                 tx,
                 SYSTEM_ACTOR,

@@ -7,10 +7,13 @@ from typing import Any
 import click
 from buildmax_hookspecs import AuditAction, Migration, hookimpl
 
+from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
 from .schema import TABLES
 from .settings import artifact_settings
+
+_MAINTENANCE = "buildmax_artifacts.maintenance"
 
 
 @hookimpl
@@ -39,12 +42,37 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "artifact.deleted", "An artifact was deleted (a tombstone)", frozenset(), "artifact"
         ),
         AuditAction(
+            "artifact.expired",
+            "Retention tombstoned an unpinned artifact",
+            frozenset({"retention_days"}),
+            "artifact",
+        ),
+        AuditAction(
+            "artifact.pinned",
+            "An artifact was pinned (kept past retention)",
+            frozenset(),
+            "artifact",
+        ),
+        AuditAction("artifact.unpinned", "An artifact's pin was removed", frozenset(), "artifact"),
+        AuditAction(
             "artifact.lost",
             "The collector found an artifact's bytes gone and tombstoned it",
             frozenset(),
             "artifact",
         ),
     ]
+
+
+@hookimpl
+def buildmax_startup(app: Any) -> None:
+    from .retention import maintain_forever
+
+    start_background(app, _MAINTENANCE, maintain_forever(app))
+
+
+@hookimpl
+async def buildmax_shutdown(app: Any) -> None:
+    await stop_background(app, _MAINTENANCE)
 
 
 @hookimpl

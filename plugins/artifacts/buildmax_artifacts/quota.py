@@ -111,6 +111,12 @@ async def settle(tx: Transaction, reservation: Reservation, stored: int) -> None
         await tx.execute(_MOVE, {"scope": scope, "reserved": int(reserved or 0), "stored": stored})
 
 
+async def free(tx: Transaction, space_id: str, size: int) -> None:
+    """In ``tx``: give back the quota of an artifact that was deleted or lost."""
+    for scope in (DEPLOYMENT, f"space:{space_id}"):
+        await tx.execute(_MOVE, {"scope": scope, "reserved": 0, "stored": -size})
+
+
 async def release(app: Any, reservation: Reservation) -> None:
     """End a reservation whose upload failed, in its own transaction."""
     async with app.db.write() as tx:

@@ -41,7 +41,7 @@ from buildmax.schemas import Timestamp
 from buildmax.services import ServiceMissing
 from buildmax.streaming import allow_body
 
-from .quota import Reservation, release, reserve, settle
+from .quota import Reservation, free, release, reserve, settle
 from .schema import artifacts
 from .settings import artifact_settings
 
@@ -395,6 +395,7 @@ async def delete_artifact(space: str, artifact: str) -> Response:
         )
         if deleted is None:
             raise NotFound("no such artifact in this space")
+        await free(tx, access.public_id, int(deleted))
         await app.audit.record(
             tx,
             caller.actor,
@@ -405,3 +406,46 @@ async def delete_artifact(space: str, artifact: str) -> Response:
             admin_override=access.admin_override,
         )
     return Response(status=204)
+
+
+async def _set_pin(space: str, artifact: str, pinned: bool) -> Response:
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "member", caller, "artifacts.pin")
+    async with app.db.write() as tx:
+        changed = await tx.fetch_val(
+            sa.update(artifacts)
+            .where(
+                artifacts.c.public_id == artifact,
+                artifacts.c.space_id == access.pk,
+                artifacts.c.deleted_at.is_(None),
+                artifacts.c.pinned != int(pinned),
+            )
+            .values(pinned=int(pinned))
+            .returning(artifacts.c.id)
+        )
+        if changed is not None:
+            await app.audit.record(
+                tx,
+                caller.actor,
+                "artifact.pinned" if pinned else "artifact.unpinned",
+                space_id=access.public_id,
+                target_type="artifact",
+                target_id=artifact,
+                admin_override=access.admin_override,
+            )
+    return json_response(_render(access, await _find(app, access, artifact)))
+
+
+@blueprint.post("/v1/spaces/<space>/artifacts/<artifact>/pin")
+@api("Pin an artifact: retention keeps it (members)", response=ArtifactOut, tags=["artifacts"])
+async def pin(space: str, artifact: str) -> Response:
+    """Pinning a pinned artifact changes nothing."""
+    return await _set_pin(space, artifact, True)
+
+
+@blueprint.post("/v1/spaces/<space>/artifacts/<artifact>/unpin")
+@api("Unpin an artifact (members)", response=ArtifactOut, tags=["artifacts"])
+async def unpin(space: str, artifact: str) -> Response:
+    """Retention applies to it again."""
+    return await _set_pin(space, artifact, False)

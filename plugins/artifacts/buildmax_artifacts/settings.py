@@ -24,13 +24,24 @@ class ArtifactSettings:
     #: Orphaned bytes and reservations younger than this are left to uploads
     #: that may still be in flight.
     gc_grace_seconds: int = 3600
+    #: Unpinned artifacts older than this many days expire; 0 keeps them.
+    retention_days: int = 90
+    #: How often each server applies retention and collects garbage.
+    sweep_interval_seconds: int = 3600
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ArtifactSettings:
         """Settings from a ``[plugins.artifacts]`` table; unknown keys are refused."""
         settings = integer_settings(cls, "artifacts", raw, minimum=0)
-        if settings.max_bytes < 1 or settings.quota_bytes < 1:
-            raise ConfigError("[plugins.artifacts] max_bytes and quota_bytes must be positive")
+        if (
+            settings.max_bytes < 1
+            or settings.quota_bytes < 1
+            or settings.sweep_interval_seconds < 1
+        ):
+            raise ConfigError(
+                "[plugins.artifacts] max_bytes, quota_bytes and sweep_interval_seconds "
+                "must be positive"
+            )
         return settings
 
 

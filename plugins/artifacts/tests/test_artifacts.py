@@ -165,6 +165,8 @@ async def test_delete_leaves_a_tombstone_and_hides_the_artifact(shelf, audit_log
         assert (await shelf.client.get(path, headers=shelf.owner.headers)).status_code == 404
     [row] = await shelf.rows(artifacts)
     assert row["deleted_at"] is not None and row["deleted_by"] == shelf.owner.pk
+    # Its quota is given back.
+    assert {r["scope"]: r["used"] for r in await shelf.rows(quotas)}["deployment"] == 0
     assert audit_log.of("artifact.deleted", made["id"])
     again = await shelf.client.delete(f"{shelf.base}/{made['id']}", headers=shelf.owner.headers)
     assert again.status_code == 404
@@ -293,6 +295,8 @@ async def test_an_artifact_whose_bytes_vanished_is_410_then_tombstoned_by_gc(she
     assert got.status_code == 410
     report = await collect(shelf.app, grace_ms=0)
     assert report.lost == [made["id"]]
+    used = {r["scope"]: r["used"] for r in await shelf.rows(quotas)}["deployment"]
+    assert used == len(b"other bytes")
     assert audit_log.of("artifact.lost", made["id"])
     gone = await shelf.client.get(f"{shelf.base}/{made['id']}", headers=shelf.member.headers)
     assert gone.status_code == 404
@@ -332,3 +336,43 @@ async def test_a_reservation_left_by_a_dead_upload_is_released_once(shelf, clock
         await settle(tx, stuck, 600)
     rows = {row["scope"]: row for row in await shelf.rows(quotas)}
     assert (rows["deployment"]["reserved"], rows["deployment"]["used"]) == (0, 600)
+
+
+async def test_retention_expires_old_unpinned_artifacts_and_gc_frees_their_bytes(
+    shelf, clock, audit_log
+):
+    from buildmax_artifacts.gc import collect
+    from buildmax_artifacts.retention import expire
+
+    old = await shelf.upload(b"old evidence", name="old")
+    kept = await shelf.upload(b"kept evidence", name="kept")
+    pinned = await shelf.client.post(f"{shelf.base}/{kept['id']}/pin", headers=shelf.member.headers)
+    assert (await pinned.get_json())["pinned"] is True
+    clock.advance(seconds=91 * 86400)
+    fresh = await shelf.upload(b"fresh evidence", name="fresh")
+
+    assert await expire(shelf.app) == [old["id"]]
+    assert [e.details for e in audit_log.of("artifact.expired", old["id"])] == [
+        {"retention_days": 90}
+    ]
+    listed = await (await shelf.client.get(shelf.base, headers=shelf.member.headers)).get_json()
+    assert sorted(a["id"] for a in listed["items"]) == sorted([kept["id"], fresh["id"]])
+    clock.advance(seconds=5)
+    assert len((await collect(shelf.app, grace_ms=0)).orphans) == 1
+    assert len([f for f in shelf.blob_files() if "/sha256/" in f]) == 2
+    assert await expire(shelf.app) == []
+    assert await expire(shelf.app, retention_days=0) == []
+
+
+async def test_pin_and_unpin_are_audited_once(shelf, audit_log):
+    made = await shelf.upload(DATA)
+    for _ in range(2):
+        await shelf.client.post(f"{shelf.base}/{made['id']}/pin", headers=shelf.member.headers)
+    unpinned = await shelf.client.post(
+        f"{shelf.base}/{made['id']}/unpin", headers=shelf.member.headers
+    )
+    assert (await unpinned.get_json())["pinned"] is False
+    assert len(audit_log.of("artifact.pinned", made["id"])) == 1
+    assert len(audit_log.of("artifact.unpinned", made["id"])) == 1
+    missing = await shelf.client.post(f"{shelf.base}/af_nope/pin", headers=shelf.member.headers)
+    assert missing.status_code == 404

@@ -1,0 +1,89 @@
+"""Retention: artifacts older than the configured days are tombstoned
+(pinned ones are kept), their quota given back; the collector then removes
+bytes no live artifact references. Each server runs both periodically."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import SYSTEM_ACTOR
+
+from buildmax.schema import spaces
+
+from .gc import collect
+from .quota import free
+from .schema import artifacts
+from .settings import artifact_settings
+
+log = logging.getLogger("buildmax_artifacts.retention")
+
+DAY_MS = 86_400_000
+
+
+async def expire(app: Any, retention_days: int | None = None) -> list[str]:
+    """Tombstone unpinned artifacts older than the retention (the configured
+    one unless given; 0 keeps everything); their public ids."""
+    days = artifact_settings(app).retention_days if retention_days is None else retention_days
+    if days <= 0:
+        return []
+    now = app.clock.now_ms()
+    old = (
+        sa.select(
+            artifacts.c.id,
+            artifacts.c.public_id,
+            artifacts.c.size,
+            spaces.c.public_id.label("space"),
+        )
+        .join(spaces, spaces.c.id == artifacts.c.space_id)
+        .where(
+            artifacts.c.deleted_at.is_(None),
+            artifacts.c.pinned == 0,
+            artifacts.c.created_at < now - days * DAY_MS,
+        )
+        .limit(500)
+    )
+    expired: list[str] = []
+    while True:
+        async with app.db.write() as tx:
+            rows = await tx.fetch_all(old)
+            for row in rows:
+                await tx.execute(
+                    sa.update(artifacts)
+                    .where(artifacts.c.id == row["id"], artifacts.c.deleted_at.is_(None))
+                    .values(deleted_at=now)
+                )
+                await free(tx, row["space"], row["size"])
+                await app.audit.record(
+                    tx,
+                    SYSTEM_ACTOR,
+                    "artifact.expired",
+                    space_id=row["space"],
+                    target_type="artifact",
+                    target_id=row["public_id"],
+                    details={"retention_days": days},
+                )
+        expired += [row["public_id"] for row in rows]
+        if len(rows) < 500:
+            return expired
+
+
+async def maintain_forever(app: Any) -> None:
+    """Apply retention and collect garbage every ``sweep_interval_seconds``."""
+    settings = artifact_settings(app)
+    while True:
+        await asyncio.sleep(settings.sweep_interval_seconds)
+        try:
+            expired = await expire(app)
+            report = await collect(app, grace_ms=settings.gc_grace_seconds * 1000)
+            if expired or report.orphans or report.lost:
+                log.info(
+                    "artifacts: %d expired, %d orphaned blob(s) removed, %d lost",
+                    len(expired),
+                    len(report.orphans),
+                    len(report.lost),
+                )
+        except Exception:
+            log.exception("artifacts maintenance failed")
