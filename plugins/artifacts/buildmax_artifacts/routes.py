@@ -317,7 +317,12 @@ async def list_artifacts(space: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/artifacts/<artifact>")
-@api("An artifact's metadata (viewers)", response=ArtifactOut, tags=["artifacts"])
+@api(
+    "An artifact's metadata (viewers; an attempt's token)",
+    response=ArtifactOut,
+    scopes=["attempt"],
+    tags=["artifacts"],
+)
 async def get_artifact(space: str, artifact: str) -> Response:
     """Its digest, size, media type, links and who uploaded it."""
     app = current_buildmax()
@@ -341,7 +346,8 @@ def _range(size: int) -> tuple[int, int] | None:
 
 @blueprint.get("/v1/spaces/<space>/artifacts/<artifact>/content")
 @api(
-    "Download an artifact's bytes (viewers); one byte range is supported",
+    "Download an artifact's bytes (viewers; an attempt's token); one byte range is supported",
+    scopes=["attempt"],
     tags=["artifacts"],
     content_type="application/octet-stream",
 )

@@ -376,3 +376,19 @@ async def test_pin_and_unpin_are_audited_once(shelf, audit_log):
     assert len(audit_log.of("artifact.unpinned", made["id"])) == 1
     missing = await shelf.client.post(f"{shelf.base}/af_nope/pin", headers=shelf.member.headers)
     assert missing.status_code == 404
+
+
+async def test_the_routes_an_attempts_token_may_use_say_so(client):
+    document = await (await client.get("/v1/openapi.json")).get_json()
+    base = "/v1/spaces/{space}/artifacts"
+    scoped = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        if path.startswith(base) and operation.get("x-token-scopes") == ["attempt"]
+    }
+    assert scoped == {
+        ("POST", base),
+        ("GET", f"{base}/{{artifact}}"),
+        ("GET", f"{base}/{{artifact}}/content"),
+    }
