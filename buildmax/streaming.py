@@ -26,7 +26,7 @@ from quart import Request, request
 from quart.asgi import ASGIHTTPConnection
 from quart.utils import cancel_tasks, raise_task_exceptions
 from quart.wrappers.request import Body
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 
 class ClientGone(Exception):
@@ -43,14 +43,18 @@ class PulledBody(Body):
         self._lock = asyncio.Lock()
         self._received = 0
         self._pending: bytes | None = None
+        #: Seconds a client may take to send the next piece of its body.
+        self.idle_timeout: float | None = None
         #: Set once the last body message has arrived.
         self.finished = asyncio.Event()
         #: Set when the client went away before the body was complete.
         self.disconnected = asyncio.Event()
 
-    def attach(self, receive: Any) -> None:
-        """Read from ``receive`` from now on (the ASGI connection calls it)."""
+    def attach(self, receive: Any, idle_timeout: float | None = None) -> None:
+        """Read from ``receive`` from now on (the ASGI connection calls it);
+        a client silent for ``idle_timeout`` seconds mid-body gets 408."""
         self._receive = receive
+        self.idle_timeout = idle_timeout
 
     def allow(self, max_bytes: int) -> None:
         """Accept a body of up to ``max_bytes`` (instead of the server-wide
@@ -97,8 +101,23 @@ class PulledBody(Body):
             if self._pending is None and not self.finished.is_set() and self._received == 0:
                 self._pending = await self._receive_chunk()
 
+    async def discard_rest(self) -> None:
+        """Read and drop what is left of the body (after the handler
+        answered without reading it all), so the server can finish the
+        exchange; stops at the end of the body, a disconnect or a silence."""
+        async with self._lock:
+            self._pending = None
+            while not self.finished.is_set():
+                try:
+                    await self._receive_chunk()
+                except (ClientGone, RequestTimeout):
+                    return
+
     async def _receive_chunk(self) -> bytes:
-        message = await self._receive()
+        try:
+            message = await asyncio.wait_for(self._receive(), self.idle_timeout)
+        except TimeoutError:
+            raise RequestTimeout() from None
         if message["type"] == "http.disconnect":
             self.disconnected.set()
             self.finished.set()
@@ -153,11 +172,26 @@ class PullingHTTPConnection(ASGIHTTPConnection):
         request = self._create_request_from_scope(send)
         body = request.body
         assert isinstance(body, PulledBody)
-        body.attach(receive)
-        handler = asyncio.ensure_future(self.handle_request(request, send))
+        body.attach(receive, self.app.config["BODY_TIMEOUT"])
+        drains: list[asyncio.Task[None]] = []
+
+        async def sending(message: Any) -> None:
+            if (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and not body.finished.is_set()
+                and not drains
+            ):
+                # The answer is complete but the body was not read whole (a
+                # refusal): the server cannot end the exchange while the
+                # client is still sending, so read the rest and drop it.
+                drains.append(asyncio.ensure_future(body.discard_rest()))
+            await send(message)
+
+        handler = asyncio.ensure_future(self.handle_request(request, sending))
         watcher = asyncio.ensure_future(self._watch(body, receive))
         done, pending = await asyncio.wait([handler, watcher], return_when=asyncio.FIRST_COMPLETED)
-        await cancel_tasks(pending)
+        await cancel_tasks({*pending, *drains})
         raise_task_exceptions(done)
 
     async def _watch(self, body: PulledBody, receive: Any) -> None:

@@ -86,6 +86,8 @@ class Client:
     def __init__(self, chunks: int, *, disconnect_after: int | None = None) -> None:
         self.chunks, self.disconnect_after = chunks, disconnect_after
         self.asked = 0
+        self.expect_drain = disconnect_after is None
+        self.asked_at_response: int | None = None
         self.sent: list[dict[str, Any]] = []
 
     async def receive(self) -> dict[str, Any]:
@@ -100,7 +102,17 @@ class Client:
         raise AssertionError("unreachable")
 
     async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.asked_at_response = self.asked
         self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            # Like Hypercorn: the exchange ends only once the request's body
+            # has been read (an unread body would block the connection).
+            for _ in range(500):
+                if self.asked > self.chunks or not self.expect_drain:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("the response ended with the request body unread")
 
     def status(self) -> int | None:
         start = [m for m in self.sent if m["type"] == "http.response.start"]
@@ -148,8 +160,8 @@ async def test_a_streamed_body_past_its_limit_is_refused_as_it_arrives(served):
     client = Client(chunks=40)
     await app(scope("/v1/streamprobe", b"limit=200000"), client.receive, client.send)
     assert client.status() == 413
-    # It stopped reading at the first chunk past the limit.
-    assert client.asked <= 5
+    # It answered at the first chunk past the limit (then dropped the rest).
+    assert client.asked_at_response is not None and client.asked_at_response <= 5
 
 
 async def test_a_client_that_goes_away_mid_body_cancels_the_handler(served):
@@ -165,7 +177,35 @@ async def test_a_handler_that_never_reads_the_body_answers(served):
     client = Client(chunks=40)
     await asyncio.wait_for(app(scope("/v1/streamprobe/ignore"), client.receive, client.send), 10)
     assert client.status() == 200
-    assert client.asked == 1  # only the prefetched message was read
+    # The rest of the body was read and dropped, so the server can end the
+    # exchange (an unread body would block the connection for good).
+    assert client.asked >= 41
+
+
+async def test_a_refusal_before_the_body_is_read_still_ends_the_exchange(served):
+    app, _ = served
+    client = Client(chunks=40)
+    await asyncio.wait_for(
+        app(scope("/v1/streamprobe", b"limit=100"), client.receive, client.send), 10
+    )
+    assert client.status() == 413
+    assert client.asked >= 41
+
+
+async def test_a_client_silent_mid_body_gets_408(served):
+    app, _ = served
+    app.config["BODY_TIMEOUT"] = 0.2
+    client = Client(chunks=3)
+    client.expect_drain = False  # it stalls: the server gives up on it
+    stalled = client.receive
+
+    async def receive() -> dict[str, Any]:
+        if client.asked == 2:
+            await asyncio.sleep(5)
+        return await stalled()
+
+    await asyncio.wait_for(app(scope("/v1/streamprobe"), receive, client.send), 10)
+    assert client.status() == 408
 
 
 async def test_whole_bodies_keep_the_server_wide_limit(served):

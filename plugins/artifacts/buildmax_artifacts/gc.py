@@ -84,11 +84,20 @@ async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[s
         async with app.db.read() as conn:
             return [row["public_id"] for row in await conn.fetch_all(select)]
     async with app.db.write() as tx:
-        rows = await tx.fetch_all(select)
-        await tx.execute(
+        # The update decides which rows this run tombstones (a row deleted
+        # meanwhile is not freed twice).
+        rows = await tx.fetch_all(
             sa.update(artifacts)
             .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
             .values(deleted_at=now, lost_at=now)
+            .returning(
+                artifacts.c.public_id,
+                artifacts.c.size,
+                sa.select(spaces.c.public_id)
+                .where(spaces.c.id == artifacts.c.space_id)
+                .scalar_subquery()
+                .label("space"),
+            )
         )
         for row in rows:
             await free(tx, row["space"], row["size"])

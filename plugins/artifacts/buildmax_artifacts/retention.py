@@ -46,15 +46,26 @@ async def expire(app: Any, retention_days: int | None = None) -> list[str]:
         .limit(500)
     )
     expired: list[str] = []
+    done: set[str] = set()
     while True:
         async with app.db.write() as tx:
             rows = await tx.fetch_all(old)
             for row in rows:
-                await tx.execute(
+                # The update decides: a row deleted, pinned or expired by
+                # someone else meanwhile is left alone (and freed only once).
+                changed = await tx.fetch_val(
                     sa.update(artifacts)
-                    .where(artifacts.c.id == row["id"], artifacts.c.deleted_at.is_(None))
+                    .where(
+                        artifacts.c.id == row["id"],
+                        artifacts.c.deleted_at.is_(None),
+                        artifacts.c.pinned == 0,
+                    )
                     .values(deleted_at=now)
+                    .returning(artifacts.c.id)
                 )
+                if changed is None:
+                    continue
+                done.add(row["public_id"])
                 await free(tx, row["space"], row["size"])
                 await app.audit.record(
                     tx,
@@ -65,7 +76,7 @@ async def expire(app: Any, retention_days: int | None = None) -> list[str]:
                     target_id=row["public_id"],
                     details={"retention_days": days},
                 )
-        expired += [row["public_id"] for row in rows]
+        expired += [row["public_id"] for row in rows if row["public_id"] in done]
         if len(rows) < 500:
             return expired
 

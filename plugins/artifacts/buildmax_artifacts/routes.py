@@ -272,6 +272,18 @@ async def _finalize(
         return await tx.fetch_one(_SELECT.where(artifacts.c.public_id == public_id))
 
 
+async def _readable(app: BuildMax, caller: Caller, access: SpaceAccess, row: Any) -> None:
+    """An attempt's token reads only the artifacts of its own task, in its
+    own space; 404 otherwise, as if they did not exist."""
+    if caller.actor.scope_type != "attempt":
+        return
+    queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+    async with app.db.read() as conn:
+        attempt = await queue.attempt(conn, str(caller.actor.scope_id))
+    if attempt is None or attempt.space_id != access.public_id or row["task_id"] != attempt.task_id:
+        raise NotFound("no such artifact in this space")
+
+
 async def _find(app: BuildMax, access: SpaceAccess, artifact: str) -> Any:
     async with app.db.read() as conn:
         row = await conn.fetch_one(
@@ -328,7 +340,9 @@ async def get_artifact(space: str, artifact: str) -> Response:
     app = current_buildmax()
     caller = await authenticate(accept_scopes=("attempt",))
     access = await require_space(space, "viewer", caller, "artifacts.read")
-    return json_response(_render(access, await _find(app, access, artifact)))
+    row = await _find(app, access, artifact)
+    await _readable(app, caller, access, row)
+    return json_response(_render(access, row))
 
 
 def _range(size: int) -> tuple[int, int] | None:
@@ -358,6 +372,7 @@ async def download(space: str, artifact: str) -> Response:
     caller = await authenticate(accept_scopes=("attempt",))
     access = await require_space(space, "viewer", caller, "artifacts.read")
     row = await _find(app, access, artifact)
+    await _readable(app, caller, access, row)
     store = blob_store(app)
     if await store.head(row["blob_key"]) is None:
         raise BlobMissing("the artifact's bytes are missing from the blob store")

@@ -392,3 +392,28 @@ async def test_the_routes_an_attempts_token_may_use_say_so(client):
         ("GET", f"{base}/{{artifact}}"),
         ("GET", f"{base}/{{artifact}}/content"),
     }
+
+
+async def test_an_attempts_token_reads_only_its_own_tasks_artifacts(shelf):
+    call, owner, base = shelf.client, shelf.owner.headers, f"/v1/spaces/{shelf.space.id}"
+    await call.post(f"{base}/projects", headers=owner, json={"name": "main"})
+    tasks = []
+    for title in ("mine", "theirs"):
+        response = await call.post(
+            f"{base}/tasks", headers=owner, json={"project": "main", "title": title}
+        )
+        tasks.append(await response.get_json())
+    claim = await (
+        await call.post(
+            f"{base}/tasks/{tasks[0]['id']}/claim", headers=shelf.member.headers, json={}
+        )
+    ).get_json()
+    token = {"Authorization": f"Bearer {claim['token']}"}
+    mine = await shelf.upload(DATA, claim["token"])
+    theirs = await shelf.upload(DATA, task=tasks[1]["id"])
+    loose = await shelf.upload(DATA)
+    assert (await call.get(f"{shelf.base}/{mine['id']}", headers=token)).status_code == 200
+    assert (await call.get(mine["url"], headers=token)).status_code == 200
+    for other in (theirs, loose):
+        assert (await call.get(f"{shelf.base}/{other['id']}", headers=token)).status_code == 404
+        assert (await call.get(other["url"], headers=token)).status_code == 404
