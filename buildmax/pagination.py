@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
 from quart import request
 
 from .inputs import first_unsafe_value
@@ -76,6 +77,15 @@ def page_request(default: int, maximum: int, key_types: tuple[type, ...] = (str,
     cursor = request.args.get("cursor")
     after = decode_cursor(cursor, key_types) if cursor else None
     return PageRequest(limit, after)
+
+
+def older_than(table: Any, public_id: str) -> Any:
+    """Rows of ``table`` written before the row ``public_id``: the keyset
+    condition of a newest-first page whose cursor names the last row shown
+    by its public id (its numeric key never leaves the server)."""
+    return (
+        table.c.id < sa.select(table.c.id).where(table.c.public_id == public_id).scalar_subquery()
+    )
 
 
 def page_body(items: list[dict[str, Any]], rows: list[Any], limit: int, key: Any) -> dict[str, Any]:

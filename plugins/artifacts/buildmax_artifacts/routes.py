@@ -28,7 +28,7 @@ from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
 from buildmax.database.base import uncancellable
 from buildmax.ids import new_id
-from buildmax.pagination import page_body, page_request
+from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
     Forbidden,
     NotFound,
@@ -320,8 +320,7 @@ async def list_artifacts(space: str) -> Response:
         if value is not None:
             query = query.where(column == value)
     if page.after is not None:
-        older = sa.select(artifacts.c.id).where(artifacts.c.public_id == page.after[0])
-        query = query.where(artifacts.c.id < older.scalar_subquery())
+        query = query.where(older_than(artifacts, page.after[0]))
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
     items = [_render(access, r) for r in rows[: page.limit]]

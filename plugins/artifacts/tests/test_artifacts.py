@@ -417,3 +417,20 @@ async def test_an_attempts_token_reads_only_its_own_tasks_artifacts(shelf):
     for other in (theirs, loose):
         assert (await call.get(f"{shelf.base}/{other['id']}", headers=token)).status_code == 404
         assert (await call.get(other["url"], headers=token)).status_code == 404
+
+
+async def test_two_sweeps_at_once_expire_an_artifact_once(shelf, clock, audit_log):
+    """Two servers sweep at about the same moment: each artifact is
+    tombstoned, freed and audited once, and a pinned one never."""
+    from buildmax_artifacts.retention import expire
+
+    old = await shelf.upload(b"old evidence", name="old")
+    kept = await shelf.upload(b"kept evidence", name="kept")
+    await shelf.client.post(f"{shelf.base}/{kept['id']}/pin", headers=shelf.member.headers)
+    clock.advance(seconds=91 * 86400)
+    first, second = await asyncio.gather(expire(shelf.app), expire(shelf.app))
+    assert sorted(first + second) == [old["id"]]
+    assert len(audit_log.of("artifact.expired", old["id"])) == 1
+    assert audit_log.of("artifact.expired", kept["id"]) == []
+    used = {r["scope"]: r["used"] for r in await shelf.rows(quotas)}["deployment"]
+    assert used == len(b"kept evidence")

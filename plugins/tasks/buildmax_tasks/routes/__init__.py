@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint
 
@@ -68,14 +67,6 @@ def lease_ms(settings: TaskSettings, requested: int | None) -> int:
             errors={"lease_seconds": [f"Must be between 1 and {settings.lease_max_seconds}."]},
         )
     return requested * 1000
-
-
-def older_than(table: sa.Table, public_id: str) -> Any:
-    """Rows written before the row ``public_id`` (a page cursor names the last
-    row shown by its public id; its numeric key never leaves the server)."""
-    return (
-        table.c.id < sa.select(table.c.id).where(table.c.public_id == public_id).scalar_subquery()
-    )
 
 
 def blueprints() -> list[Blueprint]:

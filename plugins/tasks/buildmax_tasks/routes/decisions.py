@@ -15,7 +15,7 @@ from buildmax.app import current_buildmax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.idempotency import Reply
-from buildmax.pagination import page_body, page_request
+from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.schema import principals
 
@@ -24,7 +24,7 @@ from ..lifecycle import TERMINAL
 from ..problems import InvalidState
 from ..schema import decisions, tasks
 from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
-from . import change, older_than
+from . import change
 from .tasks import task_or_404
 
 blueprint = Blueprint("tasks_decisions", __name__)

@@ -15,7 +15,7 @@ from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
-from buildmax.pagination import page_body, page_request
+from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import NotFound, ValidationFailed
 from buildmax.schema import principals
 
@@ -23,7 +23,7 @@ from ..holds import scope_public_id
 from ..problems import InvalidState
 from ..schema import holds
 from ..schemas import HoldCreate, HoldOut, HoldPage
-from . import change, older_than
+from . import change
 from .projects import find_project
 from .tasks import task_or_404
 

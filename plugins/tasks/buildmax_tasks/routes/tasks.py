@@ -18,7 +18,7 @@ from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
-from buildmax.pagination import page_body, page_request
+from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
     BadCursor,
     Forbidden,
@@ -61,7 +61,7 @@ from ..schemas import (
     TaskUpdate,
 )
 from ..views import render_tasks
-from . import change, may_override, older_than, tasks_state
+from . import change, may_override, tasks_state
 from .projects import find_project
 
 blueprint = Blueprint("tasks_tasks", __name__)
