@@ -71,6 +71,7 @@ def problem_response(problem: Problem) -> Response:
     body = problem.to_dict(instance=request.path, request_id=g.get("request_id"))
     response = json_response(body, problem.status)
     response.content_type = PROBLEM_CONTENT_TYPE
+    response.headers.update(problem.headers)
     if problem.status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="buildmax"'
     return response

@@ -27,8 +27,11 @@ class Problem(Exception):
         status: int | None = None,
         slug: str | None = None,
         title: str | None = None,
+        headers: dict[str, str] | None = None,
         **extra: Any,
     ) -> None:
+        #: Response headers the problem needs (e.g. ``Content-Range`` on a 416).
+        self.headers = dict(headers or {})
         self.status = status or self.status
         self.slug = slug or self.slug
         self.title = title or self.title

@@ -11,18 +11,20 @@ is released.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR
+from buildmax_hookspecs import SYSTEM_ACTOR, BlobStore
 
 from buildmax.schema import spaces
 
 from .quota import Reservation, free, settle
 from .routes import KEY_PREFIX, blob_store
-from .schema import artifacts, uploads
+from .schema import artifacts, quotas, uploads
+from .settings import artifact_settings
 
 
 @dataclass
@@ -64,14 +66,49 @@ async def collect(
         if ref.modified_at is None or now - ref.modified_at < grace_ms:
             report.young_orphans += 1
             continue
-        report.orphans.append(ref.key)
-        if not dry_run:
-            await store.delete(ref.key)
+        if dry_run or await _delete_orphan(app, store, ref.key, now - grace_ms):
+            report.orphans.append(ref.key)
+        else:
+            report.young_orphans += 1
     for key in sorted(live):
         if await store.head(key) is None:
             report.lost.extend(await _tombstone_lost(app, key, now, dry_run))
     report.stale_uploads = await _release_stale(app, now - grace_ms, dry_run)
     return report
+
+
+_SPACE_OF_KEY = re.compile(rf"^{KEY_PREFIX}/space/([^/]+)/sha256/[0-9a-f]{{64}}$")
+
+
+async def _delete_orphan(app: Any, store: BlobStore, key: str, older_than: int) -> bool:
+    """Delete an orphan unless an upload could be about to use it.
+
+    The space's quota row is locked first, as every reservation locks it, so
+    no upload of the space starts meanwhile; an upload already in flight
+    there (it may be writing these very bytes again), a live row naming the
+    key, or a blob written within the grace period keep it."""
+    match = _SPACE_OF_KEY.match(key)
+    if match is None:
+        return False  # not an artifact blob's key: not ours to judge
+    space_id = match.group(1)
+    async with app.db.write() as tx:
+        await tx.execute(
+            sa.update(quotas)
+            .where(quotas.c.scope == f"space:{space_id}")
+            .values(reserved=quotas.c.reserved)
+        )
+        busy = await tx.fetch_val(
+            sa.select(
+                sa.exists()
+                .where(uploads.c.space_id == spaces.c.id, spaces.c.public_id == space_id)
+                .correlate(None)
+                | sa.exists().where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
+            )
+        )
+        ref = await store.head(key)
+        if busy or ref is None or ref.modified_at is None or ref.modified_at >= older_than:
+            return False
+        return await store.delete(key)
 
 
 async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[str]:
@@ -120,11 +157,12 @@ async def _release_stale(app: Any, older_than: int, dry_run: bool) -> int:
     )
     async with app.db.read() as conn:
         stale = [dict(row) for row in await conn.fetch_all(select)]
+    settings = artifact_settings(app)
     if not dry_run:
         for row in stale:
             async with app.db.write() as tx:
                 reservation = Reservation(
                     row["public_id"], row["space_id"], row["space"], row["bytes"]
                 )
-                await settle(tx, reservation, 0)
+                await settle(tx, reservation, 0, settings)
     return len(stale)

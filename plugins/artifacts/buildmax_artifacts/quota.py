@@ -20,7 +20,7 @@ from buildmax.ids import new_id
 from buildmax.problems import Conflict
 
 from .schema import quotas, uploads
-from .settings import ArtifactSettings
+from .settings import ArtifactSettings, artifact_settings
 
 DEPLOYMENT = "deployment"
 
@@ -76,11 +76,8 @@ async def reserve(
     """Set ``size`` bytes aside in the deployment's and the space's quota;
     :class:`QuotaExceeded` (and nothing changed) when either is full."""
     reservation = Reservation(new_id("up"), space_pk, space_id, size)
-    space_limit = settings.space_quota_bytes or settings.quota_bytes
     async with app.db.write() as tx:
-        for scope, limit in zip(
-            reservation.scopes, (settings.quota_bytes, space_limit), strict=True
-        ):
+        for scope, limit in zip(reservation.scopes, _limits(settings), strict=True):
             await tx.execute(_ENSURE[tx.dialect], {"scope": scope})
             ok = await tx.fetch_val(_RESERVE, {"scope": scope, "bytes": size, "limit": limit})
             if ok is None:
@@ -98,15 +95,48 @@ async def reserve(
     return reservation
 
 
-async def settle(tx: Transaction, reservation: Reservation, stored: int) -> None:
+_TAKE = (
+    sa.update(quotas)
+    .where(
+        quotas.c.scope == sa.bindparam("scope"),
+        quotas.c.used + quotas.c.reserved + sa.bindparam("bytes", type_=sa.BigInteger)
+        <= sa.bindparam("limit", type_=sa.BigInteger),
+    )
+    .values(used=quotas.c.used + sa.bindparam("bytes", type_=sa.BigInteger))
+    .returning(quotas.c.scope)
+)
+
+
+def _limits(settings: ArtifactSettings) -> tuple[int, int]:
+    """The deployment's and a space's limit, in :attr:`Reservation.scopes` order."""
+    return settings.quota_bytes, settings.space_quota_bytes or settings.quota_bytes
+
+
+async def settle(
+    tx: Transaction,
+    reservation: Reservation,
+    stored: int,
+    settings: ArtifactSettings,
+) -> None:
     """In ``tx``: end the reservation, counting ``stored`` bytes as used
-    (0 when the upload failed). A reservation the collector already released
-    (its upload outlived the grace period) is not released twice."""
+    (0 when the upload failed).
+
+    A reservation the collector already released (its upload outlived the
+    grace period) is not released twice; its stored bytes are then taken only
+    if they still fit the quotas of ``settings``, else :class:`QuotaExceeded`
+    (roll ``tx`` back: the artifact is refused and its blob is an orphan)."""
     reserved = await tx.fetch_val(
         uploads.delete()
         .where(uploads.c.public_id == reservation.public_id)
         .returning(uploads.c.bytes)
     )
+    if reserved is None and stored > 0:
+        for scope, limit in zip(reservation.scopes, _limits(settings), strict=True):
+            if await tx.fetch_val(_TAKE, {"scope": scope, "bytes": stored, "limit": limit}) is None:
+                raise QuotaExceeded(
+                    f"the upload outlived its reservation and {stored} bytes no longer fit"
+                )
+        return
     for scope in reservation.scopes:
         await tx.execute(_MOVE, {"scope": scope, "reserved": int(reserved or 0), "stored": stored})
 
@@ -120,4 +150,4 @@ async def free(tx: Transaction, space_id: str, size: int) -> None:
 async def release(app: Any, reservation: Reservation) -> None:
     """End a reservation whose upload failed, in its own transaction."""
     async with app.db.write() as tx:
-        await settle(tx, reservation, 0)
+        await settle(tx, reservation, 0, artifact_settings(app))

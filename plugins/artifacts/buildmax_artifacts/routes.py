@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, cast
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from buildmax_hookspecs import BlobDigestMismatch, BlobStore, BlobTooLarge, TaskQueue
@@ -118,7 +119,7 @@ def _text_arg(name: str, *, required: bool = False, max_length: int = 255) -> st
         if required:
             raise ValidationFailed(f"{name} is required", errors={name: ["Missing."]})
         return None
-    if not 1 <= len(value) <= max_length or any(ord(c) < 32 or c in "/\\" for c in value):
+    if not 1 <= len(value) <= max_length or any(ord(c) < 32 or c in "/\\\x7f" for c in value):
         raise ValidationFailed(
             f"{name} must be 1 to {max_length} printable characters without slashes",
             errors={name: ["Invalid."]},
@@ -217,9 +218,14 @@ async def upload(space: str) -> Response:
     except BaseException:
         await uncancellable(release(app, reservation))
         raise
-    row = await uncancellable(
-        _finalize(app, caller, access, reservation, ref, name, media_type, task_id, attempt_id)
-    )
+    try:
+        row = await uncancellable(
+            _finalize(app, caller, access, reservation, ref, name, media_type, task_id, attempt_id)
+        )
+    except BaseException:
+        # No row: the blob is an orphan for the collector; the quota comes back now.
+        await uncancellable(release(app, reservation))
+        raise
     return json_response(_render(access, row), 201)
 
 
@@ -252,7 +258,7 @@ async def _finalize(
                 created_by=caller.principal_pk,
             )
         )
-        await settle(tx, reservation, ref.size)
+        await settle(tx, reservation, ref.size, artifact_settings(app))
         await app.audit.record(
             tx,
             caller.actor,
@@ -344,17 +350,36 @@ async def get_artifact(space: str, artifact: str) -> Response:
     return json_response(_render(access, row))
 
 
-def _range(size: int) -> tuple[int, int] | None:
-    """The one byte range asked for, clipped to the artifact; 416 if none fits."""
+def _range(size: int, sha256: str) -> tuple[int, int] | None:
+    """The one byte range asked for (RFC 9110 §14), clipped to the artifact;
+    ``None`` for the whole artifact; 416 when the range starts past its end.
+
+    Several ranges, other units or an ``If-Range`` naming another version get
+    the whole artifact, as the RFC allows."""
     asked = request.range
-    if asked is None:
+    if asked is None or asked.units != "bytes" or len(asked.ranges) != 1:
         return None
-    if asked.units != "bytes" or len(asked.ranges) != 1:
-        return None  # served whole: one range of bytes is all this supports
-    span = asked.range_for_length(size)
-    if span is None:
-        raise RangeNotSatisfiable(f"the artifact has {size} bytes")
-    return span[0], span[1] - 1
+    if_range = request.if_range
+    if (if_range.etag or if_range.date) and if_range.etag != sha256:
+        return None
+    start, end = asked.ranges[0]
+    if start >= size or size == 0:
+        raise RangeNotSatisfiable(
+            f"the artifact has {size} bytes", headers={"Content-Range": f"bytes */{size}"}
+        )
+    if start < 0:  # a suffix: the last -start bytes, all of them if it is longer
+        return max(0, size + start), size - 1
+    return start, min(size, size if end is None else end) - 1
+
+
+def _disposition(name: str) -> dict[str, str]:
+    """``Content-Disposition`` options (RFC 6266): an ASCII ``filename`` and,
+    for any other name, its UTF-8 form in ``filename*``."""
+    options = {"filename": name}
+    if not name.isascii():
+        fallback = name.encode("ascii", "replace").decode().replace("?", "_")
+        options = {"filename": fallback, "filename*": "UTF-8''" + quote(name, safe="")}
+    return options
 
 
 @blueprint.get("/v1/spaces/<space>/artifacts/<artifact>/content")
@@ -375,19 +400,20 @@ async def download(space: str, artifact: str) -> Response:
     store = blob_store(app)
     if await store.head(row["blob_key"]) is None:
         raise BlobMissing("the artifact's bytes are missing from the blob store")
-    span = _range(row["size"])
+    etag = f'"{row["sha256"]}"'
+    span = _range(row["size"], row["sha256"])
     chunks = store.open(row["blob_key"], span)
     response = Response(chunks, status=206 if span else 200, mimetype=row["media_type"])
     length = row["size"] if span is None else span[1] - span[0] + 1
     response.headers["Content-Length"] = str(length)
-    response.headers["ETag"] = f'"{row["sha256"]}"'
+    response.headers["ETag"] = etag
     response.headers["Accept-Ranges"] = "bytes"
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Content-Security-Policy"] = "sandbox"
     if span is not None:
         response.headers["Content-Range"] = f"bytes {span[0]}-{span[1]}/{row['size']}"
     disposition = "inline" if row["media_type"] in INLINE else "attachment"
-    response.headers.set("Content-Disposition", disposition, filename=row["name"])
+    response.headers.set("Content-Disposition", disposition, **_disposition(row["name"]))
     return response
 
 

@@ -76,6 +76,56 @@ async def test_a_range_is_served_exactly(shelf):
     )
     assert beyond.status_code == 416
     assert (await beyond.get_json())["type"] == PROBLEM + "range-not-satisfiable"
+    assert beyond.headers["Content-Range"] == f"bytes */{len(DATA)}"
+
+
+@pytest.mark.parametrize(
+    ("asked", "if_range", "status", "part"),
+    [
+        ("bytes=-1000000", None, 206, slice(None)),  # a suffix longer than the artifact
+        ("bytes=5-1000000", None, 206, slice(5, None)),  # an end past the artifact
+        ("bytes=0-0", None, 206, slice(0, 1)),
+        ("bytes=0-1,5-6", None, 200, slice(None)),  # several ranges: served whole
+        ("lines=0-1", None, 200, slice(None)),
+        ("bytes=0-1", '"' + "0" * 64 + '"', 200, slice(None)),  # If-Range of another version
+        ("bytes=0-1", "SHA", 206, slice(0, 2)),  # If-Range of this version
+    ],
+)
+async def test_range_edge_cases_follow_rfc_9110(shelf, asked, if_range, status, part):
+    made = await shelf.upload(DATA)
+    headers = {**shelf.member.headers, "Range": asked}
+    if if_range is not None:
+        headers["If-Range"] = if_range.replace("SHA", f'"{made["sha256"]}"')
+    got = await shelf.client.get(made["url"], headers=headers)
+    assert got.status_code == status
+    assert await got.get_data() == DATA[part]
+    assert got.headers["Content-Length"] == str(len(DATA[part]))
+    if status == 206:
+        start = part.start or 0
+        end = len(DATA) - 1 if part.stop is None else part.stop - 1
+        assert got.headers["Content-Range"] == f"bytes {start}-{end}/{len(DATA)}"
+
+
+async def test_an_empty_artifact_downloads_empty_and_refuses_any_range(shelf):
+    made = await shelf.upload(b"")
+    assert made["size"] == 0 and made["sha256"] == sha(b"")
+    whole = await shelf.client.get(made["url"], headers=shelf.member.headers)
+    assert whole.status_code == 200 and await whole.get_data() == b""
+    for asked in ("bytes=0-", "bytes=-1"):
+        got = await shelf.client.get(made["url"], headers={**shelf.member.headers, "Range": asked})
+        assert got.status_code == 416
+        assert got.headers["Content-Range"] == "bytes */0"
+
+
+async def test_a_name_beyond_ascii_is_sent_as_rfc_6266_filename_star(shelf):
+    made = await shelf.upload(b"x", name="résumé ✓.txt")
+    assert made["name"] == "résumé ✓.txt"
+    got = await shelf.client.get(made["url"], headers=shelf.member.headers)
+    disposition = got.headers["Content-Disposition"]
+    assert disposition == (
+        "inline; filename=\"r_sum_ _.txt\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20%E2%9C%93.txt"
+    )
+    disposition.encode("latin-1")  # a header value any client can read
 
 
 async def test_what_is_not_safe_to_render_comes_as_an_attachment(shelf):
@@ -333,7 +383,7 @@ async def test_a_reservation_left_by_a_dead_upload_is_released_once(shelf, clock
     assert rows["deployment"]["reserved"] == 0
     # The upload finishing after all does not release it twice.
     async with shelf.app.db.write() as tx:
-        await settle(tx, stuck, 600)
+        await settle(tx, stuck, 600, settings)
     rows = {row["scope"]: row for row in await shelf.rows(quotas)}
     assert (rows["deployment"]["reserved"], rows["deployment"]["used"]) == (0, 600)
 
@@ -434,3 +484,74 @@ async def test_two_sweeps_at_once_expire_an_artifact_once(shelf, clock, audit_lo
     assert audit_log.of("artifact.expired", kept["id"]) == []
     used = {r["scope"]: r["used"] for r in await shelf.rows(quotas)}["deployment"]
     assert used == len(b"kept evidence")
+
+
+class RunsWhileStoring:
+    """A blob store that runs ``during`` after storing an upload's bytes and
+    before the upload's row is written (a collector or another upload racing
+    it)."""
+
+    def __init__(self, store: object, during) -> None:
+        self.store = store
+        self.during = during
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def put(self, *args: object, **kwargs: object) -> object:
+        ref = await self.store.put(*args, **kwargs)  # type: ignore[attr-defined]
+        await self.during()
+        return ref
+
+
+async def test_gc_never_deletes_the_bytes_of_an_upload_in_flight(shelf, monkeypatch, clock):
+    from buildmax_artifacts import routes
+    from buildmax_artifacts.gc import collect
+
+    reports = []
+
+    async def collect_now() -> None:
+        clock.advance(seconds=5)  # the fresh blob is past a zero grace period
+        reports.append(await collect(shelf.app, grace_ms=0))
+
+    real = routes.blob_store(shelf.app)
+    monkeypatch.setattr(routes, "blob_store", lambda app: RunsWhileStoring(real, collect_now))
+    made = await shelf.upload(DATA)
+    monkeypatch.undo()
+    [report] = reports
+    assert (report.orphans, report.young_orphans) == ([], 1)
+    got = await shelf.client.get(made["url"], headers=shelf.member.headers)
+    assert got.status_code == 200 and await got.get_data() == DATA
+
+
+async def test_an_upload_that_outlived_its_reservation_cannot_overshoot_the_quota(
+    shelf, monkeypatch, clock
+):
+    from buildmax_artifacts import routes
+    from buildmax_artifacts.gc import collect
+
+    piece = os.urandom(MAX_BYTES)
+    for _ in range(3):
+        await shelf.upload(os.urandom(MAX_BYTES))
+    late = os.urandom(200 * 1024)
+    real = routes.blob_store(shelf.app)
+
+    async def reservation_expires_and_another_upload_takes_the_room() -> None:
+        clock.advance(seconds=7200)
+        assert (await collect(shelf.app, grace_ms=3_600_000)).stale_uploads == 1
+        monkeypatch.setattr(routes, "blob_store", lambda app: real)
+        await shelf.upload(piece[: 200 * 1024])
+
+    monkeypatch.setattr(
+        routes,
+        "blob_store",
+        lambda app: RunsWhileStoring(real, reservation_expires_and_another_upload_takes_the_room),
+    )
+    refused = await shelf.upload(late, expect=409)
+    assert refused["type"] == PROBLEM + "quota-exceeded"
+    rows = await shelf.rows(artifacts)
+    assert sha(late) not in {r["sha256"] for r in rows} and len(rows) == 4
+    quota = {r["scope"]: r for r in await shelf.rows(quotas)}["deployment"]
+    assert (quota["used"], quota["reserved"]) == (3 * MAX_BYTES + 200 * 1024, 0)
+    assert quota["used"] <= QUOTA_BYTES
+    assert await shelf.rows(uploads) == []
