@@ -8,13 +8,16 @@ Protocols services implement. This package imports nothing of BuildMax.
 from . import app, audit, auth, storage, workflow
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
+    BLOB_TMP_DIR,
     BlobDigestMismatch,
+    BlobKeyError,
     BlobNotFound,
     BlobStore,
     BlobTooLarge,
     Row,
     TaskQueue,
     Transaction,
+    check_blob_key,
 )
 from .records import (
     SYSTEM_ACTOR,
@@ -37,6 +40,7 @@ from .workflow import RunEnvironmentRefused
 HOOKSPEC_MODULES = (app, storage, audit, auth, workflow)
 
 __all__ = [
+    "BLOB_TMP_DIR",
     "HOOKSPEC_MODULES",
     "PROJECT_NAME",
     "SYSTEM_ACTOR",
@@ -46,6 +50,7 @@ __all__ = [
     "AuditAction",
     "AuditEvent",
     "BlobDigestMismatch",
+    "BlobKeyError",
     "BlobNotFound",
     "BlobRef",
     "BlobStore",
@@ -60,6 +65,7 @@ __all__ = [
     "TaskRef",
     "Transaction",
     "Verdict",
+    "check_blob_key",
     "hookimpl",
     "hookspec",
 ]

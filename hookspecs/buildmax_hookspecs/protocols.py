@@ -57,6 +57,28 @@ class Transaction(Protocol):
         until COMMIT and always after any other lock."""
 
 
+#: The first key segment stores keep their temporary bytes under.
+BLOB_TMP_DIR = ".tmp"
+
+
+class BlobKeyError(ValueError):
+    """A blob key or prefix that is not a plain relative path (it could leave
+    a store's root or reach its temporary bytes)."""
+
+
+def check_blob_key(key: str) -> str:
+    """``key`` if it is a valid blob key or prefix: ``/``-separated segments,
+    none empty, ``.`` or ``..``, no backslash or NUL, not under
+    :data:`BLOB_TMP_DIR`; else :class:`BlobKeyError`. Every store applies it
+    to every key it is given."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise BlobKeyError(f"invalid blob key {key!r}")
+    if parts[0] == BLOB_TMP_DIR or "\\" in key or "\x00" in key:
+        raise BlobKeyError(f"invalid blob key {key!r}")
+    return key
+
+
 class BlobTooLarge(Exception):
     """Raised by :meth:`BlobStore.put` when a stream exceeds ``max_bytes``.
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_artifacts.schema import artifacts, quotas, uploads
+from buildmax_s3.testing import S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from buildmax.config import Config
 from buildmax.spaces import put_member
@@ -24,14 +25,56 @@ QUOTA_BYTES = 1024 * KIB
 PROBLEM = "urn:buildmax:problem:"
 
 
+@dataclass
+class Backend:
+    """Where the test app's blob store keeps its bytes, and a way to look
+    (and reach) there without going through the store."""
+
+    kind: str
+    root: Path
+    bucket: S3Bucket | None = None
+
+    def settings(self) -> dict[str, Any]:
+        if self.bucket is None:
+            return {"blob_store_url": ""}
+        return {"blob_store_url": self.bucket.url, "plugins": {"s3": self.bucket.settings}}
+
+    def keys(self) -> list[str]:
+        """Every stored thing, temporary bytes and unfinished uploads included."""
+        if self.bucket is not None:
+            return [key.replace("blobs/", "", 1) for key in self.bucket.stored()]
+        if not self.root.exists():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
+
+    def remove(self, key: str) -> None:
+        """Make a blob vanish behind the store's back."""
+        if self.bucket is not None:
+            self.bucket.server.client().delete_object(Bucket=self.bucket.name, Key=f"blobs/{key}")
+        else:
+            (self.root / key).unlink()
+
+
+@pytest.fixture(params=["file", "s3"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Every artifacts test runs on the file store and on S3 (a local server)."""
+    bucket = request.getfixturevalue("s3_bucket") if request.param == "s3" else None
+    return Backend(request.param, tmp_path / "data" / "blobs", bucket)
+
+
 @pytest.fixture
-def buildmax_settings(buildmax_database_url: str, tmp_path: Path) -> Config:
-    """The kernel's test settings with small artifact limits."""
+def buildmax_settings(buildmax_database_url: str, tmp_path: Path, backend: Backend) -> Config:
+    """The kernel's test settings with small artifact limits, on ``backend``."""
     url = buildmax_database_url if buildmax_database_url.startswith("postgresql") else ""
+    store = backend.settings()
     return Config(
         data_dir=str(tmp_path / "data"),
         database_url=url,
-        plugins={"artifacts": {"max_bytes": MAX_BYTES, "quota_bytes": QUOTA_BYTES}},
+        blob_store_url=store["blob_store_url"],
+        plugins={
+            "artifacts": {"max_bytes": MAX_BYTES, "quota_bytes": QUOTA_BYTES},
+            **store.get("plugins", {}),
+        },
     )
 
 
@@ -50,6 +93,7 @@ class Shelf:
     member: PrincipalHandle
     outsider: PrincipalHandle
     other_space: SpaceHandle
+    backend: Backend
 
     @property
     def base(self) -> str:
@@ -82,11 +126,8 @@ class Shelf:
             return [dict(r) for r in await conn.fetch_all(sa.select(table))]
 
     def blob_files(self) -> list[str]:
-        """Every file in the blob store, temporary ones included."""
-        root = Path(self.app.settings.data_dir) / "blobs"
-        if not root.exists():
-            return []
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        """Every key in the blob store, temporary ones included."""
+        return self.backend.keys()
 
     async def leftovers(self) -> dict[str, Any]:
         """What a refused upload must not leave: artifacts, reservations,
@@ -101,7 +142,7 @@ class Shelf:
 
 
 @pytest.fixture
-async def shelf(app, client, make_principal, make_space) -> Shelf:
+async def shelf(app, client, make_principal, make_space, backend) -> Shelf:
     owner = await make_principal("human")
     member = await make_principal("agent")
     outsider = await make_principal("agent")
@@ -109,4 +150,4 @@ async def shelf(app, client, make_principal, make_space) -> Shelf:
     other = await make_space(outsider)
     async with app.db.write() as tx:
         await put_member(tx, space.pk, member.pk, "member", app.clock.now_ms())
-    return Shelf(app, client, space, owner, member, outsider, other)
+    return Shelf(app, client, space, owner, member, outsider, other, backend)

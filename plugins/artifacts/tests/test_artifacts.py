@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import pytest
 from buildmax_artifacts.schema import artifacts, quotas, uploads
@@ -225,7 +224,7 @@ async def test_delete_leaves_a_tombstone_and_hides_the_artifact(shelf, audit_log
 async def test_bytes_missing_from_the_store_are_a_clear_410(shelf):
     made = await shelf.upload(DATA)
     for path in shelf.blob_files():
-        (Path(shelf.app.settings.data_dir) / "blobs" / path).unlink()
+        shelf.backend.remove(path)
     got = await shelf.client.get(made["url"], headers=shelf.member.headers)
     assert got.status_code == 410
     assert (await got.get_json())["type"] == PROBLEM + "blob-missing"
@@ -340,7 +339,7 @@ async def test_an_artifact_whose_bytes_vanished_is_410_then_tombstoned_by_gc(she
     kept = await shelf.upload(b"other bytes")
     for path in shelf.blob_files():
         if sha(DATA) in path:
-            (Path(shelf.app.settings.data_dir) / "blobs" / path).unlink()
+            shelf.backend.remove(path)
     got = await shelf.client.get(made["url"], headers=shelf.member.headers)
     assert got.status_code == 410
     report = await collect(shelf.app, grace_ms=0)
