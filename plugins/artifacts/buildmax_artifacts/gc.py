@@ -108,6 +108,14 @@ async def _delete_orphan(app: Any, store: BlobStore, key: str, older_than: int) 
         ref = await store.head(key)
         if busy or ref is None or ref.modified_at is None or ref.modified_at >= older_than:
             return False
+        await app.audit.record(
+            tx,
+            SYSTEM_ACTOR,
+            "artifact.blob_collected",
+            space_id=space_id,
+            details={"sha256": ref.sha256, "size": ref.size},
+        )
+        # Deleted last: a failure rolls the event back with the blob still there.
         return await store.delete(key)
 
 

@@ -55,6 +55,12 @@ def buildmax_audit_actions() -> list[AuditAction]:
         ),
         AuditAction("artifact.unpinned", "An artifact's pin was removed", frozenset(), "artifact"),
         AuditAction(
+            "artifact.blob_collected",
+            "The collector removed bytes no live artifact referenced (deleted, expired or "
+            "never finalized)",
+            frozenset({"sha256", "size"}),
+        ),
+        AuditAction(
             "artifact.lost",
             "The collector found an artifact's bytes gone and tombstoned it",
             frozenset(),

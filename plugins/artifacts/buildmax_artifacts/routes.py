@@ -13,11 +13,18 @@ no reservation, and the store removes its temporary bytes.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Any, cast
 from urllib.parse import quote
 
 import sqlalchemy as sa
-from buildmax_hookspecs import BlobDigestMismatch, BlobStore, BlobTooLarge, TaskQueue
+from buildmax_hookspecs import (
+    BlobDigestMismatch,
+    BlobNotFound,
+    BlobStore,
+    BlobTooLarge,
+    TaskQueue,
+)
 from marshmallow import Schema, fields
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -382,6 +389,31 @@ def _disposition(name: str) -> dict[str, str]:
     return options
 
 
+async def _opened(
+    store: BlobStore, key: str, span: tuple[int, int] | None
+) -> AsyncIterator[bytes]:
+    """The blob's bytes, opened before any header is sent: a blob missing
+    from the store is a 410 problem, never a 200 with a cut body."""
+    chunks = store.open(key, span)
+    try:
+        first = await anext(chunks)
+    except BlobNotFound:
+        raise BlobMissing("the artifact's bytes are missing from the blob store") from None
+    except StopAsyncIteration:
+        first = b""
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    return rest()
+
+
 @blueprint.get("/v1/spaces/<space>/artifacts/<artifact>/content")
 @api(
     "Download an artifact's bytes (viewers; an attempt's token); one byte range is supported",
@@ -397,12 +429,9 @@ async def download(space: str, artifact: str) -> Response:
     access = await require_space(space, "viewer", caller, "artifacts.read")
     row = await _find(app, access, artifact)
     await _readable(app, caller, access, row)
-    store = blob_store(app)
-    if await store.head(row["blob_key"]) is None:
-        raise BlobMissing("the artifact's bytes are missing from the blob store")
     etag = f'"{row["sha256"]}"'
     span = _range(row["size"], row["sha256"])
-    chunks = store.open(row["blob_key"], span)
+    chunks = await _opened(blob_store(app), row["blob_key"], span)
     response = Response(chunks, status=206 if span else 200, mimetype=row["media_type"])
     length = row["size"] if span is None else span[1] - span[0] + 1
     response.headers["Content-Length"] = str(length)

@@ -308,7 +308,7 @@ class FailsAfterStoring:
 
 
 async def test_bytes_stored_without_a_row_are_collected_and_nothing_is_visible(
-    shelf, monkeypatch, clock
+    shelf, monkeypatch, clock, audit_log
 ):
     from buildmax_artifacts import routes
     from buildmax_artifacts.gc import collect
@@ -327,8 +327,14 @@ async def test_bytes_stored_without_a_row_are_collected_and_nothing_is_visible(
     clock.advance(seconds=5)  # the blob's time is the wall clock's
     dry = await collect(shelf.app, grace_ms=0, dry_run=True)
     assert dry.orphans == [orphan] and shelf.blob_files() == [orphan]
+    assert "artifact.blob_collected" not in audit_log.actions()
     done = await collect(shelf.app, grace_ms=0)
     assert done.orphans == [orphan] and shelf.blob_files() == []
+    [event] = [e for e in audit_log.events if e.action == "artifact.blob_collected"]
+    assert (event.space_id, event.details) == (
+        shelf.space.id,
+        {"sha256": sha(DATA), "size": len(DATA)},
+    )
     assert (await collect(shelf.app, grace_ms=0)).orphans == []
 
 
