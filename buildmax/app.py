@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from buildmax_hookspecs import BlobStore
+from buildmax_hookspecs import BlobStore, BlobStoreUnavailable
 from quart import Quart, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
@@ -25,7 +25,14 @@ from .ids import new_id
 from .inputs import unsafe_text
 from .migrations import MigrationError, migrate, migration_status, refuse_if_ahead
 from .plugins import Plugins, create_plugins
-from .problems import PROBLEM_CONTENT_TYPE, BadRequest, NotFound, Problem, problem_for_status
+from .problems import (
+    PROBLEM_CONTENT_TYPE,
+    BadRequest,
+    BlobStoreDown,
+    NotFound,
+    Problem,
+    problem_for_status,
+)
 from .services import Services
 from .streaming import PulledRequest, PullingHTTPConnection
 
@@ -187,6 +194,14 @@ def _install_conventions(app: BuildMax) -> None:
         for name, value in exc.get_headers():
             if name.lower() == "allow":  # a 405 must say what is allowed
                 response.headers[name] = value
+        return response
+
+    @app.errorhandler(BlobStoreUnavailable)
+    async def on_blob_store_unavailable(exc: BlobStoreUnavailable) -> Response:
+        log.warning("blob store unavailable in %s %s: %s", request.method, request.path, exc)
+        # The cause (hosts, codes) goes to the log, not to the client.
+        response = problem_response(BlobStoreDown("the blob store did not answer; retry later"))
+        response.headers["Retry-After"] = "5"
         return response
 
     @app.errorhandler(Exception)

@@ -123,6 +123,10 @@ class ServiceUnavailable(Problem):
     status, slug, title = 503, "service-unavailable", "Service unavailable"
 
 
+class BlobStoreDown(ServiceUnavailable):
+    slug, title = "blob-store-unavailable", "The blob store is unavailable; retry later"
+
+
 _BY_STATUS: dict[int, type[Problem]] = {
     400: BadRequest,
     401: Unauthenticated,

@@ -79,6 +79,13 @@ def check_blob_key(key: str) -> str:
     return key
 
 
+class BlobStoreUnavailable(Exception):
+    """Raised by a :class:`BlobStore` that cannot reach its backend or whose
+    backend failed (an outage, a timeout, refused credentials). The kernel
+    answers such a request with a 503 ``blob-store-unavailable`` problem; a
+    failed put has left nothing visible, as with any other failure."""
+
+
 class BlobTooLarge(Exception):
     """Raised by :meth:`BlobStore.put` when a stream exceeds ``max_bytes``.
 

@@ -8,6 +8,7 @@ configuration.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +36,14 @@ class S3Settings:
     #: Bytes an upload gathers before it sends a part (at least 5 MiB): each
     #: upload in flight holds up to this much in memory.
     part_size: int = 8 * MIB
+    #: Tries per S3 call (the first included) before a request fails with 503.
+    max_attempts: int = 3
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> S3Settings:
         """Settings from a ``[plugins.s3]`` table; unknown keys and bad
         values are a :class:`ConfigError` naming the key."""
-        unknown = sorted(set(raw) - {"endpoint_url", "region", "addressing_style", "part_size"})
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ConfigError(f"[plugins.s3]: unknown setting(s) {', '.join(unknown)}")
         for key in ("endpoint_url", "region", "addressing_style"):
@@ -58,4 +61,7 @@ class S3Settings:
             raise ConfigError(
                 f"[plugins.s3] part_size: expected an integer of at least {MIN_PART_BYTES}"
             )
+        attempts = settings.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 10:
+            raise ConfigError("[plugins.s3] max_attempts: expected an integer from 1 to 10")
         return settings

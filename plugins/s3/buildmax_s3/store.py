@@ -27,19 +27,20 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from buildmax_hookspecs import (
     BLOB_TMP_DIR,
     BlobDigestMismatch,
     BlobNotFound,
     BlobRef,
+    BlobStoreUnavailable,
     BlobTooLarge,
 )
 from buildmax_hookspecs import check_blob_key as check_key
@@ -61,6 +62,24 @@ def _millis(when: datetime) -> int:
 
 def _missing(exc: ClientError) -> bool:
     return str(exc.response.get("Error", {}).get("Code")) in _MISSING
+
+
+@contextlib.contextmanager
+def _answering() -> Iterator[None]:
+    """Turn S3 being unreachable, slow, failing (5xx) or refusing our
+    credentials into :class:`BlobStoreUnavailable`; other S3 errors (a
+    missing key, a bad request) pass through."""
+    try:
+        yield
+    except BotoCoreError as exc:  # connection, timeout, credentials
+        raise BlobStoreUnavailable(f"S3 could not be reached: {exc}") from exc
+    except ClientError as exc:
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if status >= 500 or status in (401, 403):
+            raise BlobStoreUnavailable(f"S3 refused: {exc}") from exc
+        raise
+    except OSError as exc:  # the HTTP client's own errors (timeouts included)
+        raise BlobStoreUnavailable(f"S3 could not be reached: {exc!r}") from exc
 
 
 class S3BlobStore:
@@ -113,6 +132,10 @@ class S3BlobStore:
 
     async def client(self) -> Any:
         """The S3 client, opened on first use in the running event loop."""
+        with _answering():
+            return await self._open_client()
+
+    async def _open_client(self) -> Any:
         loop = asyncio.get_running_loop()
         if self._client is not None and self._loop is loop:
             return self._client
@@ -123,7 +146,7 @@ class S3BlobStore:
                 settings = self.settings
                 config = AioConfig(
                     s3={"addressing_style": settings.addressing_style},
-                    retries={"max_attempts": 3, "mode": "standard"},
+                    retries={"total_max_attempts": settings.max_attempts, "mode": "standard"},
                     connect_timeout=10,
                     read_timeout=60,
                 )
@@ -168,7 +191,9 @@ class S3BlobStore:
                     raise BlobTooLarge(max_bytes)
                 digest.update(chunk)
                 pending += chunk
-                if len(pending) >= part_size:
+                if len(pending) < part_size:
+                    continue
+                with _answering():
                     if upload is None:
                         upload = await _Multipart.start(
                             client,
@@ -179,29 +204,30 @@ class S3BlobStore:
                             temporary=expected_sha256 is None,
                         )
                     await upload.send(bytes(pending))
-                    pending.clear()
+                pending.clear()
             actual = digest.hexdigest()
             if expected_sha256 is not None and actual != expected_sha256:
                 raise BlobDigestMismatch(expected_sha256, actual)
             key = f"{prefix}/sha256/{actual}"
-            if upload is None:
-                await client.put_object(
-                    Bucket=self.bucket,
-                    Key=self._object(key),
-                    Body=bytes(pending),
-                    ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
-                )
-            else:
-                if pending:
-                    await upload.send(bytes(pending))
-                await upload.complete()
-                if upload.temporary:
-                    await client.copy_object(
+            with _answering():
+                if upload is None:
+                    await client.put_object(
                         Bucket=self.bucket,
                         Key=self._object(key),
-                        CopySource={"Bucket": self.bucket, "Key": upload.name},
+                        Body=bytes(pending),
+                        ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
                     )
-                    await upload.discard()
+                else:
+                    if pending:
+                        await upload.send(bytes(pending))
+                    await upload.complete()
+                    if upload.temporary:
+                        await client.copy_object(
+                            Bucket=self.bucket,
+                            Key=self._object(key),
+                            CopySource={"Bucket": self.bucket, "Key": upload.name},
+                        )
+                        await upload.discard()
         except BaseException:
             if upload is not None:
                 await uncancellable(upload.discard())
@@ -224,14 +250,21 @@ class S3BlobStore:
             extra["Range"] = f"bytes={start}-{end}"
         client = await self.client()
         try:
-            response = await client.get_object(Bucket=self.bucket, Key=self._object(key), **extra)
+            with _answering():
+                response = await client.get_object(
+                    Bucket=self.bucket, Key=self._object(key), **extra
+                )
         except ClientError as exc:
             if _missing(exc):
                 raise BlobNotFound(key) from None
             raise
         body = response["Body"]
         try:
-            while chunk := await body.read(CHUNK):
+            while True:
+                with _answering():
+                    chunk = await body.read(CHUNK)
+                if not chunk:
+                    break
                 yield chunk
         finally:
             body.close()
@@ -241,7 +274,8 @@ class S3BlobStore:
         check_key(key)
         client = await self.client()
         try:
-            found = await client.head_object(Bucket=self.bucket, Key=self._object(key))
+            with _answering():
+                found = await client.head_object(Bucket=self.bucket, Key=self._object(key))
         except ClientError as exc:
             if _missing(exc):
                 return None
@@ -253,17 +287,24 @@ class S3BlobStore:
         if await self.head(key) is None:
             return False
         client = await self.client()
-        await client.delete_object(Bucket=self.bucket, Key=self._object(key))
+        with _answering():
+            await client.delete_object(Bucket=self.bucket, Key=self._object(key))
         return True
 
     async def list(self, prefix: str) -> AsyncIterator[BlobRef]:
         """Every blob under ``prefix``, in key order."""
         check_key(prefix.rstrip("/"))
         client = await self.client()
-        pages = client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self._object(prefix)
+        pages = (
+            client.get_paginator("list_objects_v2")
+            .paginate(Bucket=self.bucket, Prefix=self._object(prefix))
+            .__aiter__()
         )
-        async for page in pages:
+        while True:
+            with _answering():
+                page = await anext(pages, None)
+            if page is None:
+                break
             for item in page.get("Contents", []):
                 yield self._ref(self._key(item["Key"]), item["Size"], item["LastModified"])
 
@@ -271,7 +312,10 @@ class S3BlobStore:
         """Remove what puts cut off by a dead server left (temporary objects
         and unfinished multipart uploads started before ``older_than``, UTC
         epoch milliseconds); how many."""
-        client = await self.client()
+        with _answering():
+            return await self._sweep(await self.client(), older_than)
+
+    async def _sweep(self, client: Any, older_than: int) -> int:
         removed = 0
         tmp = self._object_tmp("")
         async for page in client.get_paginator("list_objects_v2").paginate(

@@ -21,18 +21,16 @@ from typing import Any
 
 import pytest
 
-#: Credentials the local server accepts (it checks none).
+from buildmax.testing import free_port
+
+#: The environment of a client of the local server (it checks no credentials).
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "buildmax-test",
     "AWS_SECRET_ACCESS_KEY": "buildmax-test-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
+    # No cloud metadata service on a test machine: do not wait for one.
+    "AWS_EC2_METADATA_DISABLED": "true",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -60,7 +58,7 @@ def s3_server() -> Iterator[S3Server]:
 
     A server that does not come up fails the tests that need it; they never
     skip."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

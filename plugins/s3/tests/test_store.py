@@ -208,6 +208,8 @@ def test_from_url_refuses_what_is_not_a_bucket_and_root(url):
         {"addressing_style": "sideways"},
         {"part_size": 1024},
         {"part_size": True},
+        {"max_attempts": 0},
+        {"max_attempts": "3"},
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(table):
