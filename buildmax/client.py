@@ -18,6 +18,7 @@ The URL and token come from the arguments, else ``BUILDMAX_URL`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json as jsonlib
 import os
 import time
@@ -494,6 +495,41 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
         except httpx.TransportError as exc:
             return exc
 
+    @contextlib.contextmanager
+    def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Any = None,
+        content: bytes | Iterator[bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Iterator[httpx.Response]:
+        """Send a request whose body or answer streams (an upload, a
+        download); yields the open response, closed on exit.
+
+        Not retried: a streamed body cannot be sent twice. Raises like
+        :meth:`request` for an error answer or an unreachable server."""
+        request = self._http.build_request(
+            method,
+            path,
+            params=params,
+            content=content,
+            headers={**self._headers(method, idempotency_key), **(headers or {})},
+        )
+        try:
+            response = self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise Unreachable(self.url, exc) from exc
+        try:
+            if response.is_error:
+                response.read()
+                raise error_from_response(response)
+            yield response
+        finally:
+            response.close()
+
     def paginate(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """Every item of a list endpoint, following ``next_cursor`` page by page."""
         cursor: str | None = None
@@ -572,6 +608,37 @@ class AsyncClient(
         except httpx.TransportError as exc:
             return exc
 
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Any = None,
+        content: bytes | AsyncIterator[bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """Like :meth:`Client.stream`, awaited."""
+        request = self._http.build_request(
+            method,
+            path,
+            params=params,
+            content=content,
+            headers={**self._headers(method, idempotency_key), **(headers or {})},
+        )
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise Unreachable(self.url, exc) from exc
+        try:
+            if response.is_error:
+                await response.aread()
+                raise error_from_response(response)
+            yield response
+        finally:
+            await response.aclose()
+
     async def paginate(
         self, path: str, params: dict[str, Any] | None = None
     ) -> AsyncIterator[dict[str, Any]]:
@@ -616,3 +683,37 @@ def sign_in(url: str, name: str, password: str, **options: Any) -> dict[str, Any
     with Client(url, token="", **options) as anonymous:
         body = {"name": name, "password": password}
         return cast(dict[str, Any], anonymous.request("POST", "/v1/sessions", json=body))
+
+
+class OverClient:
+    """Base of a plugin's synchronous client: its calls go through a kernel
+    :class:`Client` (which the caller opens and closes), so they share its
+    connection, retries, idempotency keys and paging."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
+        return cast(dict[str, Any], self.client.request(method, path, json=json))
+
+    def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return list(self.client.paginate(path, params))
+
+    def _done(self, method: str, path: str) -> None:
+        self.client.request(method, path)
+
+
+class OverAsyncClient:
+    """The asynchronous twin of :class:`OverClient`, over an :class:`AsyncClient`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
+        return cast(dict[str, Any], await self.client.request(method, path, json=json))
+
+    async def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return [item async for item in self.client.paginate(path, params)]
+
+    async def _done(self, method: str, path: str) -> None:
+        await self.client.request(method, path)

@@ -134,13 +134,13 @@ def _text_arg(name: str, *, required: bool = False, max_length: int = 255) -> st
     return value
 
 
-def _media_type() -> str:
-    raw = (request.headers.get("Content-Type") or "application/octet-stream").split(";")[0]
-    media_type = raw.strip().lower()
+def _media_type(raw: str, field: str) -> str:
+    """``raw`` (parameters dropped, lowercased) if it is a media type like
+    ``text/plain``; else 422 naming ``field``."""
+    media_type = raw.split(";")[0].strip().lower()
     if not _MEDIA_TYPE.match(media_type):
         raise ValidationFailed(
-            "Content-Type must be a media type like text/plain",
-            errors={"Content-Type": ["Invalid."]},
+            f"{field} must be a media type like text/plain", errors={field: ["Invalid."]}
         )
     return media_type
 
@@ -196,7 +196,9 @@ async def upload(space: str) -> Response:
     expected = request.args.get("sha256")
     if expected is not None and not _SHA256.match(expected):
         raise ValidationFailed("sha256 must be 64 lowercase hex digits")
-    media_type = _media_type()
+    media_type = _media_type(
+        request.headers.get("Content-Type") or "application/octet-stream", "Content-Type"
+    )
     task_id, attempt_id = await _check_links(
         app, caller, access, _text_arg("task", max_length=64), _text_arg("attempt", max_length=64)
     )
@@ -324,14 +326,13 @@ async def list_artifacts(space: str) -> Response:
         .order_by(artifacts.c.id.desc())
         .limit(page.limit + 1)
     )
-    for name, column in (
-        ("task", artifacts.c.task_id),
-        ("attempt", artifacts.c.attempt_id),
-        ("media_type", artifacts.c.media_type),
-    ):
-        value = _text_arg(name, max_length=255 if name == "media_type" else 64)
+    for name, column in (("task", artifacts.c.task_id), ("attempt", artifacts.c.attempt_id)):
+        value = _text_arg(name, max_length=64)
         if value is not None:
             query = query.where(column == value)
+    if "media_type" in request.args:
+        wanted = _media_type(request.args["media_type"], "media_type")
+        query = query.where(artifacts.c.media_type == wanted)
     if page.after is not None:
         query = query.where(older_than(artifacts, page.after[0]))
     async with app.db.read() as conn:
@@ -389,9 +390,7 @@ def _disposition(name: str) -> dict[str, str]:
     return options
 
 
-async def _opened(
-    store: BlobStore, key: str, span: tuple[int, int] | None
-) -> AsyncIterator[bytes]:
+async def _opened(store: BlobStore, key: str, span: tuple[int, int] | None) -> AsyncIterator[bytes]:
     """The blob's bytes, opened before any header is sent: a blob missing
     from the store is a 410 problem, never a 200 with a cut body."""
     chunks = store.open(key, span)

@@ -47,6 +47,14 @@ class Backend:
             return []
         return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
 
+    def put(self, key: str, data: bytes) -> None:
+        """Write bytes under a key behind the store's back."""
+        if self.bucket is not None:
+            client = self.bucket.server.client()
+            client.put_object(Bucket=self.bucket.name, Key=f"blobs/{key}", Body=data)
+        else:
+            (self.root / key).write_bytes(data)
+
     def remove(self, key: str) -> None:
         """Make a blob vanish behind the store's back."""
         if self.bucket is not None:

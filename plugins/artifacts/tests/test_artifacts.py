@@ -50,6 +50,28 @@ async def test_j08_upload_list_download_in_the_owning_space_only(shelf, audit_lo
     assert event.details["sha256"] == sha(DATA) and "content" not in event.details
 
 
+async def test_the_list_filters_by_media_type_task_and_attempt(shelf):
+    text = await shelf.upload(b"a", name="a.txt")
+    xml = await shelf.upload(b"<a/>", name="a.xml", media_type="Application/XML; charset=utf-8")
+    assert xml["media_type"] == "application/xml"
+
+    async def ids(**query: str) -> list[str]:
+        got = await shelf.client.get(shelf.base, headers=shelf.member.headers, query_string=query)
+        assert got.status_code == 200, await got.get_json()
+        return [a["id"] for a in (await got.get_json())["items"]]
+
+    assert await ids() == [xml["id"], text["id"]]
+    assert await ids(media_type="application/xml") == [xml["id"]]
+    assert await ids(media_type="TEXT/PLAIN") == [text["id"]]
+    assert await ids(media_type="image/png") == []
+    assert await ids(task="tk_none") == [] and await ids(attempt="at_none") == []
+    bad = await shelf.client.get(
+        shelf.base, headers=shelf.member.headers, query_string={"media_type": "text"}
+    )
+    assert bad.status_code == 422
+    assert (await bad.get_json())["errors"] == {"media_type": ["Invalid."]}
+
+
 async def test_identical_bytes_are_stored_once_per_space(shelf):
     first = await shelf.upload(DATA, name="a")
     second = await shelf.upload(DATA, name="b")

@@ -30,15 +30,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from buildmax.client import (
-    AsyncClient,
     BuildMaxError,
-    Client,
     Conflict,
     Forbidden,
+    OverAsyncClient,
+    OverClient,
     ValidationError,
     register_error_classes,
 )
@@ -601,37 +601,14 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         return self._many(_path(space, "agents", agent, "revisions"))
 
 
-class TasksClient(_TaskRoutes[dict[str, Any], list[dict[str, Any]], None]):
+class TasksClient(OverClient, _TaskRoutes[dict[str, Any], list[dict[str, Any]], None]):
     """The tasks plugin's calls over a synchronous :class:`~buildmax.client.Client`
     (which the caller opens and closes)."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
-        return cast(dict[str, Any], self.client.request(method, path, json=json))
-
-    def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        return list(self.client.paginate(path, params))
-
-    def _done(self, method: str, path: str) -> None:
-        self.client.request(method, path)
-
 
 class AsyncTasksClient(
-    _TaskRoutes[Awaitable[dict[str, Any]], Awaitable[list[dict[str, Any]]], Awaitable[None]]
+    OverAsyncClient,
+    _TaskRoutes[Awaitable[dict[str, Any]], Awaitable[list[dict[str, Any]]], Awaitable[None]],
 ):
     """The asynchronous twin of :class:`TasksClient`, over an
     :class:`~buildmax.client.AsyncClient`: the same calls, awaited."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self.client = client
-
-    async def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
-        return cast(dict[str, Any], await self.client.request(method, path, json=json))
-
-    async def _many(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        return [item async for item in self.client.paginate(path, params)]
-
-    async def _done(self, method: str, path: str) -> None:
-        await self.client.request(method, path)

@@ -1,0 +1,305 @@
+"""Typed calls for the artifacts plugin's routes, on top of :mod:`buildmax.client`.
+
+:class:`ArtifactsClient` wraps a kernel :class:`~buildmax.client.Client`
+(and :class:`AsyncArtifactsClient` an :class:`~buildmax.client.AsyncClient`)::
+
+    with Client() as bmx:
+        artifacts = ArtifactsClient(bmx)
+        made = artifacts.upload("web", "build/report.xml", attempt=attempt_id)
+        artifacts.download("web", made["id"], "/tmp/report.xml")
+
+An upload streams the file from disk with its sha256, so the server refuses
+bytes that changed on the way (or on disk while they were sent). A download
+streams into a temporary file beside the destination and renames it into
+place only when its sha256 is the artifact's. Neither is retried on its own:
+a body that failed half-way is sent again by calling again.
+
+Importing this module gives the plugin's problems typed exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import mimetypes
+import os
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import IO, Any, Generic, TypeVar
+from urllib.parse import quote
+
+from buildmax.client import (
+    BuildMaxError,
+    Conflict,
+    OverAsyncClient,
+    OverClient,
+    ServerError,
+    ValidationError,
+    register_error_classes,
+)
+
+#: Bytes read from disk per piece of an upload or written per piece of a download.
+PIECE = 256 * 1024
+
+
+class QuotaExceeded(Conflict):
+    """409 ``quota-exceeded``: the artifact would exceed a storage quota."""
+
+
+class DigestMismatch(ValidationError):
+    """422 ``digest-mismatch``: the bytes are not the ones the sha256 names."""
+
+
+class BlobMissing(BuildMaxError):
+    """410 ``blob-missing``: the artifact's bytes are gone from the store."""
+
+
+class BlobStoreUnavailable(ServerError):
+    """503 ``blob-store-unavailable``: retry later."""
+
+
+class CorruptDownload(Exception):
+    """The downloaded bytes are not the artifact's (nothing was written)."""
+
+
+register_error_classes(
+    {
+        "quota-exceeded": QuotaExceeded,
+        "digest-mismatch": DigestMismatch,
+        "blob-missing": BlobMissing,
+        "blob-store-unavailable": BlobStoreUnavailable,
+    }
+)
+
+_One = TypeVar("_One")
+_Many = TypeVar("_Many")
+_Done = TypeVar("_Done")
+Source = str | os.PathLike[str] | bytes
+
+
+def _path(space: str, *parts: str) -> str:
+    return "/".join(["/v1/spaces", *(quote(p, safe="") for p in (space, *parts))])
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _upload_request(
+    source: Source,
+    name: str | None,
+    media_type: str | None,
+    task: str | None,
+    attempt: str | None,
+) -> tuple[dict[str, str], dict[str, str], int, str]:
+    """Query, headers, size and digest of an upload (a file is hashed first)."""
+    if isinstance(source, bytes):
+        if name is None:
+            raise ValueError("name is required when uploading bytes")
+        size, digest = len(source), hashlib.sha256(source).hexdigest()
+    else:
+        path = Path(source)
+        name = path.name if name is None else name
+        with path.open("rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            size = os.fstat(fh.fileno()).st_size
+    media_type = media_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    query = _given(name=name, sha256=digest, task=task, attempt=attempt)
+    headers = {"Content-Type": media_type, "Content-Length": str(size)}
+    return query, headers, size, digest
+
+
+def _read_pieces(fh: IO[bytes], size: int) -> Iterator[bytes]:
+    """The file's first ``size`` bytes, piece by piece."""
+    left = size
+    while left > 0:
+        piece = fh.read(min(PIECE, left))
+        if not piece:
+            raise OSError("the file shrank while it was uploaded")
+        left -= len(piece)
+        yield piece
+
+
+def _temporary_beside(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
+
+
+def _check(expected: str, actual: str, temporary: Path) -> None:
+    if actual != expected:
+        temporary.unlink(missing_ok=True)
+        raise CorruptDownload(f"the bytes' sha256 is {actual}, not the artifact's {expected}")
+
+
+class _ArtifactRoutes(ABC, Generic[_One, _Many, _Done]):
+    """The JSON calls, shared by both clients."""
+
+    @abstractmethod
+    def _one(self, method: str, path: str, json: Any = None) -> _One: ...
+
+    @abstractmethod
+    def _many(self, path: str, params: dict[str, Any] | None = None) -> _Many: ...
+
+    @abstractmethod
+    def _done(self, method: str, path: str) -> _Done: ...
+
+    def list(
+        self,
+        space: str,
+        *,
+        task: str | None = None,
+        attempt: str | None = None,
+        media_type: str | None = None,
+    ) -> _Many:
+        """The space's live artifacts, newest first (viewers)."""
+        params = _given(task=task, attempt=attempt, media_type=media_type)
+        return self._many(_path(space, "artifacts"), params)
+
+    def get(self, space: str, artifact: str) -> _One:
+        """An artifact's metadata."""
+        return self._one("GET", _path(space, "artifacts", artifact))
+
+    def delete(self, space: str, artifact: str) -> _Done:
+        """Tombstone an artifact (members); its bytes go with the collector."""
+        return self._done("DELETE", _path(space, "artifacts", artifact))
+
+    def pin(self, space: str, artifact: str) -> _One:
+        """Keep an artifact past retention."""
+        return self._one("POST", _path(space, "artifacts", artifact, "pin"))
+
+    def unpin(self, space: str, artifact: str) -> _One:
+        """Let retention expire an artifact again."""
+        return self._one("POST", _path(space, "artifacts", artifact, "unpin"))
+
+
+class ArtifactsClient(OverClient, _ArtifactRoutes[dict[str, Any], list[dict[str, Any]], None]):
+    """The artifacts plugin's calls over a synchronous :class:`~buildmax.client.Client`."""
+
+    def upload(
+        self,
+        space: str,
+        source: Source,
+        *,
+        name: str | None = None,
+        media_type: str | None = None,
+        task: str | None = None,
+        attempt: str | None = None,
+    ) -> dict[str, Any]:
+        """Upload a file (streamed from disk) or bytes; the new artifact.
+
+        ``name`` defaults to the file's name, ``media_type`` to a guess from
+        the name (else ``application/octet-stream``)."""
+        query, headers, size, _ = _upload_request(source, name, media_type, task, attempt)
+        with contextlib.ExitStack() as stack:
+            if isinstance(source, bytes):
+                content: bytes | Iterator[bytes] = source
+            else:
+                content = _read_pieces(stack.enter_context(Path(source).open("rb")), size)
+            with self.client.stream(
+                "POST", _path(space, "artifacts"), params=query, content=content, headers=headers
+            ) as response:
+                response.read()
+                return response.json()  # type: ignore[no-any-return]
+
+    def download(self, space: str, artifact: str, dest: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write the artifact's bytes to ``dest``; its metadata.
+
+        Raises :class:`CorruptDownload` (and writes nothing) when the bytes
+        are not the artifact's."""
+        dest = Path(dest)
+        temporary = _temporary_beside(dest)
+        digest = hashlib.sha256()
+        try:
+            with (
+                self.client.stream("GET", _path(space, "artifacts", artifact, "content")) as got,
+                temporary.open("xb") as fh,
+            ):
+                for piece in got.iter_bytes(PIECE):
+                    digest.update(piece)
+                    fh.write(piece)
+                expected = got.headers["ETag"].strip('"')
+            _check(expected, digest.hexdigest(), temporary)
+            temporary.replace(dest)
+        finally:
+            temporary.unlink(missing_ok=True)
+        return self.get(space, artifact)
+
+
+class AsyncArtifactsClient(
+    OverAsyncClient,
+    _ArtifactRoutes[Awaitable[dict[str, Any]], Awaitable[list[dict[str, Any]]], Awaitable[None]],
+):
+    """The asynchronous twin of :class:`ArtifactsClient`, over an
+    :class:`~buildmax.client.AsyncClient`."""
+
+    async def upload(
+        self,
+        space: str,
+        source: Source,
+        *,
+        name: str | None = None,
+        media_type: str | None = None,
+        task: str | None = None,
+        attempt: str | None = None,
+    ) -> dict[str, Any]:
+        """Like :meth:`ArtifactsClient.upload`, awaited (disk reads run in a thread)."""
+        query, headers, size, _ = await asyncio.to_thread(
+            _upload_request, source, name, media_type, task, attempt
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            content: bytes | AsyncIterator[bytes]
+            if isinstance(source, bytes):
+                content = source
+            else:
+                fh = await asyncio.to_thread(Path(source).open, "rb")
+                stack.callback(fh.close)
+                content = _read_pieces_async(fh, size)
+            async with self.client.stream(
+                "POST", _path(space, "artifacts"), params=query, content=content, headers=headers
+            ) as response:
+                await response.aread()
+                return response.json()  # type: ignore[no-any-return]
+
+    async def download(
+        self, space: str, artifact: str, dest: str | os.PathLike[str]
+    ) -> dict[str, Any]:
+        """Like :meth:`ArtifactsClient.download`, awaited."""
+        dest = Path(dest)
+        temporary = _temporary_beside(dest)
+        digest = hashlib.sha256()
+        try:
+            async with self.client.stream(
+                "GET", _path(space, "artifacts", artifact, "content")
+            ) as got:
+                fh = await asyncio.to_thread(temporary.open, "xb")
+                try:
+                    async for piece in got.aiter_bytes(PIECE):
+                        digest.update(piece)
+                        await asyncio.to_thread(fh.write, piece)
+                finally:
+                    await asyncio.to_thread(fh.close)
+                expected = got.headers["ETag"].strip('"')
+            _check(expected, digest.hexdigest(), temporary)
+            await asyncio.to_thread(temporary.replace, dest)
+        finally:
+            temporary.unlink(missing_ok=True)
+        return await self.get(space, artifact)
+
+
+async def _read_pieces_async(fh: IO[bytes], size: int) -> AsyncIterator[bytes]:
+    pieces = _read_pieces(fh, size)
+    while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
+        yield piece
+
+
+__all__ = [
+    "ArtifactsClient",
+    "AsyncArtifactsClient",
+    "BlobMissing",
+    "BlobStoreUnavailable",
+    "CorruptDownload",
+    "DigestMismatch",
+    "QuotaExceeded",
+]

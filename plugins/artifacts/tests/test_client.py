@@ -1,0 +1,121 @@
+"""``buildmax_artifacts.client`` over real HTTP: upload from disk and from
+bytes, list, download verified into place, and the typed errors.
+
+The sync client runs in a worker thread because the live server shares the
+test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from buildmax_artifacts.client import (
+    ArtifactsClient,
+    AsyncArtifactsClient,
+    BlobMissing,
+    CorruptDownload,
+    QuotaExceeded,
+)
+
+from buildmax.client import AsyncClient, Client, NotFound, PayloadTooLarge
+
+from .conftest import MAX_BYTES, QUOTA_BYTES, sha
+
+
+def _sync(url: str, token: str, scenario):
+    def run():
+        with Client(url, token, retries=0) as bmx:
+            return scenario(ArtifactsClient(bmx))
+
+    return asyncio.to_thread(run)
+
+
+async def test_upload_list_and_download_a_file_through_the_sync_client(
+    shelf, live_server, tmp_path
+):
+    data = os.urandom(MAX_BYTES - 10)
+    source = tmp_path / "report.xml"
+    source.write_bytes(data)
+    dest = tmp_path / "out" / "copy.xml"
+    dest.parent.mkdir()
+
+    def scenario(artifacts: ArtifactsClient):
+        made = artifacts.upload(shelf.space.id, source)
+        listed = artifacts.list(shelf.space.id, media_type="application/xml")
+        got = artifacts.download(shelf.space.id, made["id"], dest)
+        return made, listed, got
+
+    made, listed, got = await _sync(live_server, shelf.member.token, scenario)
+    assert (made["name"], made["media_type"], made["size"]) == (
+        "report.xml",
+        "application/xml",
+        len(data),
+    )
+    assert made["sha256"] == sha(data)
+    assert [a["id"] for a in listed] == [made["id"]]
+    assert got == made
+    assert dest.read_bytes() == data
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["copy.xml"]  # no temporary left
+
+
+async def test_the_async_client_uploads_bytes_and_downloads_them(shelf, live_server, tmp_path):
+    async with AsyncClient(live_server, shelf.member.token, retries=0) as bmx:
+        artifacts = AsyncArtifactsClient(bmx)
+        made = await artifacts.upload(shelf.space.id, b"hello", name="note.txt")
+        assert made["media_type"] == "text/plain" and made["sha256"] == sha(b"hello")
+        got = await artifacts.download(shelf.space.id, made["id"], tmp_path / "note.txt")
+        assert got["id"] == made["id"] and (tmp_path / "note.txt").read_bytes() == b"hello"
+        pinned = await artifacts.pin(shelf.space.id, made["id"])
+        assert pinned["pinned"] is True
+        await artifacts.delete(shelf.space.id, made["id"])
+        assert await artifacts.list(shelf.space.id) == []
+        with pytest.raises(NotFound):
+            await artifacts.get(shelf.space.id, made["id"])
+
+
+async def test_refusals_are_typed_and_leave_no_file(shelf, live_server, tmp_path):
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(MAX_BYTES + 1))
+    dest = tmp_path / "never.bin"
+
+    def scenario(artifacts: ArtifactsClient):
+        errors = []
+        with pytest.raises(PayloadTooLarge) as caught:
+            artifacts.upload(shelf.space.id, big)
+        errors.append(caught.value)
+        for _ in range(QUOTA_BYTES // MAX_BYTES):
+            artifacts.upload(shelf.space.id, os.urandom(MAX_BYTES), name="fill.bin")
+        with pytest.raises(QuotaExceeded):
+            artifacts.upload(shelf.space.id, b"one more", name="x.txt")
+        with pytest.raises(NotFound):
+            artifacts.download(shelf.space.id, "af_nothing", dest)
+        return errors
+
+    await _sync(live_server, shelf.member.token, scenario)
+    assert not dest.exists()
+    assert list(tmp_path.glob(".never.bin.*")) == []
+
+
+async def test_a_download_whose_bytes_vanished_or_changed_writes_nothing(
+    shelf, live_server, tmp_path
+):
+    made = await shelf.upload(b"the evidence")
+    out = tmp_path / "downloads"
+    out.mkdir()
+    async with AsyncClient(live_server, shelf.member.token, retries=0) as bmx:
+        artifacts = AsyncArtifactsClient(bmx)
+        for key in shelf.blob_files():
+            shelf.backend.remove(key)
+        with pytest.raises(BlobMissing):
+            await artifacts.download(shelf.space.id, made["id"], out / "gone")
+        assert list(out.iterdir()) == []
+        # Other bytes behind the same key: the digest check catches them.
+        await shelf.upload(b"the evidence")  # the blob is back...
+        [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
+        shelf.backend.remove(key)
+        shelf.backend.put(key, b"the evidencE")  # ...and then replaced, same length
+        with pytest.raises(CorruptDownload):
+            await artifacts.download(shelf.space.id, made["id"], out / "bad")
+        assert list(out.iterdir()) == []
