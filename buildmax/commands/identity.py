@@ -108,6 +108,15 @@ token_option = click.option(
     help="API token [default: $BUILDMAX_TOKEN, else the login file's token for its URL].",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+#: The variable naming the space remote commands of plugins work in.
+SPACE_ENV = "BUILDMAX_SPACE"
+space_option = click.option(
+    "--space",
+    envvar=SPACE_ENV,
+    required=True,
+    metavar="SPACE",
+    help=f"The space to work in (id or slug) [default: ${SPACE_ENV}].",
+)
 
 
 def connected(command: Callable[..., None]) -> Callable[..., None]:

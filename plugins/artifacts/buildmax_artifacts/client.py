@@ -43,6 +43,11 @@ from buildmax.client import (
 
 #: Bytes read from disk per piece of an upload or written per piece of a download.
 PIECE = 256 * 1024
+#: Media types guessed from names: Python's own table (not the machine's, so
+#: the guess is the same everywhere) plus what agents often upload.
+_TYPES = mimetypes.MimeTypes(filenames=())
+for _suffix, _type in ((".log", "text/plain"), (".patch", "text/x-diff"), (".diff", "text/x-diff")):
+    _TYPES.add_type(_type, _suffix)
 
 
 class QuotaExceeded(Conflict):
@@ -106,7 +111,7 @@ def _upload_request(
         with path.open("rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
             size = os.fstat(fh.fileno()).st_size
-    media_type = media_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    media_type = media_type or _TYPES.guess_type(name)[0] or "application/octet-stream"
     query = _given(name=name, sha256=digest, task=task, attempt=attempt)
     headers = {"Content-Type": media_type, "Content-Length": str(size)}
     return query, headers, size, digest

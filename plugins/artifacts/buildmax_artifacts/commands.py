@@ -1,12 +1,15 @@
-"""``buildmax artifacts``: maintenance on the server's machine."""
+"""``buildmax artifacts``: upload, list, download, pin and delete artifacts
+through the HTTP API, and ``gc`` on the server's machine."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
+from buildmax.commands.identity import Remote, connected, space_option
 from buildmax.commands.server import (
     config_option,
     data_dir_option,
@@ -15,10 +18,116 @@ from buildmax.commands.server import (
     with_app,
 )
 
+from .client import ArtifactsClient
+
+ARTIFACT_COLUMNS = ("id", "name", "media_type", "size", "sha256", "pinned", "created_at")
+DETAIL_COLUMNS = (*ARTIFACT_COLUMNS, "task_id", "attempt_id", "created_by")
+
 
 @click.group("artifacts")
 def artifacts_group() -> None:
-    """Artifacts: reconcile the blob store with the database."""
+    """Artifacts: upload, list, download, pin and delete them; collect garbage."""
+
+
+def _artifacts(remote: Remote) -> ArtifactsClient:
+    return ArtifactsClient(remote.client)
+
+
+@artifacts_group.command("upload")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", help="The artifact's name [default: the file's name].")
+@click.option("--media-type", help="Its media type [default: guessed from the name].")
+@click.option("--task", metavar="TASK", help="The task it belongs to.")
+@click.option("--attempt", metavar="ATTEMPT", help="The attempt it belongs to.")
+@space_option
+@connected
+def upload_command(
+    remote: Remote,
+    space: str,
+    file: Path,
+    name: str | None,
+    media_type: str | None,
+    task: str | None,
+    attempt: str | None,
+) -> None:
+    """Upload FILE (streamed, with its sha256: bytes changed on the way are refused).
+
+    \b
+    Examples:
+      buildmax artifacts upload --space web build/report.xml --task tk_3F...
+      BUILDMAX_TOKEN=$ATTEMPT_TOKEN buildmax artifacts upload --space web run.log
+    """
+    made = _artifacts(remote).upload(
+        space, file, name=name, media_type=media_type, task=task, attempt=attempt
+    )
+    remote.show(made, ARTIFACT_COLUMNS)
+
+
+@artifacts_group.command("list")
+@click.option("--task", metavar="TASK", help="Only this task's artifacts.")
+@click.option("--attempt", metavar="ATTEMPT", help="Only this attempt's artifacts.")
+@click.option("--media-type", help="Only artifacts of this media type.")
+@space_option
+@connected
+def list_command(
+    remote: Remote, space: str, task: str | None, attempt: str | None, media_type: str | None
+) -> None:
+    """List the space's artifacts, newest first."""
+    found = _artifacts(remote).list(space, task=task, attempt=attempt, media_type=media_type)
+    remote.show_all(found, ARTIFACT_COLUMNS)
+
+
+@artifacts_group.command("show")
+@click.argument("artifact")
+@space_option
+@connected
+def show_command(remote: Remote, space: str, artifact: str) -> None:
+    """Show ARTIFACT's metadata."""
+    remote.show(
+        _artifacts(remote).get(space, artifact), (*ARTIFACT_COLUMNS, "task_id", "attempt_id")
+    )
+
+
+@artifacts_group.command("download")
+@click.argument("artifact")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write it [default: its name, in the current directory].",
+)
+@space_option
+@connected
+def download_command(remote: Remote, space: str, artifact: str, output: Path | None) -> None:
+    """Download ARTIFACT; written only once its sha256 is checked."""
+    client = _artifacts(remote)
+    dest = output if output is not None else Path(client.get(space, artifact)["name"])
+    if output is None and dest.exists():
+        raise click.UsageError(f"{dest} exists: pass --output to choose where to write")
+    got = client.download(space, artifact, dest)
+    remote.done(f"wrote {got['size']} bytes to {dest} (sha256 {got['sha256']})")
+
+
+@artifacts_group.command("delete")
+@click.argument("artifact")
+@space_option
+@connected
+def delete_command(remote: Remote, space: str, artifact: str) -> None:
+    """Delete ARTIFACT (a tombstone; its bytes go with the collector)."""
+    _artifacts(remote).delete(space, artifact)
+    remote.done(f"deleted {artifact}")
+
+
+@artifacts_group.command("pin")
+@click.argument("artifact")
+@click.option("--off", is_flag=True, help="Remove the pin instead.")
+@space_option
+@connected
+def pin_command(remote: Remote, space: str, artifact: str, off: bool) -> None:
+    """Pin ARTIFACT: retention keeps it (--off: let it expire again)."""
+    client = _artifacts(remote)
+    changed = client.unpin(space, artifact) if off else client.pin(space, artifact)
+    remote.show(changed, ARTIFACT_COLUMNS)
 
 
 @artifacts_group.command("gc")

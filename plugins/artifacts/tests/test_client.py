@@ -8,6 +8,7 @@ test's event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -43,14 +44,14 @@ async def test_upload_list_and_download_a_file_through_the_sync_client(
 
     def scenario(artifacts: ArtifactsClient):
         made = artifacts.upload(shelf.space.id, source)
-        listed = artifacts.list(shelf.space.id, media_type="application/xml")
+        listed = artifacts.list(shelf.space.id, media_type="text/xml")
         got = artifacts.download(shelf.space.id, made["id"], dest)
         return made, listed, got
 
     made, listed, got = await _sync(live_server, shelf.member.token, scenario)
     assert (made["name"], made["media_type"], made["size"]) == (
         "report.xml",
-        "application/xml",
+        "text/xml",
         len(data),
     )
     assert made["sha256"] == sha(data)
@@ -119,3 +120,48 @@ async def test_a_download_whose_bytes_vanished_or_changed_writes_nothing(
         with pytest.raises(CorruptDownload):
             await artifacts.download(shelf.space.id, made["id"], out / "bad")
         assert list(out.iterdir()) == []
+
+
+def _cli(url: str, token: str, space: str, *args: str):
+    from click.testing import CliRunner
+
+    from buildmax.cli import _register_commands, cli
+
+    _register_commands()
+    argv = ["artifacts", *args, "--url", url, "--token", token, "--space", space]
+    return asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+
+
+async def test_the_cli_uploads_lists_downloads_pins_and_deletes(
+    shelf, live_server, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "in" / "run.log"
+    source.parent.mkdir()
+    source.write_bytes(b"line one\nline two\n")
+
+    def run(*args: str):
+        return _cli(live_server, shelf.member.token, shelf.space.id, *args)
+
+    uploaded = await run("upload", str(source), "--json")
+    assert uploaded.exit_code == 0, uploaded.output
+    made = json.loads(uploaded.output)
+    assert (made["name"], made["media_type"]) == ("run.log", "text/plain")
+    listed = await run("list")
+    assert made["id"] in listed.output and "run.log" in listed.output
+    got = await run("download", made["id"])
+    assert got.exit_code == 0, got.output
+    assert (tmp_path / "run.log").read_bytes() == source.read_bytes()
+    again = await run("download", made["id"])  # never overwrites a file it was not told to
+    assert again.exit_code != 0 and "exists" in again.output
+    other = await run("download", made["id"], "-o", str(tmp_path / "copy.log"))
+    assert other.exit_code == 0 and (tmp_path / "copy.log").read_bytes() == source.read_bytes()
+    pinned = await run("pin", made["id"], "--json")
+    assert json.loads(pinned.output)["pinned"] is True
+    unpinned = await run("pin", made["id"], "--off", "--json")
+    assert json.loads(unpinned.output)["pinned"] is False
+    assert (await run("delete", made["id"])).exit_code == 0
+    gone = await run("show", made["id"])
+    assert gone.exit_code != 0 and "not-found" in gone.output
+    outsider = await _cli(live_server, shelf.outsider.token, shelf.space.id, "list")
+    assert outsider.exit_code != 0 and "not-found" in outsider.output

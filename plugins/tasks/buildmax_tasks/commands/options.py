@@ -8,18 +8,11 @@ from typing import Any
 
 import click
 
+from buildmax.commands.identity import SPACE_ENV, space_option
+
 from ..schema import TASK_KINDS
 
-SPACE_ENV = "BUILDMAX_SPACE"
-
-
-space_option = click.option(
-    "--space",
-    envvar=SPACE_ENV,
-    required=True,
-    metavar="SPACE",
-    help=f"The space to work in (id or slug) [default: ${SPACE_ENV}].",
-)
+__all__ = ["SPACE_ENV", "json_object", "json_value", "space_option"]
 
 
 def json_value(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
