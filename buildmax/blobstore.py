@@ -13,30 +13,28 @@ import contextlib
 import hashlib
 import os
 import secrets
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from buildmax_hookspecs import BlobDigestMismatch, BlobNotFound, BlobRef, BlobTooLarge
+from buildmax_hookspecs import (
+    BLOB_TMP_DIR,
+    BlobDigestMismatch,
+    BlobKeyError,
+    BlobNotFound,
+    BlobRef,
+    BlobTooLarge,
+)
+from buildmax_hookspecs import check_blob_key as _check_key
 
 CHUNK = 256 * 1024
-#: Bytes gathered before one write to the temporary file.
+#: Bytes gathered into one piece: hashed and written by one worker-thread call.
 WRITE_SIZE = 1024 * 1024
-TMP_DIR = ".tmp"
+TMP_DIR = BLOB_TMP_DIR
 
-
-class BlobKeyError(ValueError):
-    """A key or prefix that would leave the store's root."""
-
-
-def _check_key(key: str) -> str:
-    parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise BlobKeyError(f"invalid blob key {key!r}")
-    if parts[0] == TMP_DIR or "\\" in key or "\x00" in key:
-        raise BlobKeyError(f"invalid blob key {key!r}")
-    return key
+__all__ = ["CHUNK", "TMP_DIR", "WRITE_SIZE", "BlobKeyError", "FileBlobStore"]
 
 
 def _ref(key: str, stat: os.stat_result) -> BlobRef:
@@ -46,6 +44,70 @@ def _ref(key: str, stat: os.stat_result) -> BlobRef:
         sha256=key.rsplit("/", 1)[-1],
         modified_at=stat.st_mtime_ns // 1_000_000,
     )
+
+
+class _TempFile:
+    """The temporary file of one upload, hashed as it is written.
+
+    Its methods run on worker threads, one at a time (a lock orders a
+    cleanup after a write still in progress)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.digest = hashlib.sha256()
+        self._fh: BinaryIO | None = None
+        self._lock = threading.Lock()
+
+    def create(self) -> None:
+        """Create the file (and its directory, the first time)."""
+        with self._lock:
+            try:
+                self._fh = open(self.path, "xb")  # noqa: SIM115 - closed by finish or discard
+            except FileNotFoundError:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(self.path, "xb")  # noqa: SIM115
+
+    def write(self, chunks: list[bytes]) -> None:
+        """Hash and append ``chunks`` (``hashlib`` releases the GIL meanwhile)."""
+        with self._lock:
+            self._write(chunks)
+
+    def _write(self, chunks: list[bytes]) -> None:
+        assert self._fh is not None, "create() first"
+        for chunk in chunks:
+            self.digest.update(chunk)
+            self._fh.write(chunk)
+
+    def finish(
+        self, chunks: list[bytes], directory: Path, expected_sha256: str | None
+    ) -> os.stat_result:
+        """Append the last ``chunks``, ``fsync`` and close; if the digest is
+        ``expected_sha256`` (or none was given), rename the file to
+        ``directory/<digest>`` (made if missing). The blob's stat."""
+        with self._lock:
+            self._write(chunks)
+            assert self._fh is not None
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            stat = os.fstat(self._fh.fileno())  # a rename keeps size and mtime
+            self._fh.close()
+            actual = self.digest.hexdigest()
+            if expected_sha256 is not None and actual != expected_sha256:
+                raise BlobDigestMismatch(expected_sha256, actual)
+            try:
+                os.replace(self.path, directory / actual)
+            except FileNotFoundError:
+                directory.mkdir(parents=True, exist_ok=True)
+                os.replace(self.path, directory / actual)
+            return stat
+
+    def discard(self) -> None:
+        """Close and remove the file, if it is still there."""
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
 
 
 class FileBlobStore:
@@ -74,43 +136,48 @@ class FileBlobStore:
         expected_sha256: str | None = None,
     ) -> BlobRef:
         """Stream to a temporary file, hashing; move to ``<prefix>/sha256/<digest>``
-        (only when the digest is ``expected_sha256``, if given)."""
+        (only when the digest is ``expected_sha256``, if given).
+
+        The chunks are gathered into pieces of about :data:`WRITE_SIZE`; each
+        piece is hashed and written by one worker-thread call (``hashlib``
+        releases the GIL), while the event loop reads the next piece from
+        ``stream``; the piece after it is handed over only once that write is
+        done, so the stream is read no faster than the disk takes it and at
+        most two pieces per upload are in memory. The last piece, ``fsync``,
+        the digest check and the rename are one thread call."""
         _check_key(prefix)
-        tmp_dir = self.root / TMP_DIR
-        await asyncio.to_thread(tmp_dir.mkdir, parents=True, exist_ok=True)
-        tmp = tmp_dir / secrets.token_hex(16)
-        digest = hashlib.sha256()
+        directory = self._path(f"{prefix}/sha256")
+        temp = _TempFile(self.root / TMP_DIR / secrets.token_hex(16))
+        loop = asyncio.get_running_loop()
+        # The file is created while the first piece arrives. ``busy`` is the
+        # last thread call: the next one is made only once it is done.
+        busy: asyncio.Future[Any] = loop.run_in_executor(None, temp.create)
         size = 0
-        fh = await asyncio.to_thread(open, tmp, "xb")
         try:
-            try:
-                pending = bytearray()  # written in pieces of WRITE_SIZE: fewer thread hops
-                async for chunk in stream:
-                    size += len(chunk)
-                    if max_bytes is not None and size > max_bytes:
-                        raise BlobTooLarge(max_bytes)
-                    digest.update(chunk)
-                    pending += chunk
-                    if len(pending) >= WRITE_SIZE:
-                        await asyncio.to_thread(fh.write, bytes(pending))
-                        pending.clear()
-                if pending:
-                    await asyncio.to_thread(fh.write, bytes(pending))
-                await asyncio.to_thread(fh.flush)
-                await asyncio.to_thread(os.fsync, fh.fileno())
-            finally:
-                await asyncio.to_thread(fh.close)
-            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
-                raise BlobDigestMismatch(expected_sha256, digest.hexdigest())
-            key = f"{prefix}/sha256/{digest.hexdigest()}"
-            final = self._path(key)
-            await asyncio.to_thread(final.parent.mkdir, parents=True, exist_ok=True)
-            await asyncio.to_thread(os.replace, tmp, final)
+            piece: list[bytes] = []
+            gathered = 0
+            async for chunk in stream:
+                size += len(chunk)
+                if max_bytes is not None and size > max_bytes:
+                    raise BlobTooLarge(max_bytes)
+                if piece and gathered + len(chunk) > WRITE_SIZE:
+                    await busy
+                    busy = loop.run_in_executor(None, temp.write, piece)
+                    piece, gathered = [], 0
+                piece.append(chunk)
+                gathered += len(chunk)
+            await busy
+            busy = loop.run_in_executor(None, temp.finish, piece, directory, expected_sha256)
+            stat: os.stat_result = await busy
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            if not busy.done():
+                busy.cancel()  # its result no longer matters; discard runs after it
+            elif not busy.cancelled():
+                busy.exception()  # retrieved: raised already, or superseded
+            # Shielded: a second cancellation does not leave the file behind.
+            await asyncio.shield(loop.run_in_executor(None, temp.discard))
             raise
-        return _ref(key, await asyncio.to_thread(final.stat))
+        return _ref(f"{prefix}/sha256/{temp.digest.hexdigest()}", stat)
 
     async def open(
         self, key: str, byte_range: tuple[int, int] | None = None
@@ -159,6 +226,23 @@ class FileBlobStore:
         except FileNotFoundError:
             return False
         return True
+
+    async def sweep_temporary(self, older_than: int) -> int:
+        """Remove temporary files of puts cut off by a dead server, last
+        written before ``older_than`` (UTC epoch milliseconds); how many."""
+        tmp_dir = self.root / TMP_DIR
+
+        def sweep() -> int:
+            removed = 0
+            with contextlib.suppress(FileNotFoundError), os.scandir(tmp_dir) as entries:
+                for entry in entries:
+                    if entry.is_file() and entry.stat().st_mtime_ns // 1_000_000 < older_than:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.path)
+                            removed += 1
+            return removed
+
+        return await asyncio.to_thread(sweep)
 
     async def list(self, prefix: str) -> AsyncIterator[BlobRef]:
         """Every blob under ``prefix`` (a key prefix ending at a ``/`` boundary)."""

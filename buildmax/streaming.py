@@ -114,8 +114,12 @@ class PulledBody(Body):
                     return
 
     async def _receive_chunk(self) -> bytes:
+        # asyncio.timeout, not wait_for: wait_for wraps each receive() in a
+        # task that runs a loop iteration later, even when the server has
+        # the next message queued already (a large body is many messages).
         try:
-            message = await asyncio.wait_for(self._receive(), self.idle_timeout)
+            async with asyncio.timeout(self.idle_timeout):
+                message = await self._receive()
         except TimeoutError:
             raise RequestTimeout() from None
         if message["type"] == "http.disconnect":

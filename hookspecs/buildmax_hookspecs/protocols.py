@@ -142,6 +142,12 @@ class BlobStore(Protocol):
     def list(self, prefix: str) -> AsyncIterator[BlobRef]:
         """Every blob whose key starts with ``prefix``."""
 
+    async def sweep_temporary(self, older_than: int) -> int:
+        """Remove the temporary bytes of puts that never finished (their
+        server died) begun or last written before ``older_than`` (UTC epoch
+        milliseconds); how many things were removed. A put in flight is
+        younger than any sane cut-off."""
+
 
 @runtime_checkable
 class TaskQueue(Protocol):

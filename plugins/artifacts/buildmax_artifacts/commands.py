@@ -167,6 +167,7 @@ def gc_command(
         f"{report.young_orphans} young orphan(s) left; "
         f"{'would tombstone' if dry_run else 'tombstoned'} {len(report.lost)} lost artifact(s); "
         f"{'would release' if dry_run else 'released'} {report.stale_uploads} stale reservation(s)"
+        + ("" if dry_run else f"; removed {report.temporary_removed} temporary upload(s)")
     )
     for key in report.orphans:
         click.echo(f"orphan  {key}")

@@ -6,7 +6,8 @@ their blobs under theirs). A blob no live artifact references is an orphan
 it is removed once it is older than the grace period, so an upload in
 flight is never swept. A live artifact whose bytes are gone is tombstoned as
 lost. A reservation older than the grace period (its server died mid-upload)
-is released.
+is released, and the store's temporary bytes older than it (puts a dead
+server cut off) are removed.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class GcReport:
     young_orphans: int = 0
     lost: list[str] = field(default_factory=list)
     stale_uploads: int = 0
+    #: Temporary bytes of puts a dead server cut off (not looked at in a dry run).
+    temporary_removed: int = 0
 
 
 async def collect(
@@ -74,6 +77,8 @@ async def collect(
         if await store.head(key) is None:
             report.lost.extend(await _tombstone_lost(app, key, now, dry_run))
     report.stale_uploads = await _release_stale(app, now - grace_ms, dry_run)
+    if not dry_run:
+        report.temporary_removed = await store.sweep_temporary(now - grace_ms)
     return report
 
 

@@ -55,6 +55,17 @@ class Backend:
         else:
             (self.root / key).write_bytes(data)
 
+    def leave_temporary(self) -> None:
+        """What a server killed mid-upload leaves: a temporary object (and,
+        on S3, an unfinished multipart upload)."""
+        if self.bucket is not None:
+            client = self.bucket.server.client()
+            client.put_object(Bucket=self.bucket.name, Key="blobs/.tmp/dead", Body=b"half")
+            client.create_multipart_upload(Bucket=self.bucket.name, Key="blobs/.tmp/dead-too")
+        else:
+            (self.root / ".tmp").mkdir(parents=True, exist_ok=True)
+            (self.root / ".tmp" / "dead").write_bytes(b"half")
+
     def remove(self, key: str) -> None:
         """Make a blob vanish behind the store's back."""
         if self.bucket is not None:
