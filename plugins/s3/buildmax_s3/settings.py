@@ -33,11 +33,14 @@ class S3Settings:
     #: ``path`` for most self-hosted servers (MinIO, Ceph, moto), ``virtual``
     #: or ``auto`` for AWS.
     addressing_style: str = "auto"
-    #: Bytes an upload gathers before it sends a part (at least 5 MiB): each
-    #: upload in flight holds up to this much in memory.
+    #: Bytes an upload gathers (on local disk) before it sends a part (at
+    #: least 5 MiB); a blob smaller than this is sent with one request.
     part_size: int = 8 * MIB
     #: Tries per S3 call (the first included) before a request fails with 503.
     max_attempts: int = 3
+    #: Where parts wait on local disk before they are sent; empty: the
+    #: system's temporary directory (``TMPDIR``).
+    spool_dir: str = ""
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> S3Settings:
@@ -46,7 +49,7 @@ class S3Settings:
         unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ConfigError(f"[plugins.s3]: unknown setting(s) {', '.join(unknown)}")
-        for key in ("endpoint_url", "region", "addressing_style"):
+        for key in ("endpoint_url", "region", "addressing_style", "spool_dir"):
             if key in raw and not isinstance(raw[key], str):
                 raise ConfigError(f"[plugins.s3] {key}: expected a string")
         settings = cls(**raw)

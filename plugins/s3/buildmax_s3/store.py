@@ -27,9 +27,10 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from aiobotocore.config import AioConfig
@@ -51,6 +52,8 @@ from .settings import S3Settings
 
 log = logging.getLogger(__name__)
 
+#: Bytes of an upload's part kept in memory before they go to its spool file.
+SPOOL_PIECE = 1024 * 1024
 #: Bytes read from S3 per chunk of a download.
 CHUNK = 256 * 1024
 _MISSING = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -182,7 +185,7 @@ class S3BlobStore:
         part_size = self.settings.part_size
         digest = hashlib.sha256()
         size = 0
-        pending = bytearray()
+        spool = _Spool(self.settings.spool_dir or None)
         upload: _Multipart | None = None
         try:
             async for chunk in stream:
@@ -190,8 +193,8 @@ class S3BlobStore:
                 if max_bytes is not None and size > max_bytes:
                     raise BlobTooLarge(max_bytes)
                 digest.update(chunk)
-                pending += chunk
-                if len(pending) < part_size:
+                await spool.add(chunk)
+                if spool.size < part_size:
                     continue
                 with _answering():
                     if upload is None:
@@ -203,8 +206,9 @@ class S3BlobStore:
                             else self._object_tmp(secrets.token_hex(16)),
                             temporary=expected_sha256 is None,
                         )
-                    await upload.send(bytes(pending))
-                pending.clear()
+                    await upload.send(await spool.body())
+                await spool.close()
+                spool = _Spool(self.settings.spool_dir or None)
             actual = digest.hexdigest()
             if expected_sha256 is not None and actual != expected_sha256:
                 raise BlobDigestMismatch(expected_sha256, actual)
@@ -214,12 +218,12 @@ class S3BlobStore:
                     await client.put_object(
                         Bucket=self.bucket,
                         Key=self._object(key),
-                        Body=bytes(pending),
+                        Body=await spool.body(),
                         ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
                     )
                 else:
-                    if pending:
-                        await upload.send(bytes(pending))
+                    if spool.size:
+                        await upload.send(await spool.body())
                     await upload.complete()
                     if upload.temporary:
                         await client.copy_object(
@@ -232,6 +236,8 @@ class S3BlobStore:
             if upload is not None:
                 await uncancellable(upload.discard())
             raise
+        finally:
+            await uncancellable(spool.close())
         return BlobRef(key=key, size=size, sha256=actual)
 
     def _object_tmp(self, name: str) -> str:
@@ -338,6 +344,53 @@ class S3BlobStore:
         return removed
 
 
+class _Spool:
+    """A part of an upload on its way to S3: up to :data:`SPOOL_PIECE` bytes
+    in memory, the rest in a local temporary file (removed when closed), so
+    an upload in flight holds about one piece in memory whatever the part
+    size. A part that never outgrows memory is sent from memory."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self.size = 0
+        self._memory: list[bytes] = []
+        self._in_memory = 0
+        self._file: BinaryIO | None = None
+
+    async def add(self, chunk: bytes) -> None:
+        """Append ``chunk``; a full piece goes to the file, in a thread."""
+        self._memory.append(chunk)
+        self._in_memory += len(chunk)
+        self.size += len(chunk)
+        if self._in_memory >= SPOOL_PIECE:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        pieces, self._memory, self._in_memory = self._memory, [], 0
+        if pieces:
+            await asyncio.to_thread(self._write, pieces)
+
+    def _write(self, pieces: list[bytes]) -> None:
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - see close
+        self._file.writelines(pieces)
+
+    async def body(self) -> bytes | BinaryIO:
+        """What to send: the bytes, or the file rewound to its start."""
+        if self._file is None:
+            return b"".join(self._memory)
+        await self._flush()
+        await asyncio.to_thread(self._file.seek, 0)
+        return self._file
+
+    async def close(self) -> None:
+        """Drop the bytes and remove the file."""
+        self._memory, self._in_memory = [], 0
+        if self._file is not None:
+            await asyncio.to_thread(self._file.close)
+            self._file = None
+
+
 class _Multipart:
     """One multipart upload to the object ``name`` (a temporary one, or the
     blob's final key when its digest was known in advance)."""
@@ -358,7 +411,7 @@ class _Multipart:
         created = await client.create_multipart_upload(Bucket=bucket, Key=name)
         return cls(client, bucket, name, created["UploadId"], temporary)
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes | BinaryIO) -> None:
         """Upload the next part."""
         number = len(self.parts) + 1
         sent = await self.client.upload_part(

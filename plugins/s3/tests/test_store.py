@@ -6,6 +6,7 @@ unfinished multipart uploads), not only at what the store answers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -44,9 +45,30 @@ async def _read(store: S3BlobStore, key: str, byte_range=None) -> bytes:
 
 
 @pytest.fixture
-async def store(s3_bucket):
+def spool(tmp_path):
+    """The store's spool directory; the test fails if a spool file is still
+    open when it ends (they are unlinked at once, so open is what counts)."""
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    yield directory
+    assert _open_files_in(directory) == []
+
+
+def _open_files_in(directory) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                found.append(target)
+    return found
+
+
+@pytest.fixture
+async def store(s3_bucket, spool):
     made = S3BlobStore.from_url(
-        s3_bucket.url, Config(plugins={"s3": {**s3_bucket.settings, "part_size": PART}})
+        s3_bucket.url,
+        Config(plugins={"s3": {**s3_bucket.settings, "part_size": PART, "spool_dir": str(spool)}}),
     )
     yield made
     await made.aclose()
@@ -116,10 +138,24 @@ async def test_a_wrong_digest_never_touches_an_existing_blob_of_that_digest(stor
     assert await _read(store, kept.key) == data
 
 
-async def test_a_stream_that_fails_midway_leaves_nothing(store, s3_bucket):
+async def test_parts_wait_on_disk_not_in_memory(store, spool):
+    seen: list[list[str]] = []
+
+    async def watched() -> AsyncIterator[bytes]:
+        for _ in range(PART // (256 * 1024) + 8):
+            yield os.urandom(256 * 1024)
+            seen.append(_open_files_in(spool))
+
+    ref = await store.put("p", watched())
+    assert ref.size == PART + 8 * 256 * 1024
+    assert max(len(files) for files in seen) == 1  # one spool file per upload in flight
+
+
+async def test_a_stream_that_fails_midway_leaves_nothing(store, s3_bucket, spool):
     async def failing() -> AsyncIterator[bytes]:
         yield os.urandom(PART)
-        yield os.urandom(PART)
+        yield os.urandom(PART // 2)
+        assert len(_open_files_in(spool)) == 1
         raise ConnectionResetError("client went away")
 
     with pytest.raises(ConnectionResetError):
