@@ -241,4 +241,13 @@ async def _shutdown(app: BuildMax) -> None:
             log.exception("plugin %r failed to shut down", impl.plugin_name)
     await app.token_toucher.drain()
     await app.events.stop()
+    await close_blob_store(app)
     await app.db.close()
+
+
+async def close_blob_store(app: BuildMax) -> None:
+    """Close the app's blob store (its connections), logging a failure."""
+    try:
+        await cast(BlobStore, app.services.get(cast(type, BlobStore))).aclose()
+    except Exception:
+        log.exception("the blob store failed to close")

@@ -46,6 +46,14 @@ def _ref(key: str, stat: os.stat_result) -> BlobRef:
     )
 
 
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class _TempFile:
     """The temporary file of one upload, hashed as it is written.
 
@@ -99,6 +107,7 @@ class _TempFile:
             except FileNotFoundError:
                 directory.mkdir(parents=True, exist_ok=True)
                 os.replace(self.path, directory / actual)
+            _fsync_directory(directory)  # the rename survives a crash too
             return stat
 
     def discard(self) -> None:
@@ -226,6 +235,9 @@ class FileBlobStore:
         except FileNotFoundError:
             return False
         return True
+
+    async def aclose(self) -> None:
+        """Nothing to release: files are opened per call."""
 
     async def sweep_temporary(self, older_than: int) -> int:
         """Remove temporary files of puts cut off by a dead server, last

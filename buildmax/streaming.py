@@ -26,7 +26,7 @@ from quart import Request, request
 from quart.asgi import ASGIHTTPConnection
 from quart.utils import cancel_tasks, raise_task_exceptions
 from quart.wrappers.request import Body
-from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
+from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, RequestTimeout
 
 
 class ClientGone(Exception):
@@ -91,6 +91,16 @@ class PulledBody(Body):
         limit = self._max_content_length
         if limit is not None and self._received > limit:
             self._must_raise = RequestEntityTooLarge()
+            raise self._must_raise
+        if (
+            self.finished.is_set()
+            and self._pending is None
+            and self._expected is not None
+            and self._received < self._expected
+        ):
+            self._must_raise = BadRequest(
+                f"the body ended after {self._received} of its {self._expected} declared bytes"
+            )
             raise self._must_raise
         return chunk
 
@@ -169,6 +179,19 @@ def allow_body(max_bytes: int) -> PulledBody:
     return body
 
 
+#: Seconds the rest of a refused body is read and dropped before the
+#: connection is closed (a lingering close, RFC 9112 §9.6).
+LINGER_SECONDS = 5.0
+
+
+def _unread(request: Request, body: PulledBody) -> bool:
+    """Whether the request has a body the handler did not read to its end."""
+    if body.finished.is_set():
+        return False
+    chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    return chunked or (request.content_length or 0) > 0
+
+
 class PullingHTTPConnection(ASGIHTTPConnection):
     """Quart's HTTP connection, with bodies pulled on demand."""
 
@@ -180,6 +203,12 @@ class PullingHTTPConnection(ASGIHTTPConnection):
         drains: list[asyncio.Task[None]] = []
 
         async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start" and _unread(request, body):
+                # An answer before the body was read (a refusal): this
+                # connection cannot carry another request, so the client must
+                # not send one on it.
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = {**message, "headers": headers}
             if (
                 message["type"] == "http.response.body"
                 and not message.get("more_body", False)
@@ -195,6 +224,10 @@ class PullingHTTPConnection(ASGIHTTPConnection):
         handler = asyncio.ensure_future(self.handle_request(request, sending))
         watcher = asyncio.ensure_future(self._watch(body, receive))
         done, pending = await asyncio.wait([handler, watcher], return_when=asyncio.FIRST_COMPLETED)
+        if handler in done and drains:
+            # Let the client finish sending, so it reads the answer rather
+            # than a reset; a client still sending after this is cut off.
+            await asyncio.wait(drains, timeout=LINGER_SECONDS)
         await cancel_tasks({*pending, *drains})
         raise_task_exceptions(done)
 

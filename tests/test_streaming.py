@@ -118,6 +118,11 @@ class Client:
         start = [m for m in self.sent if m["type"] == "http.response.start"]
         return start[0]["status"] if start else None
 
+    def closes(self) -> bool:
+        """Whether the answer told the client not to reuse the connection."""
+        [start] = [m for m in self.sent if m["type"] == "http.response.start"]
+        return (b"connection", b"close") in [(k.lower(), v) for k, v in start["headers"]]
+
 
 def scope(path: str, query: bytes = b"") -> dict[str, Any]:
     return {
@@ -190,6 +195,19 @@ async def test_a_refusal_before_the_body_is_read_still_ends_the_exchange(served)
     )
     assert client.status() == 413
     assert client.asked >= 41
+    # The rest of the body was dropped: the client must not reuse the connection.
+    assert client.closes()
+
+
+async def test_an_answer_after_the_whole_body_keeps_the_connection(served):
+    app, _ = served
+    client = Client(chunks=4)
+    await asyncio.wait_for(app(scope("/v1/streamprobe"), client.receive, client.send), 10)
+    assert client.status() == 200 and not client.closes()
+    bodiless = app.test_client()
+    got = await bodiless.get("/livez")
+    assert got.status_code == 200
+    assert "close" not in got.headers.get("Connection", "")
 
 
 async def test_a_client_silent_mid_body_gets_408(served):

@@ -60,14 +60,36 @@ async def _open_app(settings: Config) -> Any:
     return app
 
 
-def with_app(settings: Config, work: Callable[[Any], Awaitable[T]]) -> T:
-    """Run ``work(app)`` with a connected (not serving) app, then close it."""
+async def _require_current_schema(app: Any) -> None:
+    from ..migrations import MigrationError, migration_status
+
+    statuses = await migration_status(app.db, app.migrations())
+    behind = [s.plugin for s in statuses if s.loaded and s.state != "current"]
+    if behind:
+        raise MigrationError(
+            f"the database schema is not current for {', '.join(behind)}: "
+            "run `buildmax db migrate` first"
+        )
+
+
+def with_app(
+    settings: Config, work: Callable[[Any], Awaitable[T]], *, current_schema: bool = True
+) -> T:
+    """Run ``work(app)`` with a connected (not serving) app, then close it.
+
+    With ``current_schema`` (the default), a database with pending
+    migrations is refused with a message naming ``buildmax db migrate``."""
 
     async def go() -> T:
         app = await _open_app(settings)
         try:
+            if current_schema:
+                await _require_current_schema(app)
             return await work(app)
         finally:
+            from ..app import close_blob_store
+
+            await close_blob_store(app)
             await app.db.close()
 
     return _run(go)
@@ -197,7 +219,9 @@ def db_migrate(config_path: str | None, data_dir: str | None, database_url: str 
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    applied = with_app(settings, lambda app: migrate(app.db, app.migrations(), app.clock))
+    applied = with_app(
+        settings, lambda app: migrate(app.db, app.migrations(), app.clock), current_schema=False
+    )
     if not applied:
         click.echo("Nothing to migrate: the database is current.")
     for migration in applied:
@@ -214,7 +238,9 @@ def db_status(config_path: str | None, data_dir: str | None, database_url: str |
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    statuses = with_app(settings, lambda app: migration_status(app.db, app.migrations()))
+    statuses = with_app(
+        settings, lambda app: migration_status(app.db, app.migrations()), current_schema=False
+    )
     click.echo(f"{'plugin':<24} {'database':>8} {'code':>6}  state")
     for s in statuses:
         code = "-" if s.code_version is None else str(s.code_version)

@@ -142,6 +142,10 @@ class BlobStore(Protocol):
     def list(self, prefix: str) -> AsyncIterator[BlobRef]:
         """Every blob whose key starts with ``prefix``."""
 
+    async def aclose(self) -> None:
+        """Release connections and clients; the kernel calls it once when
+        the app stops (server or command). A later call may reopen them."""
+
     async def sweep_temporary(self, older_than: int) -> int:
         """Remove the temporary bytes of puts that never finished (their
         server died) begun or last written before ``older_than`` (UTC epoch

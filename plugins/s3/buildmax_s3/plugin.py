@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from buildmax_hookspecs import BlobStore, hookimpl
+from buildmax_hookspecs import hookimpl
 
 from .store import S3BlobStore
 
@@ -12,10 +12,3 @@ from .store import S3BlobStore
 @hookimpl
 def buildmax_blob_stores() -> dict[str, Any]:
     return {"s3": S3BlobStore.from_url}
-
-
-@hookimpl
-async def buildmax_shutdown(app: Any) -> None:
-    store = app.services.get(BlobStore)
-    if isinstance(store, S3BlobStore):
-        await store.aclose()
