@@ -3,6 +3,8 @@ that needs the store answers a 503 problem, changing nothing."""
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -80,3 +82,57 @@ async def test_an_upload_while_s3_is_down_is_a_503_and_leaves_nothing(
         assert await conn.fetch_all(artifacts.select()) == []
         assert await conn.fetch_all(uploads.select()) == []
         assert {r["reserved"] for r in await conn.fetch_all(quotas.select())} == {0}
+
+
+class _Failing(http.server.BaseHTTPRequestHandler):
+    """An S3 endpoint that answers every request with one status."""
+
+    status = 500
+    protocol_version = "HTTP/1.1"  # answers Expect: 100-continue
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        body = b"<Error><Code>InternalError</Code><Message>down</Message></Error>"
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status", [500, 503, 403])
+async def test_s3_failing_or_refusing_is_unavailable(monkeypatch, status):
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    handler = type("Handler", (_Failing,), {"status": status})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    settings = S3Settings(endpoint_url=endpoint, addressing_style="path", max_attempts=1)
+    store = S3BlobStore("bucket", "blobs", settings)
+    try:
+        with pytest.raises(BlobStoreUnavailable):
+            await store.put("p", _stream(b"x"))
+        with pytest.raises(BlobStoreUnavailable):
+            await store.head("p/sha256/" + "0" * 64)
+    finally:
+        await store.aclose()
+        server.shutdown()
+        server.server_close()
+
+
+async def test_a_missing_key_is_not_an_outage(s3_bucket):
+    store = S3BlobStore.from_url(s3_bucket.url, Config(plugins={"s3": s3_bucket.settings}))
+    try:
+        assert await store.head("p/sha256/" + "0" * 64) is None
+        assert await store.delete("p/sha256/" + "0" * 64) is False
+    finally:
+        await store.aclose()
