@@ -12,7 +12,9 @@ clients each send 16 MiB as fast as they can (httpx, one request each, with
 deduplicated), against ``shutil.copyfile`` + ``fsync`` of the same bytes to a
 new file in the same directory with a warm page cache (target: ratio >= 0.5,
 item 6). Uploads are also timed from a plain blocking socket (one connection
-per request, no HTTP library): the gap to httpx is the client's share.
+per request, no HTTP library): the gap to httpx is the client's share; and
+from that socket to ``bare_upload.py`` (Hypercorn and uvloop, hashing and
+fsyncing each body, nothing else): the stack's own ceiling.
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ from typing import Any
 
 import httpx
 from bench_read import (
+    HOST,
     BenchError,
     RssSampler,
+    clean_env,
     create_space,
+    free_port,
     proc_status,
     progress,
+    spawn,
     start_buildmax,
+    wait_ready,
 )
 
 MIB = 2**20
@@ -134,6 +141,26 @@ async def _concurrent(url: str, token: str, space: str, count: int) -> list[int]
     return [a.status_code for a in answers]
 
 
+def _bare_uploads(workdir: Path, size: int, rounds: int) -> float:
+    """MiB/s of raw-socket uploads to ``bare_upload.py``: the stack's ceiling."""
+    store = workdir / "bare"
+    store.mkdir(exist_ok=True)
+    port = free_port()
+    script = Path(__file__).with_name("bare_upload.py")
+    server = spawn(
+        "bare hypercorn",
+        [sys.executable, str(script), str(port), str(store)],
+        workdir / "bare.log",
+        f"http://{HOST}:{port}",
+        clean_env(),
+    )
+    try:
+        wait_ready(server, "/livez")
+        return _raw_uploads(server.url, "-", "-", size, rounds)
+    finally:
+        server.stop()
+
+
 def run(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     server, token = start_buildmax(workdir)
     try:
@@ -160,6 +187,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             up, paths = asyncio.run(_uploads(server.url, token, space, size, rounds))
             down = asyncio.run(_downloads(server.url, token, paths, size))
             raw = _raw_uploads(server.url, token, space, size, rounds)
+            bare = _bare_uploads(workdir, size, rounds)
             copy = _copy_rate(workdir, size, rounds)
             rates[f"{size // MIB}MiB"] = {
                 "rounds": rounds,
@@ -169,6 +197,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "copy_fsync_mib_s": round(copy, 1),
                 "upload_ratio": round(up / copy, 3),
                 "raw_socket_upload_ratio": round(raw / copy, 3),
+                "bare_hypercorn_upload_mib_s": round(bare, 1),
+                "bare_hypercorn_upload_ratio": round(bare / copy, 3),
                 "download_ratio": round(down / copy, 3),
             }
         return {"memory": memory, "throughput": rates}
@@ -213,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"  raw-socket client: upload {r['raw_socket_upload_mib_s']} MiB/s, "
-            f"ratio {r['raw_socket_upload_ratio']}"
+            f"ratio {r['raw_socket_upload_ratio']}; bare Hypercorn storing the body "
+            f"{r['bare_hypercorn_upload_mib_s']} MiB/s, ratio {r['bare_hypercorn_upload_ratio']}"
         )
     print(f"machine: {report['machine']}")
     return 0
