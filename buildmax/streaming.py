@@ -179,11 +179,6 @@ def allow_body(max_bytes: int) -> PulledBody:
     return body
 
 
-#: Seconds the rest of a refused body is read and dropped before the
-#: connection is closed (a lingering close, RFC 9112 §9.6).
-LINGER_SECONDS = 5.0
-
-
 def _unread(request: Request, body: PulledBody) -> bool:
     """Whether the request has a body the handler did not read to its end."""
     if body.finished.is_set():
@@ -224,10 +219,6 @@ class PullingHTTPConnection(ASGIHTTPConnection):
         handler = asyncio.ensure_future(self.handle_request(request, sending))
         watcher = asyncio.ensure_future(self._watch(body, receive))
         done, pending = await asyncio.wait([handler, watcher], return_when=asyncio.FIRST_COMPLETED)
-        if handler in done and drains:
-            # Let the client finish sending, so it reads the answer rather
-            # than a reset; a client still sending after this is cut off.
-            await asyncio.wait(drains, timeout=LINGER_SECONDS)
         await cancel_tasks({*pending, *drains})
         raise_task_exceptions(done)
 

@@ -72,6 +72,10 @@ def test_db_migrate_and_status_commands(tmp_path, buildmax_database_url):
     args = ["--data-dir", str(tmp_path / "d")]
     if buildmax_database_url.startswith("postgresql"):
         args = ["--database-url", buildmax_database_url]
+    if not buildmax_database_url.startswith("postgresql"):
+        before = runner.invoke(cli_module.cli, ["db", "status", *args])
+        assert before.exit_code == 0, before.output  # status works on a fresh database
+        assert "pending" in before.output
     first = runner.invoke(cli_module.cli, ["db", "migrate", *args])
     assert first.exit_code == 0, first.output
     second = runner.invoke(cli_module.cli, ["db", "migrate", *args])
@@ -145,3 +149,40 @@ async def test_concurrent_migrations_of_a_fresh_database_all_succeed(buildmax_en
             await each.db.close()
         if name is not None:
             await asyncio.to_thread(pg_drop_database, os.environ[TEST_DATABASE_ENV], name)
+
+
+async def test_commands_refuse_a_schema_that_is_not_the_codes_naming_what_to_run(
+    app, buildmax_settings
+):
+    """A command reading only some plugins' tables works while another
+    plugin waits for a migration (export the trail before migrating); one
+    that needs them all is refused; a newer schema is refused as newer."""
+    from buildmax import cli as cli_module
+
+    cli_module._register_commands()
+    args = ["--data-dir", buildmax_settings.data_dir]
+    if buildmax_settings.database_url:
+        args += ["--database-url", buildmax_settings.database_url]
+
+    def run(*command: str):
+        return CliRunner().invoke(cli_module.cli, [*command, *args])
+
+    async with app.db.write() as tx:
+        await tx.execute(
+            sa.delete(schema_migrations).where(schema_migrations.c.plugin == "testplugin")
+        )
+    verified = await asyncio.to_thread(run, "audit", "verify")
+    assert verified.exit_code == 0, verified.output
+    refused = await asyncio.to_thread(run, "artifacts", "gc", "--dry-run")
+    assert refused.exit_code == 1
+    assert (
+        "not current for testplugin" in refused.output and "buildmax db migrate" in refused.output
+    )
+    async with app.db.write() as tx:
+        await tx.execute(
+            schema_migrations.insert().values(
+                plugin="audit", version=99, name="from the future", applied_at=0
+            )
+        )
+    newer = await asyncio.to_thread(run, "audit", "verify")
+    assert newer.exit_code == 1 and "newer than this code for audit" in newer.output

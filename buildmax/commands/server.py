@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import click
@@ -60,11 +60,18 @@ async def _open_app(settings: Config) -> Any:
     return app
 
 
-async def _require_current_schema(app: Any) -> None:
+async def _require_current_schema(app: Any, plugins: Collection[str] | None) -> None:
     from ..migrations import MigrationError, migration_status
 
     statuses = await migration_status(app.db, app.migrations())
-    behind = [s.plugin for s in statuses if s.loaded and s.state != "current"]
+    checked = [s for s in statuses if s.loaded and (plugins is None or s.plugin in plugins)]
+    ahead = [s.plugin for s in checked if s.state == "ahead"]
+    if ahead:
+        raise MigrationError(
+            f"the database schema is newer than this code for {', '.join(ahead)}: "
+            "run the BuildMax version that migrated it"
+        )
+    behind = [s.plugin for s in checked if s.state == "pending"]
     if behind:
         raise MigrationError(
             f"the database schema is not current for {', '.join(behind)}: "
@@ -73,18 +80,24 @@ async def _require_current_schema(app: Any) -> None:
 
 
 def with_app(
-    settings: Config, work: Callable[[Any], Awaitable[T]], *, current_schema: bool = True
+    settings: Config,
+    work: Callable[[Any], Awaitable[T]],
+    *,
+    current_schema: bool = True,
+    schema_of: Collection[str] | None = None,
 ) -> T:
     """Run ``work(app)`` with a connected (not serving) app, then close it.
 
-    With ``current_schema`` (the default), a database with pending
-    migrations is refused with a message naming ``buildmax db migrate``."""
+    With ``current_schema`` (the default), a database whose schema is not
+    the code's (pending migrations, or newer) is refused with a message
+    saying what to run; ``schema_of`` limits that check to the plugins the
+    command reads (``"kernel"`` for the kernel's tables)."""
 
     async def go() -> T:
         app = await _open_app(settings)
         try:
             if current_schema:
-                await _require_current_schema(app)
+                await _require_current_schema(app, schema_of)
             return await work(app)
         finally:
             from ..app import close_blob_store

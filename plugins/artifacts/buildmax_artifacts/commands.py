@@ -3,13 +3,15 @@ through the HTTP API, and ``gc`` on the server's machine."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from buildmax.commands.identity import Remote, connected, space_option
+from buildmax.commands.identity import CommandError, Remote, connected, space_option
 from buildmax.commands.server import (
     config_option,
     data_dir_option,
@@ -18,7 +20,7 @@ from buildmax.commands.server import (
     with_app,
 )
 
-from .client import ArtifactsClient
+from .client import ArtifactsClient, CorruptDownload
 
 ARTIFACT_COLUMNS = ("id", "name", "media_type", "size", "sha256", "pinned", "created_at")
 DETAIL_COLUMNS = (*ARTIFACT_COLUMNS, "task_id", "attempt_id", "created_by")
@@ -31,6 +33,18 @@ def artifacts_group() -> None:
 
 def _artifacts(remote: Remote) -> ArtifactsClient:
     return ArtifactsClient(remote.client)
+
+
+@contextlib.contextmanager
+def _local_failures() -> Iterator[None]:
+    """A file that cannot be read or written, or bytes that are not the
+    artifact's, as one ``error:`` line."""
+    try:
+        yield
+    except CorruptDownload as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
 
 
 @artifacts_group.command("upload")
@@ -57,9 +71,10 @@ def upload_command(
       buildmax artifacts upload --space web build/report.xml --task tk_3F...
       BUILDMAX_TOKEN=$ATTEMPT_TOKEN buildmax artifacts upload --space web run.log
     """
-    made = _artifacts(remote).upload(
-        space, file, name=name, media_type=media_type, task=task, attempt=attempt
-    )
+    with _local_failures():
+        made = _artifacts(remote).upload(
+            space, file, name=name, media_type=media_type, task=task, attempt=attempt
+        )
     remote.show(made, ARTIFACT_COLUMNS)
 
 
@@ -104,7 +119,8 @@ def download_command(remote: Remote, space: str, artifact: str, output: Path | N
     dest = output if output is not None else Path(client.get(space, artifact)["name"])
     if output is None and dest.exists():
         raise click.UsageError(f"{dest} exists: pass --output to choose where to write")
-    got = client.download(space, artifact, dest)
+    with _local_failures():
+        got = client.download(space, artifact, dest)
     remote.done(f"wrote {got['size']} bytes to {dest} (sha256 {got['sha256']})")
 
 

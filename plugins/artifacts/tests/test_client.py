@@ -165,3 +165,15 @@ async def test_the_cli_uploads_lists_downloads_pins_and_deletes(
     assert gone.exit_code != 0 and "not-found" in gone.output
     outsider = await _cli(live_server, shelf.outsider.token, shelf.space.id, "list")
     assert outsider.exit_code != 0 and "not-found" in outsider.output
+    # Local failures are one line, not a traceback.
+    kept = await run("upload", str(source), "--json")
+    kept_id = json.loads(kept.output)["id"]
+    nowhere = await run("download", kept_id, "-o", str(tmp_path / "no" / "such" / "dir.log"))
+    assert nowhere.exit_code == 1 and "No such file or directory" in nowhere.output
+    [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
+    shelf.backend.remove(key)
+    shelf.backend.put(key, b"line one\nline 2wo\n")  # same length, other bytes
+    corrupt = await run("download", kept_id, "-o", str(tmp_path / "corrupt.log"))
+    assert corrupt.exit_code == 1 and "sha256" in corrupt.output
+    assert "Traceback" not in nowhere.output + corrupt.output
+    assert not (tmp_path / "corrupt.log").exists()

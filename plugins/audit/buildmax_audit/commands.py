@@ -21,6 +21,10 @@ from buildmax.commands.server import (
 
 from .verify import ChainReport, ExportError
 
+#: The schemas these commands read: they work while other plugins wait for
+#: a migration (export the trail before migrating).
+_TABLES_READ = ("kernel", "audit")
+
 
 def _time(name: str, value: str | None) -> int | None:
     if value is None:
@@ -116,7 +120,7 @@ def export_command(
         return total, len(slices)
 
     try:
-        events, chains = with_app(settings, work)
+        events, chains = with_app(settings, work, schema_of=_TABLES_READ)
     except TrailChanged as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"exported {events} event(s) of {chains} chain(s) to {output}", err=True)
@@ -166,7 +170,7 @@ def verify_command(
         async def work(app: Any) -> list[ChainReport]:
             return await verify_database(app, await _chain(app, space))
 
-        reports = with_app(settings, work)
+        reports = with_app(settings, work, schema_of=_TABLES_READ)
     _show(reports)
     broken = [report for report in reports if not report.ok]
     if broken:
@@ -194,7 +198,7 @@ def sweep_command(
     from .retention import sweep
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
-    swept = with_app(settings, lambda app: sweep(app, retention_days))
+    swept = with_app(settings, lambda app: sweep(app, retention_days), schema_of=_TABLES_READ)
     if not swept:
         click.echo("Nothing to remove.")
     for item in swept:

@@ -9,6 +9,7 @@ configuration.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,8 @@ class S3Settings:
             raise ConfigError(
                 f"[plugins.s3] part_size: expected an integer of at least {MIN_PART_BYTES}"
             )
+        if settings.spool_dir and not os.path.isdir(settings.spool_dir):
+            raise ConfigError(f"[plugins.s3] spool_dir: {settings.spool_dir!r} is not a directory")
         attempts = settings.max_attempts
         if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 10:
             raise ConfigError("[plugins.s3] max_attempts: expected an integer from 1 to 10")

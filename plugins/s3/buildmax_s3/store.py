@@ -368,7 +368,12 @@ class _Spool:
     async def _flush(self) -> None:
         pieces, self._memory, self._in_memory = self._memory, [], 0
         if pieces:
-            await asyncio.to_thread(self._write, pieces)
+            try:
+                await asyncio.to_thread(self._write, pieces)
+            except OSError as exc:  # the local disk, not S3, yet the store cannot take bytes
+                raise BlobStoreUnavailable(
+                    f"could not spool an upload to local disk: {exc}"
+                ) from exc
 
     def _write(self, pieces: list[bytes]) -> None:
         if self._file is None:

@@ -18,6 +18,7 @@ from buildmax_hookspecs import (
     BlobKeyError,
     BlobNotFound,
     BlobStore,
+    BlobStoreUnavailable,
     BlobTooLarge,
 )
 from buildmax_s3 import S3BlobStore
@@ -245,6 +246,7 @@ def test_from_url_refuses_what_is_not_a_bucket_and_root(url):
         {"part_size": 1024},
         {"part_size": True},
         {"max_attempts": 0},
+        {"spool_dir": "/nonexistent/spool"},
         {"max_attempts": "3"},
     ],
 )
@@ -269,3 +271,12 @@ async def test_an_app_with_an_s3_url_stores_through_it_and_closes_it(tmp_path, s
     assert store._client is None
     assert s3_bucket.stored() == [f"blobs/{ref.key}"]
     assert not (tmp_path / "data" / "blobs").exists()
+
+
+async def test_a_spool_that_cannot_be_written_is_unavailable_and_leaves_nothing(
+    store, s3_bucket, spool
+):
+    spool.rmdir()  # the directory vanished after the server started
+    with pytest.raises(BlobStoreUnavailable, match="spool"):
+        await store.put("p", _pieces(os.urandom(3 * MIB)))
+    assert s3_bucket.stored() == []
