@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -47,9 +48,14 @@ def _ref(key: str, stat: os.stat_result) -> BlobRef:
 
 
 def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (skipped on filesystems that
+    cannot fsync a directory)."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
