@@ -510,7 +510,8 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
         download); yields the open response, closed on exit.
 
         Not retried: a streamed body cannot be sent twice. Raises like
-        :meth:`request` for an error answer or an unreachable server."""
+        :meth:`request` for an error answer or an unreachable server, and
+        :class:`Unreachable` when the connection breaks mid-body."""
         request = self._http.build_request(
             method,
             path,
@@ -527,6 +528,8 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
                 response.read()
                 raise error_from_response(response)
             yield response
+        except httpx.TransportError as exc:  # the connection broke mid-body
+            raise Unreachable(self.url, exc) from exc
         finally:
             response.close()
 
@@ -636,6 +639,8 @@ class AsyncClient(
                 await response.aread()
                 raise error_from_response(response)
             yield response
+        except httpx.TransportError as exc:  # the connection broke mid-body
+            raise Unreachable(self.url, exc) from exc
         finally:
             await response.aclose()
 

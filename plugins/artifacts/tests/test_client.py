@@ -20,7 +20,7 @@ from buildmax_artifacts.client import (
     QuotaExceeded,
 )
 
-from buildmax.client import AsyncClient, Client, NotFound, PayloadTooLarge
+from buildmax.client import AsyncClient, Client, NotFound, PayloadTooLarge, Unreachable
 
 from .conftest import MAX_BYTES, QUOTA_BYTES, sha
 
@@ -177,3 +177,28 @@ async def test_the_cli_uploads_lists_downloads_pins_and_deletes(
     assert corrupt.exit_code == 1 and "sha256" in corrupt.output
     assert "Traceback" not in nowhere.output + corrupt.output
     assert not (tmp_path / "corrupt.log").exists()
+
+
+async def test_a_download_cut_off_mid_body_leaves_no_file(shelf, live_server, tmp_path):
+    """The store holds more bytes than the artifact (so the server breaks
+    the connection at the declared length): the clients raise Unreachable
+    and leave neither the destination nor a temporary file."""
+    made = await shelf.upload(b"the evidence")
+    [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
+    shelf.backend.remove(key)
+    shelf.backend.put(key, b"the evidence and then some" * 10000)
+    out = tmp_path / "downloads"
+    out.mkdir()
+
+    def sync_download():
+        with (
+            Client(live_server, shelf.member.token, retries=0) as bmx,
+            pytest.raises(Unreachable),
+        ):
+            ArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "sync")
+
+    await asyncio.to_thread(sync_download)
+    async with AsyncClient(live_server, shelf.member.token, retries=0) as bmx:
+        with pytest.raises(Unreachable):
+            await AsyncArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "async")
+    assert list(out.iterdir()) == []
