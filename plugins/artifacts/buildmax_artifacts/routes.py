@@ -391,7 +391,34 @@ def _disposition(name: str) -> dict[str, str]:
     return options
 
 
-async def _opened(store: BlobStore, key: str, span: tuple[int, int] | None) -> AsyncIterator[bytes]:
+class _OpenedBlob:
+    """A blob's bytes whose first chunk was read before the answer started.
+
+    Closing it (Quart does, when the answer ends or the client goes away)
+    closes the blob even if nothing more was read; an async generator that
+    never started would not run its ``finally``."""
+
+    def __init__(self, first: bytes, chunks: AsyncIterator[bytes]) -> None:
+        self._first: bytes | None = first or None
+        self._chunks = chunks
+
+    def __aiter__(self) -> _OpenedBlob:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._chunks)
+
+    async def aclose(self) -> None:
+        """Close the blob."""
+        close = getattr(self._chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _opened(store: BlobStore, key: str, span: tuple[int, int] | None) -> _OpenedBlob:
     """The blob's bytes, opened before any header is sent: a blob missing
     from the store is a 410 problem, never a 200 with a cut body."""
     chunks = store.open(key, span)
@@ -401,17 +428,7 @@ async def _opened(store: BlobStore, key: str, span: tuple[int, int] | None) -> A
         raise BlobMissing("the artifact's bytes are missing from the blob store") from None
     except StopAsyncIteration:
         first = b""
-
-    async def rest() -> AsyncIterator[bytes]:
-        try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
-    return rest()
+    return _OpenedBlob(first, chunks)
 
 
 @blueprint.get("/v1/spaces/<space>/artifacts/<artifact>/content")
