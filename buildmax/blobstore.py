@@ -60,6 +60,23 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+async def _open_for_reading(path: Path) -> BinaryIO:
+    """``open(path, "rb")`` in a worker thread. A caller cancelled meanwhile
+    (its client hung up) gets the cancellation and the file, once opened,
+    is closed rather than left for the collector."""
+    opening: asyncio.Future[BinaryIO] = asyncio.ensure_future(asyncio.to_thread(open, path, "rb"))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[BinaryIO]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
 class _TempFile:
     """The temporary file of one upload, hashed as it is written.
 
@@ -200,7 +217,7 @@ class FileBlobStore:
         """Stream the blob (optionally bytes ``start..end`` inclusive)."""
         path = self._path(key)
         try:
-            fh = await asyncio.to_thread(open, path, "rb")
+            fh = await _open_for_reading(path)
         except (FileNotFoundError, IsADirectoryError):
             raise BlobNotFound(key) from None
         try:

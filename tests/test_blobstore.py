@@ -335,3 +335,33 @@ def test_buildmax_blob_stores_an_unknown_scheme_fails_app_creation_naming_it(tmp
     message = str(caught.value)
     assert "no loaded plugin provides a blob store" in message
     assert "file" in message and "mem" in message  # the known schemes are listed
+
+
+async def test_a_read_cancelled_while_the_file_opens_closes_the_file(store, monkeypatch):
+    """A client that hangs up while its blob is being opened: the file the
+    worker thread opened anyway is closed, not left for the collector."""
+    import asyncio
+    import builtins
+
+    from buildmax import blobstore
+
+    ref = await store.put("p", _stream(b"bytes"))
+    opened = []
+
+    def slow_open(path, mode="r", *args, **kwargs):
+        time.sleep(0.2)
+        fh = builtins.open(path, mode, *args, **kwargs)  # noqa: SIM115 - the test closes it
+        opened.append(fh)
+        return fh
+
+    monkeypatch.setattr(blobstore, "open", slow_open, raising=False)
+    reading = asyncio.ensure_future(anext(store.open(ref.key)))
+    await asyncio.sleep(0.05)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    for _ in range(50):
+        if opened and opened[0].closed:
+            break
+        await asyncio.sleep(0.02)
+    assert len(opened) == 1 and opened[0].closed
