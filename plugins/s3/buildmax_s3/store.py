@@ -28,6 +28,7 @@ import hashlib
 import logging
 import secrets
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any, BinaryIO
@@ -356,6 +357,10 @@ class _Spool:
         self._memory: list[bytes] = []
         self._in_memory = 0
         self._file: BinaryIO | None = None
+        # The worker thread writing and close() agree under it on whether
+        # the file exists and is still wanted.
+        self._lock = threading.Lock()
+        self._closed = False
 
     async def add(self, chunk: bytes) -> None:
         """Append ``chunk``; a full piece goes to the file, in a thread."""
@@ -376,9 +381,12 @@ class _Spool:
                 ) from exc
 
     def _write(self, pieces: list[bytes]) -> None:
-        if self._file is None:
-            self._file = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - see close
-        self._file.writelines(pieces)
+        with self._lock:
+            if self._closed:
+                return  # the upload ended while this piece was on its way
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(dir=self.directory)  # noqa: SIM115 - see close
+            self._file.writelines(pieces)
 
     async def body(self) -> bytes | BinaryIO:
         """What to send: the bytes, or the file rewound to its start."""
@@ -389,11 +397,16 @@ class _Spool:
         return self._file
 
     async def close(self) -> None:
-        """Drop the bytes and remove the file."""
+        """Drop the bytes and remove the file (after a write in progress)."""
         self._memory, self._in_memory = [], 0
-        if self._file is not None:
-            await asyncio.to_thread(self._file.close)
-            self._file = None
+        await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 class _Multipart:
