@@ -278,8 +278,14 @@ def _segment(ref: str) -> str:
     return quote(ref, safe="")
 
 
-def _present(**fields: Any) -> dict[str, Any]:
+def present(**fields: Any) -> dict[str, Any]:
+    """The fields that are not ``None`` (left out, the server's defaults apply)."""
     return {name: value for name, value in fields.items() if value is not None}
+
+
+def space_path(space: str, *parts: str) -> str:
+    """``/v1/spaces/<space>/<parts...>``, each segment quoted."""
+    return "/".join(["/v1/spaces", *(_segment(p) for p in (space, *parts))])
 
 
 def _page_params(params: dict[str, Any] | None, cursor: str | None) -> dict[str, Any]:
@@ -289,18 +295,15 @@ def _page_params(params: dict[str, Any] | None, cursor: str | None) -> dict[str,
     return merged
 
 
-class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
-    """Typed calls for the kernel's routes, shared by both clients.
+class Calls(ABC, Generic[_One, _Many, _Done]):
+    """The three ways a typed call reaches the server, shared by a sync and
+    an async client of the same routes (the kernel's, or a plugin's on top
+    of :class:`OverClient` / :class:`OverAsyncClient`).
 
     ``_One``, ``_Many`` and ``_Done`` are what a call returns: a dict, a list
-    of dicts and nothing for :class:`Client`; awaitables of those for
-    :class:`AsyncClient`.
+    of dicts and nothing for a sync client; awaitables of those for an async
+    one.
     """
-
-    def __init__(self, url: str | None, token: str | None, retries: int, backoff: float) -> None:
-        self.url, self.token = resolve(url, token)
-        self.retries = retries
-        self.backoff = backoff
 
     @abstractmethod
     def _one(self, method: str, path: str, json: Any = None) -> _One: ...
@@ -311,6 +314,15 @@ class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
     @abstractmethod
     def _done(self, method: str, path: str) -> _Done: ...
 
+
+class _KernelRoutes(Calls[_One, _Many, _Done]):
+    """Typed calls for the kernel's routes, shared by both clients."""
+
+    def __init__(self, url: str | None, token: str | None, retries: int, backoff: float) -> None:
+        self.url, self.token = resolve(url, token)
+        self.retries = retries
+        self.backoff = backoff
+
     def _headers(self, method: str, idempotency_key: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": f"buildmax-client/{__version__}"}
         if self.token:
@@ -320,6 +332,12 @@ class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
         if idempotency_key is not None:
             headers[IDEMPOTENCY_HEADER] = idempotency_key
         return headers
+
+    def _stream_headers(
+        self, method: str, idempotency_key: str | None, extra: Mapping[str, str] | None
+    ) -> dict[str, str]:
+        """A streamed request's headers: the usual ones and the caller's."""
+        return {**self._headers(method, idempotency_key), **(extra or {})}
 
     def _delay(
         self, attempt: int, retries: int, outcome: httpx.Response | httpx.TransportError
@@ -361,7 +379,7 @@ class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
             "name": name,
             "display_name": display_name,
             "system_role": system_role,
-            **_present(password=password),
+            **present(password=password),
         }
         return self._one("POST", "/v1/principals", json=body)
 
@@ -397,7 +415,7 @@ class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
 
     def list_tokens(self, principal: str | None = None) -> _Many:
         """Your tokens, newest first (admins: ``principal``'s), revoked ones included."""
-        return self._many("/v1/tokens", _present(principal=principal))
+        return self._many("/v1/tokens", present(principal=principal))
 
     def get_token(self, id: str) -> _One:
         """A token's details (never its secret)."""
@@ -419,7 +437,7 @@ class _KernelRoutes(ABC, Generic[_One, _Many, _Done]):
 
     def create_space(self, slug: str, name: str | None = None, owner_id: str | None = None) -> _One:
         """Create a space (admins and operators); you, or ``owner_id``, own it."""
-        body = _present(slug=slug, name=name, owner_id=owner_id)
+        body = present(slug=slug, name=name, owner_id=owner_id)
         return self._one("POST", "/v1/spaces", json=body)
 
     def get_space(self, ref: str) -> _One:
@@ -517,7 +535,7 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
             path,
             params=params,
             content=content,
-            headers={**self._headers(method, idempotency_key), **(headers or {})},
+            headers=self._stream_headers(method, idempotency_key, headers),
         )
         try:
             response = self._http.send(request, stream=True)
@@ -628,7 +646,7 @@ class AsyncClient(
             path,
             params=params,
             content=content,
-            headers={**self._headers(method, idempotency_key), **(headers or {})},
+            headers=self._stream_headers(method, idempotency_key, headers),
         )
         try:
             response = await self._http.send(request, stream=True)

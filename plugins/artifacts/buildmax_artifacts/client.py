@@ -25,20 +25,21 @@ import hashlib
 import mimetypes
 import os
 import secrets
-from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
-from typing import IO, Any, Generic, TypeVar
-from urllib.parse import quote
+from typing import IO, Any, TypeVar
 
 from buildmax.client import (
     BuildMaxError,
+    Calls,
     Conflict,
     OverAsyncClient,
     OverClient,
     ServerError,
     ValidationError,
+    present,
     register_error_classes,
+    space_path,
 )
 
 #: Bytes read from disk per piece of an upload or written per piece of a download.
@@ -85,14 +86,6 @@ _Done = TypeVar("_Done")
 Source = str | os.PathLike[str] | bytes
 
 
-def _path(space: str, *parts: str) -> str:
-    return "/".join(["/v1/spaces", *(quote(p, safe="") for p in (space, *parts))])
-
-
-def _given(**fields: Any) -> dict[str, Any]:
-    return {name: value for name, value in fields.items() if value is not None}
-
-
 def _upload_request(
     source: Source,
     name: str | None,
@@ -112,7 +105,7 @@ def _upload_request(
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
             size = os.fstat(fh.fileno()).st_size
     media_type = media_type or _TYPES.guess_type(name)[0] or "application/octet-stream"
-    query = _given(name=name, sha256=digest, task=task, attempt=attempt)
+    query = present(name=name, sha256=digest, task=task, attempt=attempt)
     headers = {"Content-Type": media_type, "Content-Length": str(size)}
     return query, headers, size, digest
 
@@ -138,17 +131,8 @@ def _check(expected: str, actual: str, temporary: Path) -> None:
         raise CorruptDownload(f"the bytes' sha256 is {actual}, not the artifact's {expected}")
 
 
-class _ArtifactRoutes(ABC, Generic[_One, _Many, _Done]):
+class _ArtifactRoutes(Calls[_One, _Many, _Done]):
     """The JSON calls, shared by both clients."""
-
-    @abstractmethod
-    def _one(self, method: str, path: str, json: Any = None) -> _One: ...
-
-    @abstractmethod
-    def _many(self, path: str, params: dict[str, Any] | None = None) -> _Many: ...
-
-    @abstractmethod
-    def _done(self, method: str, path: str) -> _Done: ...
 
     def list(
         self,
@@ -159,24 +143,24 @@ class _ArtifactRoutes(ABC, Generic[_One, _Many, _Done]):
         media_type: str | None = None,
     ) -> _Many:
         """The space's live artifacts, newest first (viewers)."""
-        params = _given(task=task, attempt=attempt, media_type=media_type)
-        return self._many(_path(space, "artifacts"), params)
+        params = present(task=task, attempt=attempt, media_type=media_type)
+        return self._many(space_path(space, "artifacts"), params)
 
     def get(self, space: str, artifact: str) -> _One:
         """An artifact's metadata."""
-        return self._one("GET", _path(space, "artifacts", artifact))
+        return self._one("GET", space_path(space, "artifacts", artifact))
 
     def delete(self, space: str, artifact: str) -> _Done:
         """Tombstone an artifact (members); its bytes go with the collector."""
-        return self._done("DELETE", _path(space, "artifacts", artifact))
+        return self._done("DELETE", space_path(space, "artifacts", artifact))
 
     def pin(self, space: str, artifact: str) -> _One:
         """Keep an artifact past retention."""
-        return self._one("POST", _path(space, "artifacts", artifact, "pin"))
+        return self._one("POST", space_path(space, "artifacts", artifact, "pin"))
 
     def unpin(self, space: str, artifact: str) -> _One:
         """Let retention expire an artifact again."""
-        return self._one("POST", _path(space, "artifacts", artifact, "unpin"))
+        return self._one("POST", space_path(space, "artifacts", artifact, "unpin"))
 
 
 class ArtifactsClient(OverClient, _ArtifactRoutes[dict[str, Any], list[dict[str, Any]], None]):
@@ -203,7 +187,11 @@ class ArtifactsClient(OverClient, _ArtifactRoutes[dict[str, Any], list[dict[str,
             else:
                 content = _read_pieces(stack.enter_context(Path(source).open("rb")), size)
             with self.client.stream(
-                "POST", _path(space, "artifacts"), params=query, content=content, headers=headers
+                "POST",
+                space_path(space, "artifacts"),
+                params=query,
+                content=content,
+                headers=headers,
             ) as response:
                 response.read()
                 return response.json()  # type: ignore[no-any-return]
@@ -218,7 +206,9 @@ class ArtifactsClient(OverClient, _ArtifactRoutes[dict[str, Any], list[dict[str,
         digest = hashlib.sha256()
         try:
             with (
-                self.client.stream("GET", _path(space, "artifacts", artifact, "content")) as got,
+                self.client.stream(
+                    "GET", space_path(space, "artifacts", artifact, "content")
+                ) as got,
                 temporary.open("xb") as fh,
             ):
                 for piece in got.iter_bytes(PIECE):
@@ -262,7 +252,11 @@ class AsyncArtifactsClient(
                 stack.callback(fh.close)
                 content = _read_pieces_async(fh, size)
             async with self.client.stream(
-                "POST", _path(space, "artifacts"), params=query, content=content, headers=headers
+                "POST",
+                space_path(space, "artifacts"),
+                params=query,
+                content=content,
+                headers=headers,
             ) as response:
                 await response.aread()
                 return response.json()  # type: ignore[no-any-return]
@@ -276,7 +270,7 @@ class AsyncArtifactsClient(
         digest = hashlib.sha256()
         try:
             async with self.client.stream(
-                "GET", _path(space, "artifacts", artifact, "content")
+                "GET", space_path(space, "artifacts", artifact, "content")
             ) as got:
                 fh = await asyncio.to_thread(temporary.open, "xb")
                 try:

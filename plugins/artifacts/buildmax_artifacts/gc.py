@@ -22,7 +22,7 @@ from buildmax_hookspecs import SYSTEM_ACTOR, BlobStore
 
 from buildmax.schema import spaces
 
-from .quota import Reservation, free, settle
+from .quota import Reservation, settle, tombstoned
 from .routes import KEY_PREFIX, blob_store
 from .schema import artifacts, quotas, uploads
 from .settings import artifact_settings
@@ -150,14 +150,8 @@ async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[s
             )
         )
         for row in rows:
-            await free(tx, row["space"], row["size"])
-            await app.audit.record(
-                tx,
-                SYSTEM_ACTOR,
-                "artifact.lost",
-                space_id=row["space"],
-                target_type="artifact",
-                target_id=row["public_id"],
+            await tombstoned(
+                app, tx, SYSTEM_ACTOR, "artifact.lost", row["space"], row["public_id"], row["size"]
             )
     return [row["public_id"] for row in rows]
 

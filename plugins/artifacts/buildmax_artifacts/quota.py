@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import Transaction
+from buildmax_hookspecs import Actor, Transaction
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.ids import new_id
@@ -50,16 +50,27 @@ _ENSURE = {
     .on_conflict_do_nothing(index_elements=["scope"])
     for name, insert in (("sqlite", sqlite.insert), ("postgresql", postgresql.insert))
 }
-_RESERVE = (
-    sa.update(quotas)
-    .where(
-        quotas.c.scope == sa.bindparam("scope"),
-        quotas.c.used + quotas.c.reserved + sa.bindparam("bytes", type_=sa.BigInteger)
-        <= sa.bindparam("limit", type_=sa.BigInteger),
+
+
+def _grow_within_limit(column: str) -> sa.Update:
+    """``UPDATE`` adding ``:bytes`` to ``column`` of ``:scope`` only if used +
+    reserved + bytes stays within ``:limit``; returns the scope, or nothing."""
+    added = sa.bindparam("bytes", type_=sa.BigInteger)
+    return (
+        sa.update(quotas)
+        .where(
+            quotas.c.scope == sa.bindparam("scope"),
+            quotas.c.used + quotas.c.reserved + added <= sa.bindparam("limit", type_=sa.BigInteger),
+        )
+        .values({column: quotas.c[column] + added})
+        .returning(quotas.c.scope)
     )
-    .values(reserved=quotas.c.reserved + sa.bindparam("bytes", type_=sa.BigInteger))
-    .returning(quotas.c.scope)
-)
+
+
+#: Set bytes aside for an upload about to stream.
+_RESERVE = _grow_within_limit("reserved")
+#: Count stored bytes whose reservation is gone.
+_TAKE = _grow_within_limit("used")
 _MOVE = (
     sa.update(quotas)
     .where(quotas.c.scope == sa.bindparam("scope"))
@@ -95,18 +106,6 @@ async def reserve(
     return reservation
 
 
-_TAKE = (
-    sa.update(quotas)
-    .where(
-        quotas.c.scope == sa.bindparam("scope"),
-        quotas.c.used + quotas.c.reserved + sa.bindparam("bytes", type_=sa.BigInteger)
-        <= sa.bindparam("limit", type_=sa.BigInteger),
-    )
-    .values(used=quotas.c.used + sa.bindparam("bytes", type_=sa.BigInteger))
-    .returning(quotas.c.scope)
-)
-
-
 def _limits(settings: ArtifactSettings) -> tuple[int, int]:
     """The deployment's and a space's limit, in :attr:`Reservation.scopes` order."""
     return settings.quota_bytes, settings.space_quota_bytes or settings.quota_bytes
@@ -139,6 +138,33 @@ async def settle(
         return
     for scope in reservation.scopes:
         await tx.execute(_MOVE, {"scope": scope, "reserved": int(reserved or 0), "stored": stored})
+
+
+async def tombstoned(
+    app: Any,
+    tx: Transaction,
+    actor: Actor,
+    action: str,
+    space_id: str,
+    artifact_id: str,
+    size: int,
+    *,
+    details: dict[str, Any] | None = None,
+    admin_override: bool = False,
+) -> None:
+    """In ``tx``, for an artifact just tombstoned (deleted, expired, lost):
+    give its quota back and record ``action`` on it."""
+    await free(tx, space_id, size)
+    await app.audit.record(
+        tx,
+        actor,
+        action,
+        space_id=space_id,
+        target_type="artifact",
+        target_id=artifact_id,
+        details=details,
+        admin_override=admin_override,
+    )
 
 
 async def free(tx: Transaction, space_id: str, size: int) -> None:

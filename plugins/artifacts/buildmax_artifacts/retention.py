@@ -14,7 +14,7 @@ from buildmax_hookspecs import SYSTEM_ACTOR
 from buildmax.schema import spaces
 
 from .gc import collect
-from .quota import free
+from .quota import tombstoned
 from .schema import artifacts
 from .settings import artifact_settings
 
@@ -66,14 +66,14 @@ async def expire(app: Any, retention_days: int | None = None) -> list[str]:
                 if changed is None:
                     continue
                 done.add(row["public_id"])
-                await free(tx, row["space"], row["size"])
-                await app.audit.record(
+                await tombstoned(
+                    app,
                     tx,
                     SYSTEM_ACTOR,
                     "artifact.expired",
-                    space_id=row["space"],
-                    target_type="artifact",
-                    target_id=row["public_id"],
+                    row["space"],
+                    row["public_id"],
+                    row["size"],
                     details={"retention_days": days},
                 )
         expired += [row["public_id"] for row in rows if row["public_id"] in done]

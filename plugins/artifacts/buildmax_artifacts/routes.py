@@ -49,7 +49,7 @@ from buildmax.schemas import Timestamp
 from buildmax.services import ServiceMissing
 from buildmax.streaming import allow_body
 
-from .quota import Reservation, free, release, reserve, settle
+from .quota import Reservation, release, reserve, settle, tombstoned
 from .schema import artifacts
 from .settings import artifact_settings
 
@@ -487,14 +487,14 @@ async def delete_artifact(space: str, artifact: str) -> Response:
         )
         if deleted is None:
             raise NotFound("no such artifact in this space")
-        await free(tx, access.public_id, int(deleted))
-        await app.audit.record(
+        await tombstoned(
+            app,
             tx,
             caller.actor,
             "artifact.deleted",
-            space_id=access.public_id,
-            target_type="artifact",
-            target_id=artifact,
+            access.public_id,
+            artifact,
+            int(deleted),
             admin_override=access.admin_override,
         )
     return Response(status=204)

@@ -4,6 +4,7 @@ upload could leave something behind."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,36 @@ class Shelf:
         body = await response.get_json()
         assert response.status_code == expect, body
         return body
+
+    async def raw_upload(self, receive: Any, name: str, declared: int) -> list[dict[str, Any]]:
+        """Upload through the app's ASGI interface, the body coming from
+        ``receive`` and ``declared`` bytes announced; the messages answered."""
+        answers: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            answers.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": self.base,
+            "raw_path": self.base.encode(),
+            "query_string": f"name={name}".encode(),
+            "root_path": "",
+            "headers": [
+                (b"host", b"test"),
+                (b"authorization", f"Bearer {self.member.token}".encode()),
+                (b"content-type", b"text/plain"),
+                (b"content-length", str(declared).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 8420),
+        }
+        await asyncio.wait_for(self.app(scope, receive, send), 10)
+        return answers
 
     async def rows(self, table: sa.Table) -> list[dict[str, Any]]:
         async with self.app.db.read() as conn:

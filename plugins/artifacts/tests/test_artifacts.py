@@ -285,31 +285,7 @@ async def test_an_upload_cut_off_mid_stream_leaves_nothing(shelf):
             return {"type": "http.request", "body": b"x" * 16384, "more_body": True}
         return {"type": "http.disconnect"}
 
-    answers: list[dict[str, object]] = []
-
-    async def send(message: dict[str, object]) -> None:
-        answers.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": shelf.base,
-        "raw_path": shelf.base.encode(),
-        "query_string": b"name=cut",
-        "root_path": "",
-        "headers": [
-            (b"host", b"test"),
-            (b"authorization", f"Bearer {shelf.member.token}".encode()),
-            (b"content-type", b"text/plain"),
-            (b"content-length", b"100000"),
-        ],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 8420),
-    }
-    await asyncio.wait_for(shelf.app(scope, receive, send), 10)
+    answers = await shelf.raw_upload(receive, "cut", 100000)
     assert not [a for a in answers if a["type"] == "http.response.start"]
     assert await shelf.leftovers() == before
 

@@ -225,31 +225,7 @@ async def test_a_body_shorter_than_its_content_length_is_refused(shelf):
             await asyncio.Future()  # the client waits for its answer
         return message
 
-    answers: list[dict[str, object]] = []
-
-    async def send(message: dict[str, object]) -> None:
-        answers.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": shelf.base,
-        "raw_path": shelf.base.encode(),
-        "query_string": b"name=short",
-        "root_path": "",
-        "headers": [
-            (b"host", b"test"),
-            (b"authorization", f"Bearer {shelf.member.token}".encode()),
-            (b"content-type", b"text/plain"),
-            (b"content-length", b"100000"),
-        ],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 8420),
-    }
-    await asyncio.wait_for(shelf.app(scope, receive, send), 10)
+    answers = await shelf.raw_upload(receive, "short", 100000)
     [start] = [a for a in answers if a["type"] == "http.response.start"]
     assert start["status"] == 400
     assert await shelf.leftovers() == before

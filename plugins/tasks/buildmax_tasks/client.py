@@ -28,19 +28,20 @@ subclass of the kernel's :class:`~buildmax.client.Conflict`,
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
-from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from typing import Any, TypeVar
 
 from buildmax.client import (
     BuildMaxError,
+    Calls,
     Conflict,
     Forbidden,
     OverAsyncClient,
     OverClient,
     ValidationError,
+    present,
     register_error_classes,
+    space_path,
 )
 
 # -- errors -------------------------------------------------------------------
@@ -169,19 +170,11 @@ _Many = TypeVar("_Many")
 _Done = TypeVar("_Done")
 
 
-def _path(space: str, *parts: str) -> str:
-    return "/".join(["/v1/spaces", *(quote(p, safe="") for p in (space, *parts))])
-
-
-def _given(**fields: Any) -> dict[str, Any]:
-    return {name: value for name, value in fields.items() if value is not None}
-
-
 def _listed(values: Sequence[str] | None) -> list[str] | None:
     return None if values is None else list(values)
 
 
-class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
+class _TaskRoutes(Calls[_One, _Many, _Done]):
     """Typed calls for the tasks plugin's routes, shared by both clients.
 
     ``_One``, ``_Many`` and ``_Done`` are what a call returns: a dict, a list
@@ -189,15 +182,6 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     :class:`AsyncTasksClient`. Optional arguments left at ``None`` are not
     sent, so the server's defaults apply.
     """
-
-    @abstractmethod
-    def _one(self, method: str, path: str, json: Any = None) -> _One: ...
-
-    @abstractmethod
-    def _many(self, path: str, params: dict[str, Any] | None = None) -> _Many: ...
-
-    @abstractmethod
-    def _done(self, method: str, path: str) -> _Done: ...
 
     # -- projects and policies --
 
@@ -210,21 +194,21 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         target_branch: str | None = None,
     ) -> _One:
         """Create a project (members); the name is unique in the space."""
-        body = _given(
+        body = present(
             name=name,
             description=description,
             repository_url=repository_url,
             target_branch=target_branch,
         )
-        return self._one("POST", _path(space, "projects"), json=body)
+        return self._one("POST", space_path(space, "projects"), json=body)
 
     def list_projects(self, space: str) -> _Many:
         """The space's projects, by name, each with its current policy."""
-        return self._many(_path(space, "projects"))
+        return self._many(space_path(space, "projects"))
 
     def get_project(self, space: str, project: str) -> _One:
         """A project by id or name."""
-        return self._one("GET", _path(space, "projects", project))
+        return self._one("GET", space_path(space, "projects", project))
 
     def update_project(
         self, space: str, project: str, expected_revision: int, **changes: Any
@@ -233,7 +217,7 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         (members); 409 :class:`RevisionConflict` unless the project is at
         ``expected_revision``."""
         body = {"expected_revision": expected_revision, **changes}
-        return self._one("PATCH", _path(space, "projects", project), json=body)
+        return self._one("PATCH", space_path(space, "projects", project), json=body)
 
     def set_policy(
         self,
@@ -247,17 +231,17 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         """A new workflow policy revision (space admins); ``integration`` is
         ``automatic`` or ``human``; ``expected_revision`` (0 before the
         first) refuses a concurrent change."""
-        body = _given(
+        body = present(
             approvals_required=approvals_required,
             human_review_required=human_review_required,
             integration=integration,
             expected_revision=expected_revision,
         )
-        return self._one("POST", _path(space, "projects", project, "policy"), json=body)
+        return self._one("POST", space_path(space, "projects", project, "policy"), json=body)
 
     def list_policies(self, space: str, project: str) -> _Many:
         """Every policy revision of a project, newest (current) first."""
-        return self._many(_path(space, "projects", project, "policies"))
+        return self._many(space_path(space, "projects", project, "policies"))
 
     # -- tasks --
 
@@ -280,7 +264,7 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         """Create a task (members): ready at once, or open until every
         prerequisite (task ids) is done. ``resources`` are claimed exclusively
         (``repo:<url>@<branch>``, ``path:<repo>/<dir>/``)."""
-        fields = _given(
+        fields = present(
             project=project,
             title=title,
             body=body,
@@ -293,7 +277,7 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
             resources=_listed(resources),
             prerequisites=_listed(prerequisites),
         )
-        return self._one("POST", _path(space, "tasks"), json=fields)
+        return self._one("POST", space_path(space, "tasks"), json=fields)
 
     def list_tasks(
         self,
@@ -307,8 +291,8 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         q: str | None = None,
     ) -> _Many:
         """Tasks matching every filter given, newest first; ``q`` searches titles."""
-        params = _given(state=state, kind=kind, label=label, project=project, agent=agent, q=q)
-        return self._many(_path(space, "tasks"), params)
+        params = present(state=state, kind=kind, label=label, project=project, agent=agent, q=q)
+        return self._many(space_path(space, "tasks"), params)
 
     def list_ready(
         self,
@@ -321,12 +305,12 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _Many:
         """The ready queue: claimable tasks by priority, then age (held and
         parked ones left out)."""
-        params = _given(kind=kind, label=label, project=project, agent=agent)
-        return self._many(_path(space, "ready"), params)
+        params = present(kind=kind, label=label, project=project, agent=agent)
+        return self._many(space_path(space, "ready"), params)
 
     def get_task(self, space: str, task: str) -> _One:
         """A task with its state, why it is parked, its stage and current attempt."""
-        return self._one("GET", _path(space, "tasks", task))
+        return self._one("GET", space_path(space, "tasks", task))
 
     def update_task(
         self,
@@ -344,42 +328,42 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         admin and ``override_reason``."""
         body = {
             "expected_revision": expected_revision,
-            **_given(override_reason=override_reason),
+            **present(override_reason=override_reason),
             **changes,
         }
-        return self._one("PATCH", _path(space, "tasks", task), json=body)
+        return self._one("PATCH", space_path(space, "tasks", task), json=body)
 
     def list_task_revisions(self, space: str, task: str) -> _Many:
         """A task's title, body and criteria revisions, newest first."""
-        return self._many(_path(space, "tasks", task, "revisions"))
+        return self._many(space_path(space, "tasks", task, "revisions"))
 
     def list_dependencies(self, space: str, task: str) -> _One:
         """``prerequisites`` and ``dependents`` of a task, each with its state."""
-        return self._one("GET", _path(space, "tasks", task, "dependencies"))
+        return self._one("GET", space_path(space, "tasks", task, "dependencies"))
 
     def add_dependency(self, space: str, task: str, prerequisite: str) -> _One:
         """Make ``prerequisite`` a prerequisite of ``task`` (members); 409
         :class:`DependencyCycle` when it would close a cycle. Answers as
         :meth:`list_dependencies`."""
         body = {"prerequisite": prerequisite}
-        return self._one("POST", _path(space, "tasks", task, "dependencies"), json=body)
+        return self._one("POST", space_path(space, "tasks", task, "dependencies"), json=body)
 
     def remove_dependency(self, space: str, task: str, prerequisite: str) -> _Done:
         """Remove a prerequisite of ``task`` (members)."""
-        return self._done("DELETE", _path(space, "tasks", task, "dependencies", prerequisite))
+        return self._done("DELETE", space_path(space, "tasks", task, "dependencies", prerequisite))
 
     def cancel_task(
         self, space: str, task: str, reason: str, override_reason: str | None = None
     ) -> _One:
         """Cancel a task for good (members), with its active attempt and
         unfinished stage work."""
-        body = _given(reason=reason, override_reason=override_reason)
-        return self._one("POST", _path(space, "tasks", task, "cancel"), json=body)
+        body = present(reason=reason, override_reason=override_reason)
+        return self._one("POST", space_path(space, "tasks", task, "cancel"), json=body)
 
     def retry_task(self, space: str, task: str) -> _One:
         """Make a failed or canceled task ready again with a fresh attempt
         budget (space admins)."""
-        return self._one("POST", _path(space, "tasks", task, "retry"))
+        return self._one("POST", space_path(space, "tasks", task, "retry"))
 
     # -- claims and attempts --
 
@@ -389,8 +373,8 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         :class:`ResourceReserved`, :class:`TaskNotClaimable`,
         :class:`TaskParked`, :class:`TaskHeld`, :class:`ClaimVetoed`,
         :class:`RunEnvironmentUnresolved`."""
-        body = _given(lease_seconds=lease_seconds)
-        return self._one("POST", _path(space, "tasks", task, "claim"), json=body)
+        body = present(lease_seconds=lease_seconds)
+        return self._one("POST", space_path(space, "tasks", task, "claim"), json=body)
 
     def claim_next(
         self,
@@ -405,14 +389,14 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         """Claim the next ready task matching the filters, as :meth:`claim`
         answers; ``task`` is ``None`` when nothing is claimable. ``skipped``
         counts candidates passed over."""
-        body = _given(
+        body = present(
             project=project, kind=kind, label=label, agent=agent, lease_seconds=lease_seconds
         )
-        return self._one("POST", _path(space, "claims"), json=body)
+        return self._one("POST", space_path(space, "claims"), json=body)
 
     def get_attempt(self, space: str, attempt: str) -> _One:
         """An attempt with its lease, run environment and last progress."""
-        return self._one("GET", _path(space, "attempts", attempt))
+        return self._one("GET", space_path(space, "attempts", attempt))
 
     def renew(
         self,
@@ -425,13 +409,13 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """Extend the attempt's lease from now (the owner), recording
         ``progress`` (any JSON value) when given."""
-        body = _given(generation=generation, lease_seconds=lease_seconds, progress=progress)
-        return self._one("POST", _path(space, "attempts", attempt, "renew"), json=body)
+        body = present(generation=generation, lease_seconds=lease_seconds, progress=progress)
+        return self._one("POST", space_path(space, "attempts", attempt, "renew"), json=body)
 
     def checkpoint(self, space: str, attempt: str, generation: int, data: Any) -> _One:
         """Record a checkpoint (any JSON value) on the attempt (the owner)."""
         body = {"generation": generation, "data": data}
-        return self._one("POST", _path(space, "attempts", attempt, "checkpoint"), json=body)
+        return self._one("POST", space_path(space, "attempts", attempt, "checkpoint"), json=body)
 
     def release(
         self,
@@ -443,8 +427,8 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         override_reason: str | None = None,
     ) -> _One:
         """Give the task back to the queue, uncharged (the owner)."""
-        body = _given(generation=generation, reason=reason, override_reason=override_reason)
-        return self._one("POST", _path(space, "attempts", attempt, "release"), json=body)
+        body = present(generation=generation, reason=reason, override_reason=override_reason)
+        return self._one("POST", space_path(space, "attempts", attempt, "release"), json=body)
 
     def fail(
         self,
@@ -457,8 +441,8 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """Fail the attempt (the owner): charged against the task's
         ``max_attempts``; the task fails once they are spent."""
-        body = _given(generation=generation, reason=reason, override_reason=override_reason)
-        return self._one("POST", _path(space, "attempts", attempt, "fail"), json=body)
+        body = present(generation=generation, reason=reason, override_reason=override_reason)
+        return self._one("POST", space_path(space, "attempts", attempt, "fail"), json=body)
 
     def submit(
         self,
@@ -472,10 +456,10 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """Hand in the attempt's work (the owner): ``submission``, ``task``
         and the workflow ``stage`` it entered (``None`` when it is done)."""
-        body = _given(
+        body = present(
             generation=generation, summary=summary, candidate=candidate, evidence=evidence
         )
-        return self._one("POST", _path(space, "attempts", attempt, "submit"), json=body)
+        return self._one("POST", space_path(space, "attempts", attempt, "submit"), json=body)
 
     def cancel_attempt(
         self,
@@ -488,20 +472,20 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """End the attempt for good (the owner, or a space admin with
         ``override_reason``); the task is ready again."""
-        body = _given(generation=generation, reason=reason, override_reason=override_reason)
-        return self._one("POST", _path(space, "attempts", attempt, "cancel"), json=body)
+        body = present(generation=generation, reason=reason, override_reason=override_reason)
+        return self._one("POST", space_path(space, "attempts", attempt, "cancel"), json=body)
 
     def list_attempts(self, space: str, task: str) -> _Many:
         """A task's attempts by generation, ended ones included."""
-        return self._many(_path(space, "tasks", task, "attempts"))
+        return self._many(space_path(space, "tasks", task, "attempts"))
 
     def list_submissions(self, space: str, task: str) -> _Many:
         """A task's submissions, oldest first."""
-        return self._many(_path(space, "tasks", task, "submissions"))
+        return self._many(space_path(space, "tasks", task, "submissions"))
 
     def get_submission(self, space: str, submission: str) -> _One:
         """A submission: the immutable candidate an attempt handed in."""
-        return self._one("GET", _path(space, "submissions", submission))
+        return self._one("GET", space_path(space, "submissions", submission))
 
     # -- holds --
 
@@ -511,16 +495,16 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
         """Hold the ``space``, a ``project`` or a ``task`` (``scope``; name it
         in ``target``) as ``suspended`` (no new claims) or ``stopped`` (no
         renewals either) (space admins)."""
-        body = _given(scope=scope, strength=strength, reason=reason, target=target)
-        return self._one("POST", _path(space, "holds"), json=body)
+        body = present(scope=scope, strength=strength, reason=reason, target=target)
+        return self._one("POST", space_path(space, "holds"), json=body)
 
     def lift_hold(self, space: str, hold: str) -> _One:
         """Lift a hold (space admins): its scope is claimable again."""
-        return self._one("POST", _path(space, "holds", hold, "lift"))
+        return self._one("POST", space_path(space, "holds", hold, "lift"))
 
     def list_holds(self, space: str, include_lifted: bool = False) -> _Many:
         """Live holds, newest first (lifted ones too with ``include_lifted``)."""
-        return self._many(_path(space, "holds"), {"all": "true"} if include_lifted else None)
+        return self._many(space_path(space, "holds"), {"all": "true"} if include_lifted else None)
 
     # -- decisions --
 
@@ -536,28 +520,28 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """Ask a decision about a task (members); it parks the task until
         answered. ``answerable_by``: ``human`` (the default) or ``member``."""
-        body = _given(
+        body = present(
             question=question,
             options=list(options),
             answerable_by=answerable_by,
             expires_in_seconds=expires_in_seconds,
         )
-        return self._one("POST", _path(space, "tasks", task, "decisions"), json=body)
+        return self._one("POST", space_path(space, "tasks", task, "decisions"), json=body)
 
     def list_decisions(
         self, space: str, state: str | None = None, task: str | None = None
     ) -> _Many:
         """Decisions, newest first: pending ones unless ``state`` is
         ``answered`` or ``all``."""
-        return self._many(_path(space, "decisions"), _given(state=state, task=task))
+        return self._many(space_path(space, "decisions"), present(state=state, task=task))
 
     def answer_decision(
         self, space: str, decision: str, answer: str, comment: str | None = None
     ) -> _One:
         """Answer with one of the decision's options (a human member, or any
         member when the decision allows)."""
-        body = _given(answer=answer, comment=comment)
-        return self._one("POST", _path(space, "decisions", decision, "answer"), json=body)
+        body = present(answer=answer, comment=comment)
+        return self._one("POST", space_path(space, "decisions", decision, "answer"), json=body)
 
     # -- agent definitions --
 
@@ -570,8 +554,8 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """Define an agent (space admins): revision 1 with its instructions
         and plugin selection (plugin names)."""
-        body = _given(name=name, instructions=instructions, plugins=_listed(plugins))
-        return self._one("POST", _path(space, "agents"), json=body)
+        body = present(name=name, instructions=instructions, plugins=_listed(plugins))
+        return self._one("POST", space_path(space, "agents"), json=body)
 
     def revise_agent(
         self,
@@ -583,22 +567,22 @@ class _TaskRoutes(ABC, Generic[_One, _Many, _Done]):
     ) -> _One:
         """A new current revision of an agent (space admins); 409
         :class:`RevisionConflict` unless it is at ``expected_revision``."""
-        body = _given(
+        body = present(
             instructions=instructions, plugins=list(plugins), expected_revision=expected_revision
         )
-        return self._one("POST", _path(space, "agents", agent, "revisions"), json=body)
+        return self._one("POST", space_path(space, "agents", agent, "revisions"), json=body)
 
     def list_agents(self, space: str) -> _Many:
         """The space's agents by name, each with its current revision."""
-        return self._many(_path(space, "agents"))
+        return self._many(space_path(space, "agents"))
 
     def get_agent(self, space: str, agent: str) -> _One:
         """An agent by id or name, with its current revision."""
-        return self._one("GET", _path(space, "agents", agent))
+        return self._one("GET", space_path(space, "agents", agent))
 
     def list_agent_revisions(self, space: str, agent: str) -> _Many:
         """An agent's revisions, newest first."""
-        return self._many(_path(space, "agents", agent, "revisions"))
+        return self._many(space_path(space, "agents", agent, "revisions"))
 
 
 class TasksClient(OverClient, _TaskRoutes[dict[str, Any], list[dict[str, Any]], None]):
