@@ -237,7 +237,10 @@ class FileBlobStore:
                     remaining -= len(chunk)
                 yield chunk
         finally:
-            await asyncio.to_thread(fh.close)
+            # Closed here, not in a worker thread: a close waiting for a free
+            # worker would be dropped if the reader were cancelled meanwhile,
+            # and closing a file opened for reading does not block.
+            fh.close()
 
     async def head(self, key: str) -> BlobRef | None:
         """The blob's size and digest (from its key), or ``None``."""

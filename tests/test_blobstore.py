@@ -365,3 +365,33 @@ async def test_a_read_cancelled_while_the_file_opens_closes_the_file(store, monk
             break
         await asyncio.sleep(0.02)
     assert len(opened) == 1 and opened[0].closed
+
+
+async def test_a_read_cancelled_while_its_file_closes_still_closes_it(store):
+    """A client that hangs up while its finished read is being closed (the
+    worker threads all busy, so the close waits its turn): the file is closed
+    all the same, never left for the collector."""
+    import asyncio
+    import contextlib
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    ref = await store.put("p", _stream(b"bytes"))
+    loop = asyncio.get_running_loop()
+    busy = threading.Event()
+    one_worker = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(one_worker)
+    chunks = store.open(ref.key)
+    assert await anext(chunks) == b"bytes"
+    frame = chunks.ag_frame
+    assert frame is not None
+    fh = frame.f_locals["fh"]
+    blocker = loop.run_in_executor(None, busy.wait)  # the only worker is taken
+    closing = asyncio.ensure_future(chunks.aclose())
+    await asyncio.sleep(0.05)
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    busy.set()
+    await blocker
+    assert fh.closed

@@ -278,7 +278,8 @@ class AsyncArtifactsClient(
                         digest.update(piece)
                         await asyncio.to_thread(fh.write, piece)
                 finally:
-                    await asyncio.to_thread(fh.close)
+                    # Shielded: a cancelled download still closes its file.
+                    await asyncio.shield(asyncio.to_thread(fh.close))
                 expected = got.headers["ETag"].strip('"')
             _check(expected, digest.hexdigest(), temporary)
             await asyncio.to_thread(temporary.replace, dest)
