@@ -505,6 +505,17 @@ def buildmax_settings(buildmax_database_url: str, tmp_path: Path) -> Config:
     return Config(data_dir=str(tmp_path / "data"), database_url=url)
 
 
+def without_plugins(settings: Config, *names: str) -> Config:
+    """``settings`` loading every installed plugin except ``names`` (what
+    ``BUILDMAX_LOAD_PLUGINS`` does for an operator)."""
+    from importlib.metadata import entry_points
+
+    from .plugins import ENTRY_POINT_GROUP
+
+    kept = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} - set(names))
+    return settings.replace(load_plugins=",".join(kept))
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     """A clock that moves only when the test says so (starts at real now)."""

@@ -187,8 +187,36 @@ class TaskQueue(Protocol):
     ) -> Sequence[AgentRevisionRef]:
         """The current revisions of the space's agents whose selection names ``plugin``."""
 
+    async def tasks(self, conn: Transaction, task_ids: Sequence[str]) -> Mapping[str, TaskRef]:
+        """Tasks by public id, in one read (ids not found are left out)."""
+
+    async def attempts(self, conn: Transaction, task_id: str) -> Sequence[AttemptRef]:
+        """Every attempt at a task, by generation."""
+
     async def linked_work(self, conn: Transaction, submission_id: str) -> Sequence[TaskRef]:
         """The stage work items created for a submission, by stage order and slot."""
+
+    async def hand_in(
+        self,
+        tx: Transaction,
+        task_id: str,
+        *,
+        actor: Actor,
+        summary: str,
+        candidate: Mapping[str, Any],
+        generation: int | None = None,
+    ) -> Mapping[str, Any]:
+        """Hand in work on ``task_id`` for ``actor``, exactly as the submit
+        route does (``buildmax_attempt_submitted`` judges it, the stage
+        engine applies the verdict).
+
+        When ``actor`` holds the task's active attempt, that attempt is
+        handed in (fenced at ``generation`` when given). When the task is
+        unheld and ``actor`` is a human, it is claimed and handed in at once,
+        under every claim check, with no lease or token left behind. Raises
+        the tasks plugin's problems (403/404/409) otherwise. Returns
+        ``{"submission_id", "attempt_id", "generation", "task_state"}``.
+        """
 
     async def open_decision(
         self,

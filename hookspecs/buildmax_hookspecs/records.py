@@ -150,7 +150,11 @@ class StageSpec:
     name of an integer field of the project's workflow policy (e.g.
     ``"approvals_required"``). ``human_slot`` names a boolean policy field:
     when it is true, slot 0 is claimable by human principals only. A stage
-    whose slot count comes out as 0 is skipped.
+    whose slot count comes out as 0 is skipped. With ``reserves_target``,
+    each work item names the subject project's integration target as its
+    resource (``repo:<repository_url>@<target_branch>``, or
+    ``project:<project id>`` for a project without a repository), so the
+    tasks plugin's reservations serialise that work per target.
     """
 
     name: str
@@ -159,6 +163,7 @@ class StageSpec:
     slots: int | str = 1
     human_slot: str | None = None
     description: str = ""
+    reserves_target: bool = False
 
 
 @dataclass(frozen=True)

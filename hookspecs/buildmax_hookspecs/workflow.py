@@ -8,7 +8,7 @@ plugin writes there commits if and only if the change does.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .markers import hookspec
@@ -24,6 +24,22 @@ def buildmax_workflow_stages() -> Iterable[StageSpec] | None:
     passes through every loaded stage in ``order``; with no stage loaded,
     submit completes the task. Two stages with the same name are a start-up
     error.
+    """
+
+
+@hookspec
+def buildmax_stage_entered(
+    tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
+) -> Awaitable[None] | None:
+    """A submission of ``subject`` entered ``stage``: ``work`` are the linked
+    work items just created for it (by slot); ``actor`` handed in the work
+    that moved it there.
+
+    Called by the tasks plugin inside the write transaction that created
+    them, for every stage entered. The stage's plugin may record its own
+    rows and steer the work through ``TaskQueue`` (e.g. open a decision that
+    parks a work item until a human answers); every other plugin ignores it.
+    An exception rolls the submission back.
     """
 
 
@@ -44,12 +60,14 @@ def buildmax_claim_check(
 
 @hookspec
 def buildmax_attempt_submitted(
-    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef
+    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef, actor: Actor
 ) -> Verdict | Awaitable[Verdict | None] | None:
     """Judge work handed in.
 
     Called by the tasks plugin inside the submit's write transaction, after
-    the submission row is written, for every submission. For linked stage
+    the submission row is written, for every submission. ``actor`` is who
+    handed it in: the attempt's claimant, or a space admin overriding it
+    (``attempt.claimant_id`` differs). For linked stage
     work (``task.subject_task_id`` set), the plugin owning ``task.stage``
     records its own rows (reviews, findings, integrations) and returns a
     :class:`Verdict` about the subject: ``pending`` (more work of the stage

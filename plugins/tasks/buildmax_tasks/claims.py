@@ -29,12 +29,14 @@ from buildmax.schema import principals
 from buildmax.tokens import issue_token
 
 from .change import Change
+from .engine import stage_engine, stranded
 from .holds import CLAIMABLE, describe_hold, holds_covering, literal, pending_decisions
 from .lifecycle import UNRESERVE, retire_lapsed
 from .problems import (
     ClaimVetoed,
     ResourceReserved,
     RunEnvironmentUnresolved,
+    StageNotLoaded,
     TaskClaimed,
     TaskHeld,
     TaskNotClaimable,
@@ -283,6 +285,13 @@ async def _claim(
         await _refuse_held_or_parked(ch, task)
     if task["human_only"] and ch.actor.kind != "human":
         raise Skip(ClaimVetoed("this work item is reserved for a human", plugin="tasks"))
+    if stranded(stage_engine(ch.app), task):
+        raise Skip(
+            StageNotLoaded(
+                f"this is work of the {task['stage']!r} stage, whose plugin is not loaded",
+                stage=task["stage"],
+            )
+        )
     for verdict in await ch.app.plugins.acall(
         "buildmax_claim_check", tx=ch.tx, task=task_ref(task), principal=ch.actor
     ):

@@ -101,6 +101,10 @@ class ClaimVetoed(Forbidden):
     """403 ``claim-vetoed``: a claim check refused the claim."""
 
 
+class StageNotLoaded(Conflict):
+    """409 ``stage-not-loaded``: the work belongs to a stage whose plugin is not loaded."""
+
+
 class RunEnvironmentUnresolved(ValidationError):
     """422 ``run-environment-unresolved``: no run environment for the claim."""
 
@@ -148,6 +152,7 @@ ERROR_CLASSES: dict[str, type[BuildMaxError]] = {
     "task-parked": TaskParked,
     "task-held": TaskHeld,
     "claim-vetoed": ClaimVetoed,
+    "stage-not-loaded": StageNotLoaded,
     "run-environment-unresolved": RunEnvironmentUnresolved,
     "stale-generation": StaleGeneration,
     "lease-lapsed": LeaseLapsed,
@@ -372,7 +377,7 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
         one-time ``token``. Refusals: :class:`TaskClaimed`,
         :class:`ResourceReserved`, :class:`TaskNotClaimable`,
         :class:`TaskParked`, :class:`TaskHeld`, :class:`ClaimVetoed`,
-        :class:`RunEnvironmentUnresolved`."""
+        :class:`StageNotLoaded`, :class:`RunEnvironmentUnresolved`."""
         body = present(lease_seconds=lease_seconds)
         return self._one("POST", space_path(space, "tasks", task, "claim"), json=body)
 

@@ -21,8 +21,8 @@ from buildmax_hookspecs import StageSpec, Verdict
 from buildmax.ids import new_id
 
 from .change import Change
-from .lifecycle import cancel_linked_work, complete, finish, reopen, set_task
-from .records import attempt_ref, load_task_by_pk, submission_ref, task_ref
+from .lifecycle import TERMINAL, cancel_linked_work, complete, finish, reopen, set_task
+from .records import attempt_ref, load_task, load_task_by_pk, submission_ref, task_ref
 from .schema import policies, projects, submissions, task_revisions, tasks
 
 VERDICTS = ("pending", "pass", "changes", "reject")
@@ -102,6 +102,7 @@ class StageEngine:
             task=task_ref(task),
             attempt=attempt_ref(attempt),
             submission=submission_ref(submission),
+            actor=ch.actor,
         )
         if not linked:
             return await self._enter_next(ch, task, submission["id"], None, values)
@@ -141,7 +142,9 @@ class StageEngine:
         await cancel_linked_work(ch, submission_pk, reason)
         if verdict.outcome == "changes":
             findings = list(verdict.finding_ids)
-            await reopen(ch, subject, stage=None, finding_ids=json.dumps(findings))
+            await reopen(
+                ch, subject, stage=None, finding_ids=json.dumps(findings), outcome_reason=reason
+            )
             await ch.audit(
                 "task.reopened",
                 "task",
@@ -168,9 +171,20 @@ class StageEngine:
             if slots == 0:
                 continue
             human = bool(stage.spec.human_slot and policy.get(stage.spec.human_slot))
-            work = await _create_linked_work(ch, subject, submission_pk, stage.spec, slots, human)
+            resources = await _target_resources(ch, subject) if stage.spec.reserves_target else []
+            work = await _create_linked_work(
+                ch, subject, submission_pk, stage.spec, slots, human, resources
+            )
             await set_task(
                 ch, subject["id"], state="waiting", stage=stage.spec.name, **(values or {})
+            )
+            await ch.app.plugins.acall(
+                "buildmax_stage_entered",
+                tx=ch.tx,
+                subject=task_ref({**subject, "state": "waiting", "stage": stage.spec.name}),
+                stage=stage.spec.name,
+                work=[task_ref(row) for row in await _loaded(ch, work)],
+                actor=ch.actor,
             )
             await ch.audit(
                 "task.stage_entered",
@@ -211,6 +225,36 @@ def _slot_count(spec: StageSpec, policy: dict[str, Any]) -> int:
     return value
 
 
+async def _target_resources(ch: Change, subject: dict[str, Any]) -> list[str]:
+    """The subject project's integration target, as a reservable resource."""
+    project = await ch.tx.fetch_one(
+        sa.select(projects.c.public_id, projects.c.repository_url, projects.c.target_branch).where(
+            projects.c.id == subject["project_id"]
+        )
+    )
+    assert project is not None, "a task's project exists"
+    return [integration_target(dict(project))]
+
+
+def integration_target(project: dict[str, Any]) -> str:
+    """``repo:<repository_url>@<target_branch>`` (``repo:<url>`` with no
+    branch), or ``project:<id>`` for a project without a repository."""
+    url = project["repository_url"]
+    if not url:
+        return f"project:{project['public_id']}"
+    branch = project["target_branch"]
+    return f"repo:{url}@{branch}" if branch else f"repo:{url}"
+
+
+async def _loaded(ch: Change, public_ids: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for public_id in public_ids:
+        row = await load_task(ch.tx, public_id)
+        assert row is not None, "created in this transaction"
+        rows.append(row)
+    return rows
+
+
 async def _create_linked_work(
     ch: Change,
     subject: dict[str, Any],
@@ -218,6 +262,7 @@ async def _create_linked_work(
     spec: StageSpec,
     slots: int,
     human_first: bool,
+    resources: list[str],
 ) -> list[str]:
     """Create the stage's work items, once per (submission, stage, slot): the
     unique index refuses a second set, which rolls the transaction back."""
@@ -235,6 +280,7 @@ async def _create_linked_work(
                 title=title,
                 priority=subject["priority"],
                 labels="[]",
+                resources=json.dumps(resources),
                 state="ready",
                 stage=spec.name,
                 subject_task_id=subject["id"],
@@ -263,6 +309,28 @@ async def _create_linked_work(
         await ch.event("task.created", task_id=public_id, stage=spec.name, slot=slot)
         created.append(public_id)
     return created
+
+
+#: Where an app keeps its stage engine.
+ENGINE_KEY = "buildmax_tasks.engine"
+
+
+def stage_engine(app: Any) -> StageEngine:
+    """The app's stage engine (built from its plugins on first use)."""
+    engine = app.extensions.get(ENGINE_KEY)
+    if engine is None:
+        engine = StageEngine.from_plugins(app.plugins)
+        app.extensions[ENGINE_KEY] = engine
+    return engine  # type: ignore[no-any-return]
+
+
+def stranded(engine: StageEngine, row: dict[str, Any]) -> bool:
+    """True for a task that waits in, or is linked work of, a stage whose
+    plugin is not loaded: it is reported, never completed by nobody."""
+    if row["state"] == "waiting":
+        return not engine.known(row["stage"])
+    linked = row["subject_task_id"] is not None and row["state"] not in TERMINAL
+    return linked and not engine.known(row["stage"])
 
 
 DEFAULT_POLICY = {

@@ -25,6 +25,10 @@ class TaskHeld(Forbidden):
     slug, title = "task-held", "A hold covers this task"
 
 
+class StageNotLoaded(Conflict):
+    slug, title = "stage-not-loaded", "The work belongs to a stage whose plugin is not loaded"
+
+
 class ClaimVetoed(Forbidden):
     slug, title = "claim-vetoed", "A claim check refused this claim"
 

@@ -15,11 +15,15 @@ from buildmax_hookspecs import (
     Transaction,
 )
 
+from buildmax.problems import NotFound
 from buildmax.schema import principals, spaces
 
+from .attempts import Authority, fenced, submit
 from .change import Change
+from .claims import claim_named
 from .decisions import open_decision
-from .engine import current_policy
+from .engine import current_policy, stage_engine
+from .problems import NotAttemptOwner, TaskNotClaimable
 from .records import (
     AGENT_REVISION_SELECT,
     ATTEMPT_SELECT,
@@ -32,6 +36,7 @@ from .records import (
     task_ref,
 )
 from .schema import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
+from .settings import task_settings
 
 
 class SqlTaskQueue:
@@ -90,6 +95,84 @@ class SqlTaskQueue:
         )
         return [agent_revision_ref(dict(r)) for r in rows]
 
+    async def tasks(self, conn: Transaction, task_ids: Sequence[str]) -> Mapping[str, TaskRef]:
+        if not task_ids:
+            return {}
+        rows = await conn.fetch_all(TASK_SELECT.where(tasks.c.public_id.in_(list(task_ids))))
+        return {row["public_id"]: task_ref(dict(row)) for row in rows}
+
+    async def attempts(self, conn: Transaction, task_id: str) -> Sequence[AttemptRef]:
+        rows = await conn.fetch_all(
+            ATTEMPT_SELECT.where(tasks.c.public_id == task_id).order_by(attempts.c.generation)
+        )
+        return [attempt_ref(dict(r)) for r in rows]
+
+    async def hand_in(
+        self,
+        tx: Transaction,
+        task_id: str,
+        *,
+        actor: Actor,
+        summary: str,
+        candidate: Mapping[str, Any],
+        generation: int | None = None,
+    ) -> Mapping[str, Any]:
+        task = await load_task(tx, task_id)
+        if task is None:
+            raise NotFound("no such task")
+        ch = self._change(tx, actor, task)
+        principal_pk = await tx.fetch_val(
+            sa.select(principals.c.id).where(principals.c.public_id == actor.principal_id)
+        )
+        if principal_pk is None:
+            raise NotAttemptOwner("only a principal hands in work")
+        authority = Authority(
+            principal_pk=principal_pk,
+            scope_id=actor.scope_id if actor.scope_type == "attempt" else None,
+            may_override=False,
+            override_reason=None,
+        )
+        held = await tx.fetch_one(
+            sa.select(attempts.c.public_id, attempts.c.generation, attempts.c.claimant_id).where(
+                attempts.c.task_id == task["id"], attempts.c.state == "active"
+            )
+        )
+        if held is not None and held["claimant_id"] == principal_pk:
+            attempt_id, at = held["public_id"], generation or held["generation"]
+        elif actor.kind == "human" and authority.scope_id is None and generation is None:
+            settings = task_settings(self._app)
+            claim = await claim_named(ch, principal_pk, task_id, settings.lease_seconds * 1000)
+            attempt_id, at = claim.attempt["public_id"], claim.attempt["generation"]
+        elif held is not None:
+            raise NotAttemptOwner("another principal holds this task's attempt")
+        else:
+            raise TaskNotClaimable(
+                "claim the task before handing in its work (only a human claims and hands "
+                "in at once)",
+                state=task["state"],
+            )
+        row, locked = await fenced(ch, attempt_id, at, authority)
+        body = {"summary": summary, "candidate": dict(candidate), "evidence": {}}
+        submission, _ = await submit(ch, stage_engine(self._app), row, locked, body)
+        after = await load_task(tx, task_id)
+        assert after is not None
+        return {
+            "submission_id": submission["public_id"],
+            "attempt_id": attempt_id,
+            "generation": row["generation"],
+            "task_state": after["state"],
+        }
+
+    def _change(self, tx: Transaction, actor: Actor, task: dict[str, Any]) -> Change:
+        return Change(
+            app=self._app,
+            tx=tx,
+            actor=actor,
+            space_pk=task["space_id"],
+            space_id=task["space_public_id"],
+            now=self._app.clock.now_ms(),
+        )
+
     async def linked_work(self, conn: Transaction, submission_id: str) -> Sequence[TaskRef]:
         pk = await conn.fetch_val(
             sa.select(submissions.c.id).where(submissions.c.public_id == submission_id)
@@ -115,14 +198,7 @@ class SqlTaskQueue:
         task = await load_task(tx, task_id)
         if task is None:
             raise LookupError(f"no task {task_id!r}")
-        ch = Change(
-            app=self._app,
-            tx=tx,
-            actor=actor,
-            space_pk=task["space_id"],
-            space_id=task["space_public_id"],
-            now=self._app.clock.now_ms(),
-        )
+        ch = self._change(tx, actor, task)
         opener = None
         if actor.principal_id is not None:
             opener = await tx.fetch_val(

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
-from .engine import StageEngine
+from .engine import StageEngine, stranded
 from .holds import describe_hold, literal
 from .schema import decisions, holds
 from .schemas import AttemptOut, SubmissionOut, TaskOut
@@ -95,7 +95,7 @@ def task_body(
             "held_by": covering if live_state else [],
             "pending_decisions": pending,
             "stage": row["stage"],
-            "stage_missing": row["state"] == "waiting" and not engine.known(row["stage"]),
+            "stage_missing": stranded(engine, row),
             "slot": row["slot"],
             "human_only": bool(row["human_only"]),
             "subject_task_id": row["subject_public_id"],

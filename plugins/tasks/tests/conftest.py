@@ -12,7 +12,7 @@ from buildmax_tasks.schema import TABLES, attempts, reservations, tasks
 
 from buildmax.schema import events, space_members, spaces, tokens
 from buildmax.spaces import put_member
-from buildmax.testing import PrincipalHandle, SpaceHandle
+from buildmax.testing import PrincipalHandle, SpaceHandle, without_plugins
 
 PROBLEM = "urn:buildmax:problem:"
 
@@ -134,6 +134,13 @@ class Work:
                         row.pop("last_used_at")  # touched by authenticating, not a change
                 found[table.name] = sorted(repr(sorted(r.items())) for r in rows)
         return found
+
+
+@pytest.fixture
+def buildmax_settings(buildmax_settings):
+    """The tasks plugin on its own: an installed stage plugin (reviews) would
+    add its stages to every workflow; the stage engine's tests plug their own."""
+    return without_plugins(buildmax_settings, "reviews")
 
 
 async def add_member(app: Any, space: SpaceHandle, who: PrincipalHandle, role: str) -> None:

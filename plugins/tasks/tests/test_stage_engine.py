@@ -63,6 +63,10 @@ class StagePlugin:
         self.banned_plugins: dict[str, str] = {}
         #: every agent revision validated.
         self.revisions: list[Any] = []
+        #: (subject id, subject state, stage, work ids, actor id) per stage entered.
+        self.entered: list[tuple[str, str, str, list[str], str | None]] = []
+        #: when set, entering a stage raises it (the hand-in must roll back).
+        self.enter_error: Exception | None = None
         #: when set, a judging hand-in waits here (bounded) after counting,
         #: so concurrent hand-ins overlap inside their transactions.
         self.rendezvous: asyncio.Barrier | None = None
@@ -74,6 +78,15 @@ class StagePlugin:
     @hookimpl
     def buildmax_workflow_stages(self) -> list[StageSpec]:
         return list(self.stages)
+
+    @hookimpl
+    def buildmax_stage_entered(
+        self, tx: Any, subject: Any, stage: str, work: Any, actor: Any
+    ) -> None:
+        if self.enter_error is not None:
+            raise self.enter_error
+        ids = [item.id for item in work]
+        self.entered.append((subject.id, subject.state, stage, ids, actor.principal_id))
 
     @hookimpl
     def buildmax_claim_check(self, tx: Any, task: Any, principal: Any) -> Verdict | None:
@@ -525,8 +538,9 @@ async def test_a_task_waiting_in_an_unloaded_stage_is_reported_not_completed(
     work, buildmax_settings, clock, audit_log
 ):
     """The same database served by an app without the stage plugin shows the
-    waiting subject with ``stage_missing``; handing in its linked work there
-    is judged by nobody and completes nothing."""
+    waiting subject with ``stage_missing``; its linked work is shown the same
+    way and cannot be claimed there (nobody would judge it), so nothing is
+    completed or lost; new work skips the stage and is done on submit."""
     subject, handed = await submitted_subject(work)
     assert (await work.call("GET", f"/tasks/{subject['id']}", expect=200))["stage_missing"] is False
 
@@ -540,14 +554,31 @@ async def test_a_task_waiting_in_an_unloaded_stage_is_reported_not_completed(
         listed = await other.call("GET", "/tasks?state=waiting", expect=200)
         assert [(t["id"], t["stage_missing"]) for t in listed["items"]] == [(subject["id"], True)]
 
-        # Linked work handed in here is judged by nobody: the subject stays put.
-        claim = await other.claim(handed["work_ids"][0], work.agent2)
-        late = await hand_in(other, claim, decision="approve")
-        assert late["task"]["state"] == "done"
-        assert await submission_verdict(work, late["submission"]["id"]) is None
+        # Linked work of the missing stage is reported and refused, named or next.
+        item = handed["work_ids"][0]
+        shown = await other.call("GET", f"/tasks/{item}", work.viewer, expect=200)
+        assert (shown["state"], shown["stage_missing"]) == ("ready", True)
+        refused = await other.call(
+            "POST",
+            f"/tasks/{item}/claim",
+            work.agent2,
+            json={},
+            expect=409,
+            problem="stage-not-loaded",
+        )
+        assert "'check'" in refused["detail"]
+        nothing = await other.call("POST", "/claims", work.agent2, json={}, expect=200)
+        assert nothing["task"] is None and nothing["skipped"] == 2
+        assert await work.attempts_of(item) == []
         still = await other.call("GET", f"/tasks/{subject['id']}", expect=200)
         assert (still["state"], still["stage_missing"]) == ("waiting", True)
         assert subject["id"] not in [t["id"] for t in (await other.call("GET", "/ready"))["items"]]
+
+        # New work skips the unloaded stage: submit completes it.
+        fresh = await other.task("after the stage went away")
+        claim = await other.claim(fresh["id"], work.agent)
+        done = await hand_in(other, claim)
+        assert (done["task"]["state"], done["stage"], done["work_ids"]) == ("done", None, [])
 
     row = await work.task_row(subject["id"])
     assert (row["state"], row["stage"], row["outcome_reason"]) == ("waiting", "check", None)
@@ -741,3 +772,29 @@ async def test_agent_revisions_are_validated_and_reach_the_run_environment(
     assert row["agent_revision_id"] == revision_pk
     (event,) = audit_log.of("task.claimed")
     assert event.details["agent_revision_id"] == second["id"]
+
+
+# -- stage entered ------------------------------------------------------------------
+
+
+async def test_a_stage_plugin_hears_of_the_work_it_gets_and_can_refuse_it(
+    work, stage_plugin, audit_log
+):
+    """``buildmax_stage_entered`` names the waiting subject, the stage, its
+    new work items and who handed in; raising there rolls the hand-in back."""
+    subject, handed = await submitted_subject(work)
+    assert stage_plugin.entered == [
+        (subject["id"], "waiting", "check", handed["work_ids"], work.agent.id)
+    ]
+
+    from buildmax.problems import Conflict
+
+    stage_plugin.enter_error = Conflict("the stage cannot take work now")
+    other = await work.task("refused by the stage")
+    claim = await work.claim(other["id"])
+    before = await work.snapshot()
+    refused = await hand_in(work, claim, expect=409)
+    assert refused["detail"] == "the stage cannot take work now"
+    after = await work.snapshot()
+    assert after == before
+    assert len(stage_plugin.entered) == 1

@@ -16,10 +16,8 @@ from buildmax.auth import Caller
 from buildmax.problems import ValidationFailed
 
 from ..change import Change
-from ..engine import StageEngine
+from ..engine import StageEngine, stage_engine
 from ..settings import TaskSettings, task_settings
-
-STATE_KEY = "buildmax_tasks.engine"
 
 
 @dataclass(frozen=True)
@@ -32,11 +30,7 @@ class TasksState:
 
 def tasks_state(app: Any) -> TasksState:
     """The plugin's state on ``app`` (built on first use)."""
-    engine = app.extensions.get(STATE_KEY)
-    if engine is None:
-        engine = StageEngine.from_plugins(app.plugins)
-        app.extensions[STATE_KEY] = engine
-    return TasksState(engine, task_settings(app))
+    return TasksState(stage_engine(app), task_settings(app))
 
 
 def change(app: BuildMax, tx: Transaction, caller: Caller, access: SpaceAccess) -> Change:

@@ -30,6 +30,7 @@ from buildmax.problems import (
 from ..attempts import cancel_task
 from ..change import Change
 from ..claims import ClaimFilters, ready_key, ready_params, ready_statement
+from ..engine import stranded
 from ..graph import (
     add_dependency,
     dependent_ids_query,
@@ -608,13 +609,13 @@ async def retry(space: str, task: str) -> Response:
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
         row = await task_or_404(tx, access.pk, task, for_update=True)
-        stranded = row["state"] == "waiting" and not tasks_state(app).engine.known(row["stage"])
-        if row["state"] not in ("failed", "canceled") and not stranded:
+        waiting = row["state"] == "waiting" and stranded(tasks_state(app).engine, row)
+        if row["state"] not in ("failed", "canceled") and not waiting:
             raise InvalidState(
                 "only failed or canceled tasks, or tasks waiting in a stage no loaded plugin "
                 f"supplies, are retried; this one is {row['state']}"
             )
-        if stranded and row["current_submission_id"] is not None:
+        if waiting and row["current_submission_id"] is not None:
             await cancel_linked_work(ch, row["current_submission_id"], "the task was retried")
         state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **leave_stage(row))
         await ch.audit(
