@@ -71,6 +71,26 @@ def render_table(items: Sequence[dict[str, Any]], columns: Sequence[str]) -> str
     )
 
 
+def _text(value: Any) -> Any:
+    """A list or nested value as one cell."""
+    if isinstance(value, list):
+        return ", ".join(str(v.get("id", v)) if isinstance(v, dict) else str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+def flat_fields(item: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``item`` with its nested objects also under dotted keys
+    (``review.decision``); lists and objects as one line of text."""
+    flat: dict[str, Any] = {}
+    for key, value in item.items():
+        flat[f"{prefix}{key}"] = _text(value)
+        if isinstance(value, dict):
+            flat.update(flat_fields(value, f"{prefix}{key}."))
+    return flat
+
+
 def render_record(item: dict[str, Any], fields: Sequence[str]) -> str:
     """One ``field: value`` line per field."""
     width = max(len(field) for field in fields)
@@ -85,12 +105,24 @@ class Remote:
     as_json: bool
 
     def show(self, item: dict[str, Any], fields: Sequence[str]) -> None:
-        """Print one object."""
-        click.echo(json.dumps(item, indent=2) if self.as_json else render_record(item, fields))
+        """Print one object (nested fields as ``outer.inner``, text of several
+        lines indented under its first)."""
+        if self.as_json:
+            click.echo(json.dumps(item, indent=2))
+            return
+        indent = "\n" + " " * (max(len(field) for field in fields) + 2)
+        flat = {
+            key: value.replace("\n", indent) if isinstance(value, str) else value
+            for key, value in flat_fields(item).items()
+        }
+        click.echo(render_record(flat, fields))
 
     def show_all(self, items: list[dict[str, Any]], columns: Sequence[str]) -> None:
-        """Print a list of objects."""
-        click.echo(json.dumps(items, indent=2) if self.as_json else render_table(items, columns))
+        """Print a list of objects (nested fields as ``outer.inner``)."""
+        if self.as_json:
+            click.echo(json.dumps(items, indent=2))
+        else:
+            click.echo(render_table([flat_fields(item) for item in items], columns))
 
     def done(self, message: str) -> None:
         """Report a change that has no body to show."""
