@@ -361,3 +361,22 @@ async def test_a_malformed_review_handed_in_is_refused_and_changes_nothing(flow,
     assert bad["type"].endswith("invalid-review") and field in bad["errors"], bad
     assert await flow.snapshot() == before
     assert await flow.rows(findings) == []
+
+
+async def test_an_agent_must_claim_before_recording_a_review(flow):
+    """Only a human claims and hands in at once: an agent's review on an
+    unheld work item is refused, and no attempt is left behind."""
+    _, handed = await flow.implemented()
+    (review_task,) = handed["work_ids"]
+    before = await flow.snapshot()
+    refused = await flow.review(
+        review_task, flow.reviewer, "approve", expect=409, problem="task-not-claimable"
+    )
+    assert "claim the task" in refused["detail"]
+    assert await flow.snapshot() == before
+    # Nor may another member record on a work item the reviewer holds.
+    await flow.claim(review_task, flow.reviewer)
+    await flow.review(
+        review_task, flow.reviewer2, "approve", expect=403, problem="not-attempt-owner"
+    )
+    await flow.review(review_task, flow.viewer, "approve", expect=403)
