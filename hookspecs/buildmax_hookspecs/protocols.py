@@ -214,7 +214,8 @@ class TaskQueue(Protocol):
         handed in (fenced at ``generation`` when given). When the task is
         unheld and ``actor`` is a human, it is claimed and handed in at once,
         under every claim check, with no lease or token left behind. Raises
-        the tasks plugin's problems (403/404/409) otherwise. Returns
+        the tasks plugin's problems (403/404/409) otherwise. The caller
+        checks first that ``actor`` is a member of the task's space. Returns
         ``{"submission_id", "attempt_id", "generation", "task_state"}``.
         """
 

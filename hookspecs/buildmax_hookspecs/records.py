@@ -169,7 +169,9 @@ class StageSpec:
 @dataclass(frozen=True)
 class TaskRef:
     """A task as plugins see it. ``stage``, ``slot``, ``subject_task_id``
-    and ``submission_id`` are set on linked stage work."""
+    and ``submission_id`` are set on linked stage work. ``criteria_sha256``
+    is the sha256 (hex) of the current revision's acceptance criteria, so a
+    plugin can tell whether they changed (``revision`` moves on every edit)."""
 
     id: str
     space_id: str
@@ -188,6 +190,7 @@ class TaskRef:
     subject_task_id: str | None = None
     submission_id: str | None = None
     resources: tuple[str, ...] = ()
+    criteria_sha256: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,17 @@ from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
 from buildmax.idempotency import Reply
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.problems import NotFound, ValidationFailed
+from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
 from .candidates import FindingIn
 from .schema import DECISIONS, KINDS, activities, findings, integrations, reviews
-from .workflow import activity_view, task_queue
+from .workflow import activity_view, stale, task_queue
 
 blueprint = Blueprint("reviews", __name__)
 
 ATTEMPT_SCOPE = ("attempt",)
+#: Work item states in which nothing more will be recorded on it.
+_FINISHED = ("done", "canceled", "failed")
 _ID_CHARS = validate.Regexp(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
@@ -179,6 +181,12 @@ def _finding_view(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _open(row: dict[str, Any], task: TaskRef | None) -> bool:
+    """Nothing recorded on the work item, and it is still to be done."""
+    recorded = row["review_public_id"] or row["integration_public_id"]
+    return not recorded and task is not None and task.state not in _FINISHED
+
+
 def _item_view(
     row: dict[str, Any], work: dict[str, TaskRef], found: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -186,13 +194,9 @@ def _item_view(
     task = work.get(row["work_task_id"])
     subject = work.get(row["subject_task_id"])
     item["task_state"] = task.state if task else None
-    recorded = row["review_public_id"] or row["integration_public_id"]
     # Criteria edited after the submission: a review still to be made is stale.
     item["stale"] = bool(
-        row["kind"] == "review"
-        and not recorded
-        and subject is not None
-        and subject.revision != row["task_revision"]
+        row["kind"] == "review" and _open(row, task) and subject is not None and stale(subject, row)
     )
     item["review"] = (
         {
@@ -246,7 +250,7 @@ async def _render(conn: Transaction, rows: list[dict[str, Any]]) -> list[dict[st
 )
 async def list_reviews(space: str) -> Response:
     """Filters: ``kind`` (review, integration), ``subject`` (a task id),
-    ``pending=true`` (nothing recorded yet)."""
+    ``pending=true`` (nothing recorded yet and the work item still open)."""
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "reviews.read")
@@ -258,7 +262,8 @@ async def list_reviews(space: str) -> Response:
     subject = _arg("subject")
     if subject is not None:
         query = query.where(activities.c.subject_task_id == subject)
-    if _choice("pending", ("true", "false")) == "true":
+    pending = _choice("pending", ("true", "false")) == "true"
+    if pending:
         query = query.where(reviews.c.id.is_(None), integrations.c.id.is_(None))
     if page.after is not None:
         query = query.where(
@@ -270,6 +275,10 @@ async def list_reviews(space: str) -> Response:
     async with app.db.read() as conn:
         rows = [dict(r) for r in await conn.fetch_all(query)]
         items = await _render(conn, rows[: page.limit])
+    if pending:
+        # Canceled or failed work items are not pending (a page may come
+        # out shorter than ``limit``; the cursor still moves on).
+        items = [i for i in items if i["task_state"] not in _FINISHED]
     return json_response(page_body(items, rows, page.limit, lambda r: (r["work_task_id"],)))
 
 
@@ -391,7 +400,7 @@ async def list_findings(space: str) -> Response:
 
 @blueprint.post("/v1/spaces/<space>/findings/<finding>/resolve")
 @api(
-    "Mark a finding resolved (members; an attempt's token)",
+    "Mark a finding resolved (members; an attempt's token, for its own task's findings)",
     body=ResolveBody,
     response=FindingOut,
     scopes=ATTEMPT_SCOPE,
@@ -412,6 +421,10 @@ async def resolve_finding(space: str, finding: str) -> Response:
         row = await tx.fetch_one(lookup)
         if row is None:
             raise NotFound("no such finding in this space")
+        if caller.actor.scope_type == "attempt":
+            attempt = await task_queue().attempt(tx, str(caller.actor.scope_id))
+            if attempt is None or attempt.task_id != row["subject_task_id"]:
+                raise Forbidden("an attempt's token resolves the findings of its own task only")
         if row["resolved_at"] is None:
             now = app.clock.now_ms()
             await tx.execute(

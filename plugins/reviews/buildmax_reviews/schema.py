@@ -41,8 +41,10 @@ activities = sa.Table(
     sa.Column("work_task_id", sa.Text, nullable=False, unique=True),
     sa.Column("slot", sa.Integer, nullable=False),
     sa.Column("human_only", sa.Integer, nullable=False, server_default="0"),
-    # The subject's criteria revision the submission was made against.
+    # The subject's revision the submission was made against, and the
+    # sha256 of its acceptance criteria then (a change makes reviews stale).
     sa.Column("task_revision", sa.Integer, nullable=False),
+    sa.Column("criteria_sha256", sa.Text, nullable=False),
     # Integration: the reserved target, and the decision a human answers first.
     sa.Column("target", sa.Text, nullable=True),
     sa.Column("decision_id", sa.Text, nullable=True),

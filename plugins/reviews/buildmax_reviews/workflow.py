@@ -108,6 +108,7 @@ async def stage_entered(
                 slot=item.slot or 0,
                 human_only=int(item.human_only),
                 task_revision=submission.task_revision,
+                criteria_sha256=subject.criteria_sha256,
                 target=target,
                 decision_id=decision_id,
                 created_at=now,
@@ -189,10 +190,10 @@ async def _review(
         raise NotIndependent(reason)
     subject = await queue.task(tx, activity["subject_task_id"])
     assert subject is not None
-    if review["decision"] == "approve" and subject.revision != activity["task_revision"]:
+    if review["decision"] == "approve" and stale(subject, activity):
         raise ReviewStale(
-            f"the subject's criteria are at revision {subject.revision}; the work was "
-            f"submitted against revision {activity['task_revision']}: request changes or "
+            f"the subject's criteria changed since the work was submitted (revision "
+            f"{activity['task_revision']}, now {subject.revision}): request changes or "
             "reject instead",
             revision=subject.revision,
             submitted_against=activity["task_revision"],
@@ -336,6 +337,12 @@ async def _integration(
     if outcome["outcome"] == "merged":
         return Verdict("pass")
     return Verdict("changes", f"integration into {target} failed: {outcome['reason']}")
+
+
+def stale(subject: TaskRef, activity: Mapping[str, Any]) -> bool:
+    """Whether the subject's acceptance criteria changed since the work of
+    ``activity`` was submitted."""
+    return bool(subject.criteria_sha256 != activity["criteria_sha256"])
 
 
 def activity_view(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -172,8 +172,35 @@ class Skip(Exception):
         self.problem = problem
 
 
+_linked = tasks.alias("linked")
+#: Lock the subject of a linked work item (no row for any other task).
+_LOCK_SUBJECT_OF = (
+    sa.select(tasks.c.id)
+    .where(
+        tasks.c.id
+        == sa.select(_linked.c.subject_task_id)
+        .where(_linked.c.public_id == sa.bindparam("public_id"))
+        .scalar_subquery()
+    )
+    .with_for_update(of=tasks)
+)
+#: Lock a subject unless another transaction holds it.
+_TRY_LOCK_SUBJECT = (
+    sa.select(tasks.c.id)
+    .where(tasks.c.id == sa.bindparam("pk", type_=sa.BigInteger))
+    .with_for_update(skip_locked=True)
+)
+
+
 async def claim_named(ch: Change, caller_pk: int, task_id: str, lease_ms: int) -> Claim:
-    """Claim one task by public id, or raise the problem that refuses it."""
+    """Claim one task by public id, or raise the problem that refuses it.
+
+    The subject of linked stage work is locked first (rows are locked in one
+    order everywhere: subject, then its work item), so the claims of one
+    subject's work items are serialised and a claim check sees the others'
+    attempts (one reviewer, one slot)."""
+    if ch.tx.dialect == "postgresql":
+        await ch.tx.fetch_all(_LOCK_SUBJECT_OF, {"public_id": task_id})
     task = await load_task(ch.tx, task_id, space_pk=ch.space_pk, for_update=True)
     if task is None:
         raise NotFound("no such task in this space")
@@ -216,6 +243,13 @@ async def claim_next(
             task = await load_task_by_pk(ch.tx, candidate["id"])
             if task is None:
                 continue
+            if postgres and task["subject_task_id"] is not None:
+                # The work item is locked already: its subject must not be
+                # waited for (that order is the other way round elsewhere).
+                locked = await ch.tx.fetch_val(_TRY_LOCK_SUBJECT, {"pk": task["subject_task_id"]})
+                if locked is None:
+                    skipped += 1
+                    continue
             try:
                 claim = await _claim(ch, caller_pk, task, lease_ms, skipped=skipped, queued=True)
             except Skip:

@@ -117,6 +117,7 @@ class SqlTaskQueue:
         candidate: Mapping[str, Any],
         generation: int | None = None,
     ) -> Mapping[str, Any]:
+        # The caller checked the actor's role in the task's space.
         task = await load_task(tx, task_id)
         if task is None:
             raise NotFound("no such task")

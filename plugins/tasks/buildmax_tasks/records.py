@@ -6,6 +6,7 @@ Every lookup is scoped by space: a public id of another space finds nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -127,6 +128,7 @@ def task_ref(task: dict[str, Any]) -> TaskRef:
         subject_task_id=task["subject_public_id"],
         submission_id=task["subject_submission_public_id"],
         resources=tuple(json.loads(task["resources"])),
+        criteria_sha256=hashlib.sha256(task["criteria"].encode()).hexdigest(),
     )
 
 
