@@ -1,0 +1,539 @@
+"""The hardened reader of plugin release archives, used everywhere a
+release is read: publish (inspection) and materialization (extraction).
+
+A release is a ``.tar.gz`` or ``.zip`` holding ``buildmax-plugin.toml`` at
+its root and the files it declares::
+
+    name = "lint-helpers"                 # [a-z0-9][a-z0-9-]*, at most 64
+    version = "1.2.0"                     # PEP 440
+    description = "Skills for linting"
+    [contributes]
+    skills = ["fix-lint"]                 # skills/<name>/SKILL.md (+ files under it)
+    agents = ["reviewer"]                 # agents/<name>.md (subagents)
+    hooks = true                          # hooks/hooks.toml (+ files under hooks/)
+    mcp_servers = true                    # mcp/servers.toml (+ files under mcp/)
+    environment = ["GITHUB_TOKEN"]        # environment variables it reads
+
+``README.md`` and ``LICENSE`` may sit next to the manifest; any other file
+is refused. Entries are refused for an absolute or escaping path, a link,
+a device, a duplicate (also case-folded), more entries, more bytes or a
+higher compression ratio than the limits allow. Every refusal is a
+:class:`PackageRefused` naming the entry and the reason. The reader never
+holds more than one chunk of a file in memory (the three TOML files are
+read whole, up to :data:`MAX_TOML_BYTES`), and :func:`extract` writes into
+a fresh temporary directory renamed into place only when everything
+checked out.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import stat
+import struct
+import tarfile
+import tempfile
+import tomllib
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+from packaging.version import InvalidVersion, Version
+
+MANIFEST = "buildmax-plugin.toml"
+HOOKS_FILE = "hooks/hooks.toml"
+SERVERS_FILE = "mcp/servers.toml"
+#: Largest manifest, hooks or servers file read.
+MAX_TOML_BYTES = 256 * 1024
+CHUNK = 64 * 1024
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
+_ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+_ENV = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}\Z")
+_TOP_FILES = frozenset({MANIFEST, "README.md", "LICENSE"})
+_GZIP = b"\x1f\x8b"
+_ZIP = b"PK\x03\x04"
+_ZIP_END = b"PK\x05\x06"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a release archive may hold."""
+
+    max_entries: int = 2000
+    max_total_bytes: int = 256 * 1024 * 1024
+    max_ratio: int = 200
+
+
+class PackageRefused(Exception):
+    """The archive is not a release this server accepts: ``reason`` says
+    why, ``path`` names the entry when one is at fault."""
+
+    def __init__(self, reason: str, path: str | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
+@dataclass(frozen=True)
+class Package:
+    """A release archive that passed inspection."""
+
+    name: str
+    version: str
+    description: str
+    report: dict[str, Any]
+    files: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def executable(self) -> bool:
+        """True when it starts processes (hooks or MCP servers)."""
+        return bool(self.report["hooks"] or self.report["mcp_servers"])
+
+
+@dataclass
+class _Entry:
+    path: str
+    size: int
+    kind: str  # "file" or "dir"
+    mode: int
+
+
+def inspect(source: Path, limits: Limits = Limits()) -> Package:
+    """Read the archive at ``source`` without writing anything: its
+    manifest, its capability report and its files, or :class:`PackageRefused`."""
+    return _read(source, limits, None)
+
+
+def extract(source: Path, dest: Path, limits: Limits = Limits()) -> Package:
+    """Inspect and extract the archive into ``dest`` (which must not exist):
+    written into a temporary directory next to it and renamed into place,
+    so a refused archive leaves nothing at ``dest``."""
+    if dest.exists() or dest.is_symlink():
+        raise FileExistsError(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
+    try:
+        package = _read(source, limits, staging)
+        staging.rename(dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return package
+
+
+# -- reading --------------------------------------------------------------------
+
+
+class _Reader:
+    """What one pass over an archive collects, whatever its format."""
+
+    def __init__(self, limits: Limits, compressed: int, target: Path | None) -> None:
+        self.limits = limits
+        self.compressed = max(compressed, 1)
+        self.target = target
+        self.entries: dict[str, _Entry] = {}
+        self.folded: dict[str, str] = {}
+        #: Directories implied by the paths admitted so far (case-folded).
+        self.implied: set[str] = set()
+        self.total = 0
+        self.toml: dict[str, bytes] = {}
+
+    def admit(self, raw_name: str, kind: str, size: int, mode: int) -> str:
+        """Check one entry's name, kind and declared size; its clean path."""
+        if len(self.entries) >= self.limits.max_entries:
+            raise PackageRefused(f"more than {self.limits.max_entries} entries")
+        path = _clean(raw_name)
+        if kind == "file":
+            self._count(size, path)
+        folded = path.casefold()
+        if path in self.entries or folded in self.folded:
+            first = self.folded.get(folded, path)
+            raise PackageRefused(f"duplicate of {first!r}", path)
+        if kind == "file" and folded in self.implied:
+            raise PackageRefused("a file where another entry needs a directory", path)
+        for parent in _parents(path):
+            existing = self.entries.get(self.folded.get(parent.casefold(), parent))
+            if existing is not None and existing.kind == "file":
+                raise PackageRefused(f"{parent!r} is a file, not a directory", path)
+            self.implied.add(parent.casefold())
+        self.entries[path] = _Entry(path, size, kind, mode)
+        self.folded[folded] = path
+        return path
+
+    def _count(self, size: int, path: str) -> None:
+        if size < 0:
+            raise PackageRefused("negative size", path)
+        self.total += size
+        if self.total > self.limits.max_total_bytes:
+            raise PackageRefused(
+                f"more than {self.limits.max_total_bytes} bytes when extracted", path
+            )
+        if self.total > self.compressed * self.limits.max_ratio:
+            raise PackageRefused(
+                f"compression ratio above {self.limits.max_ratio}:1 (an archive bomb?)", path
+            )
+
+    def content(self, path: str, chunks: Iterator[bytes], size: int, mode: int) -> None:
+        """Take a file's bytes: keep the TOML files the report needs, write
+        the file when extracting, and check it holds exactly ``size`` bytes."""
+        keep = path in (MANIFEST, HOOKS_FILE, SERVERS_FILE)
+        if keep and size > MAX_TOML_BYTES:
+            raise PackageRefused(f"larger than {MAX_TOML_BYTES} bytes", path)
+        kept = bytearray()
+        seen = 0
+        with self._output(path, mode) as out:
+            for chunk in chunks:
+                seen += len(chunk)
+                if seen > size:
+                    raise PackageRefused("holds more bytes than it declares", path)
+                if keep:
+                    kept += chunk
+                if out is not None:
+                    out.write(chunk)
+        if seen != size:
+            raise PackageRefused("holds fewer bytes than it declares", path)
+        if keep:
+            self.toml[path] = bytes(kept)
+
+    @contextmanager
+    def _output(self, path: str, mode: int) -> Iterator[IO[bytes] | None]:
+        if self.target is None:
+            yield None
+            return
+        where = self.target.joinpath(*path.split("/"))
+        where.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(where, flags, 0o755 if mode & 0o111 else 0o644)
+        with os.fdopen(fd, "wb") as out:
+            yield out
+
+    def directory(self, path: str) -> None:
+        """Create a directory entry when extracting."""
+        if self.target is not None:
+            self.target.joinpath(*path.split("/")).mkdir(parents=True, exist_ok=True)
+
+
+def _read(source: Path, limits: Limits, target: Path | None) -> Package:
+    size = source.stat().st_size
+    with open(source, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(0)
+        reader = _Reader(limits, size, target)
+        if head.startswith(_GZIP):
+            _read_tar(fh, reader)
+        elif head == _ZIP:
+            _read_zip(fh, size, reader)
+        else:
+            raise PackageRefused("not a .tar.gz or .zip archive")
+    return _package(reader)
+
+
+class _Bounded(io.RawIOBase):
+    """A decompressed stream that refuses to yield more than ``limit`` bytes
+    (headers included), so no tar header can make the reader allocate more."""
+
+    def __init__(self, raw: io.BufferedIOBase, limit: int) -> None:
+        self.raw = raw
+        self.limit = limit
+        self.read_so_far = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(len(buffer))
+        self.read_so_far += len(data)
+        if self.read_so_far > self.limit:
+            raise PackageRefused("more bytes than the limits allow when decompressed")
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _read_tar(fh: IO[bytes], reader: _Reader) -> None:
+    import gzip
+
+    limits = reader.limits
+    # Headers and padding: at most two 512-byte blocks per entry beyond its data.
+    budget = limits.max_total_bytes + (limits.max_entries + 2) * 1536
+    bounded = io.BufferedReader(_Bounded(gzip.GzipFile(fileobj=fh, mode="rb"), budget))
+    try:
+        with tarfile.open(fileobj=bounded, mode="r|") as archive:
+            for member in archive:
+                kind = _tar_kind(member)
+                path = reader.admit(
+                    member.name, kind, member.size if kind == "file" else 0, member.mode
+                )
+                if kind == "dir":
+                    reader.directory(path)
+                    continue
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                reader.content(path, _chunks(extracted), member.size, member.mode)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise PackageRefused(f"not a readable .tar.gz archive ({exc})") from None
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    if member.isreg():
+        return "file"
+    if member.isdir():
+        return "dir"
+    if member.issym():
+        raise PackageRefused(f"a symbolic link (to {member.linkname!r})", member.name)
+    if member.islnk():
+        raise PackageRefused(f"a hard link (to {member.linkname!r})", member.name)
+    if member.ischr() or member.isblk():
+        raise PackageRefused("a device file", member.name)
+    if member.isfifo():
+        raise PackageRefused("a named pipe", member.name)
+    raise PackageRefused("not a regular file or a directory", member.name)
+
+
+def _read_zip(fh: IO[bytes], size: int, reader: _Reader) -> None:
+    _check_zip_directory(fh, size, reader.limits)
+    try:
+        with zipfile.ZipFile(fh) as archive:
+            for info in archive.infolist():
+                mode = info.external_attr >> 16
+                kind = _zip_kind(info, mode)
+                path = reader.admit(
+                    info.filename, kind, info.file_size if kind == "file" else 0, mode
+                )
+                if kind == "dir":
+                    reader.directory(path)
+                    continue
+                with archive.open(info) as member:
+                    reader.content(path, _chunks(member), info.file_size, mode)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error) as exc:
+        raise PackageRefused(f"not a readable .zip archive ({exc})") from None
+    except NotImplementedError as exc:
+        raise PackageRefused(f"an unsupported .zip feature ({exc})") from None
+
+
+def _check_zip_directory(fh: IO[bytes], size: int, limits: Limits) -> None:
+    """Refuse a central directory with too many entries before ``zipfile``
+    reads all of it into memory."""
+    tail_size = min(size, 65536 + 22)
+    fh.seek(size - tail_size)
+    tail = fh.read(tail_size)
+    at = tail.rfind(_ZIP_END)
+    if at < 0 or at + 22 > len(tail):
+        raise PackageRefused("not a readable .zip archive (no end of central directory)")
+    entries, directory_size = struct.unpack("<xxxxxxxxxxHI", tail[at : at + 16])
+    if entries == 0xFFFF or directory_size == 0xFFFFFFFF:
+        entries, directory_size = _zip64_directory(fh, tail, at)
+    if entries > limits.max_entries or directory_size > limits.max_entries * (46 + 1024):
+        raise PackageRefused(f"more than {limits.max_entries} entries")
+    fh.seek(0)
+
+
+def _zip64_directory(fh: IO[bytes], tail: bytes, at: int) -> tuple[int, int]:
+    """(entries, directory size) from a zip64 end of central directory record."""
+    locator = tail[at - 20 : at]
+    if at < 20 or not locator.startswith(b"PK\x06\x07"):
+        raise PackageRefused("not a readable .zip archive (a broken zip64 directory)")
+    (offset,) = struct.unpack("<Q", locator[8:16])
+    fh.seek(offset)
+    record = fh.read(56)
+    if len(record) < 56 or not record.startswith(b"PK\x06\x06"):
+        raise PackageRefused("not a readable .zip archive (a broken zip64 directory)")
+    entries, directory_size = struct.unpack("<QQ", record[32:48])
+    return entries, directory_size
+
+
+def _zip_kind(info: zipfile.ZipInfo, mode: int) -> str:
+    file_type = stat.S_IFMT(mode)
+    if file_type == stat.S_IFLNK:
+        raise PackageRefused("a symbolic link", info.filename)
+    if file_type not in (0, stat.S_IFREG, stat.S_IFDIR):
+        raise PackageRefused("not a regular file or a directory", info.filename)
+    # ``ZipInfo.is_dir`` fails on an empty name: the path check refuses it later.
+    return "dir" if info.filename.endswith("/") or file_type == stat.S_IFDIR else "file"
+
+
+def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
+    while chunk := stream.read(CHUNK):
+        yield chunk
+
+
+def _clean(raw: str) -> str:
+    """The entry's path, or :class:`PackageRefused` for one that could land
+    outside the target or means different things on different systems."""
+    name = raw[:-1] if raw.endswith("/") else raw
+    if not name:
+        raise PackageRefused("an empty path", raw)
+    if "\\" in name or "\x00" in name or any(ord(c) < 32 for c in name):
+        raise PackageRefused("a backslash or control character in the path", raw)
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        raise PackageRefused("an absolute path", raw)
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise PackageRefused("a '..', '.' or empty path component", raw)
+    if len(name) > 1024 or any(len(part) > 255 for part in parts):
+        raise PackageRefused("a path too long", raw)
+    return posixpath.normpath(name)
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+# -- the manifest and the capability report -----------------------------------------
+
+
+def _toml(reader: _Reader, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(reader.toml[path].decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PackageRefused(f"not valid TOML ({exc})", path) from None
+
+
+def _names(value: Any, what: str, pattern: re.Pattern[str]) -> list[str]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and pattern.match(v) for v in value
+    ):
+        raise PackageRefused(f"contributes.{what} must be a list of valid names", MANIFEST)
+    if len(set(value)) != len(value):
+        raise PackageRefused(f"contributes.{what} names one twice", MANIFEST)
+    return sorted(value)
+
+
+def _package(reader: _Reader) -> Package:
+    if MANIFEST not in reader.toml:
+        raise PackageRefused(f"no {MANIFEST} at the archive's root")
+    manifest = _toml(reader, MANIFEST)
+    name = manifest.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise PackageRefused("name must be 1-64 of a-z, 0-9 and '-'", MANIFEST)
+    version = manifest.get("version")
+    try:
+        Version(str(version))
+    except InvalidVersion:
+        raise PackageRefused(f"version {version!r} is not a PEP 440 version", MANIFEST) from None
+    description = manifest.get("description", "")
+    if not isinstance(description, str) or len(description) > 2000:
+        raise PackageRefused("description must be text of at most 2000 characters", MANIFEST)
+    contributes = manifest.get("contributes", {})
+    if not isinstance(contributes, dict):
+        raise PackageRefused("contributes must be a table", MANIFEST)
+    unknown = set(contributes) - {"skills", "agents", "hooks", "mcp_servers", "environment"}
+    if unknown:
+        raise PackageRefused(
+            f"contributes has unknown keys: {', '.join(sorted(unknown))}", MANIFEST
+        )
+    skills = _names(contributes.get("skills", []), "skills", _ITEM)
+    agents = _names(contributes.get("agents", []), "agents", _ITEM)
+    environment = _names(contributes.get("environment", []), "environment", _ENV)
+    hooks_declared = contributes.get("hooks", False)
+    servers_declared = contributes.get("mcp_servers", False)
+    if not isinstance(hooks_declared, bool) or not isinstance(servers_declared, bool):
+        raise PackageRefused(
+            "contributes.hooks and contributes.mcp_servers are true or false", MANIFEST
+        )
+    _match_files(reader, skills, agents, hooks_declared, servers_declared)
+    report = {
+        "skills": skills,
+        "subagents": agents,
+        "hooks": _hooks(reader) if hooks_declared else [],
+        "mcp_servers": _servers(reader) if servers_declared else [],
+        "environment": environment,
+    }
+    files = tuple(sorted((e.path, e.size) for e in reader.entries.values() if e.kind == "file"))
+    return Package(name, str(version), description, report, files)
+
+
+def _match_files(
+    reader: _Reader, skills: list[str], agents: list[str], hooks: bool, servers: bool
+) -> None:
+    """Every file is one the manifest declares, and every declared part exists."""
+    files = [e.path for e in reader.entries.values() if e.kind == "file"]
+    for path in files:
+        top, _, rest = path.partition("/")
+        if not rest:
+            if path not in _TOP_FILES:
+                raise PackageRefused("a file the manifest does not declare", path)
+        elif top == "skills":
+            if rest.split("/", 1)[0] not in skills:
+                raise PackageRefused("a file of a skill the manifest does not declare", path)
+        elif top == "agents":
+            if "/" in rest or not rest.endswith(".md") or rest[:-3] not in agents:
+                raise PackageRefused("a subagent the manifest does not declare", path)
+        elif top == "hooks":
+            if not hooks:
+                raise PackageRefused("hooks the manifest does not declare", path)
+        elif top == "mcp":
+            if not servers:
+                raise PackageRefused("MCP servers the manifest does not declare", path)
+        else:
+            raise PackageRefused("a file the manifest does not declare", path)
+    present = set(files)
+    for skill in skills:
+        if f"skills/{skill}/SKILL.md" not in present:
+            raise PackageRefused(f"skill {skill!r} has no skills/{skill}/SKILL.md", MANIFEST)
+    for agent in agents:
+        if f"agents/{agent}.md" not in present:
+            raise PackageRefused(f"subagent {agent!r} has no agents/{agent}.md", MANIFEST)
+    if hooks and HOOKS_FILE not in present:
+        raise PackageRefused(f"hooks are declared but {HOOKS_FILE} is missing", MANIFEST)
+    if servers and SERVERS_FILE not in present:
+        raise PackageRefused(f"MCP servers are declared but {SERVERS_FILE} is missing", MANIFEST)
+
+
+def _executable(command: Any, where: str) -> str:
+    if not isinstance(command, str) or not command.strip():
+        raise PackageRefused("a command must be non-empty text", where)
+    try:
+        return shlex.split(command)[0]
+    except ValueError as exc:
+        raise PackageRefused(f"a command that does not parse ({exc})", where) from None
+
+
+def _hooks(reader: _Reader) -> list[dict[str, str]]:
+    table = _toml(reader, HOOKS_FILE)
+    hooks = table.get("hooks")
+    if not isinstance(hooks, list) or not hooks:
+        raise PackageRefused("must hold at least one [[hooks]] entry", HOOKS_FILE)
+    found = []
+    for hook in hooks:
+        if not isinstance(hook, dict) or not isinstance(hook.get("event"), str):
+            raise PackageRefused("every [[hooks]] entry names an event and a command", HOOKS_FILE)
+        found.append(
+            {"event": hook["event"], "executable": _executable(hook.get("command"), HOOKS_FILE)}
+        )
+    return sorted(found, key=lambda h: (h["event"], h["executable"]))
+
+
+def _servers(reader: _Reader) -> list[dict[str, str | None]]:
+    table = _toml(reader, SERVERS_FILE)
+    servers = table.get("servers")
+    if not isinstance(servers, dict) or not servers:
+        raise PackageRefused("must hold at least one [servers.<name>] table", SERVERS_FILE)
+    found: list[dict[str, str | None]] = []
+    for name, server in sorted(servers.items()):
+        if not isinstance(server, dict) or ("command" in server) == ("url" in server):
+            raise PackageRefused(f"server {name!r} has a command or a url, not both", SERVERS_FILE)
+        if "command" in server:
+            found.append(
+                {
+                    "name": name,
+                    "executable": _executable(server["command"], SERVERS_FILE),
+                    "host": None,
+                }
+            )
+            continue
+        url = server["url"]
+        host = urlsplit(url).hostname if isinstance(url, str) else None
+        if not host:
+            raise PackageRefused(f"server {name!r} has no host in its url", SERVERS_FILE)
+        found.append({"name": name, "executable": None, "host": host})
+    return found

@@ -1,0 +1,250 @@
+"""The hardened reader: a well-formed release is inspected and extracted; a
+corpus of hostile archives is refused, each with its reason, with nothing
+written outside a temporary directory and memory bounded.
+
+Every test here touches no database: they run once, in the SQLite env.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import tarfile
+import tracemalloc
+import zipfile
+from pathlib import Path
+
+import pytest
+from buildmax_marketplace.package import Limits, PackageRefused, extract, inspect
+
+from .archives import FILES, SKILL_ONLY, many_entries_tar, member, tar_gz, zip_file
+
+pytestmark = pytest.mark.engine_independent
+
+REPORT = {
+    "skills": ["fix-lint"],
+    "subagents": ["reviewer"],
+    "hooks": [{"event": "PreToolUse", "executable": "hooks/check.sh"}],
+    "mcp_servers": [
+        {"name": "docs", "executable": None, "host": "docs.example.com"},
+        {"name": "search", "executable": "npx", "host": None},
+    ],
+    "environment": ["GITHUB_TOKEN"],
+}
+
+
+def everything_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("build", [tar_gz, zip_file], ids=["tar.gz", "zip"])
+def test_a_release_is_inspected_and_extracted(tmp_path, build):
+    archive = build(tmp_path / "release")
+    package = inspect(archive)
+    assert (package.name, package.version) == ("lint-helpers", "1.2.0")
+    assert package.report == REPORT and package.executable
+    assert [p for p, _ in package.files] == sorted(FILES)
+
+    dest = tmp_path / "home" / "plugins" / "lint-helpers"
+    assert extract(archive, dest) == package
+    for name, content in FILES.items():
+        assert (dest / name).read_text() == content
+    assert everything_under(tmp_path / "home") == sorted(
+        ["plugins", "plugins/lint-helpers"]
+        + [f"plugins/lint-helpers/{p}" for p in everything_under(dest)]
+    )
+    assert not (dest / "skills/fix-lint/SKILL.md").stat().st_mode & 0o111
+
+
+def test_a_skill_only_release_starts_nothing(tmp_path):
+    package = inspect(tar_gz(tmp_path / "notes.tar.gz", SKILL_ONLY))
+    assert package.report["hooks"] == [] and package.report["mcp_servers"] == []
+    assert not package.executable
+
+
+HOSTILE = {
+    "traversal": (
+        [member("../evil.txt", size=3)],
+        "'..', '.' or empty path component",
+    ),
+    "absolute path": ([member("/etc/cron.d/evil", size=3)], "an absolute path"),
+    "symlink to /etc/passwd": (
+        [member("skills/fix-lint/passwd", tarfile.SYMTYPE, link="/etc/passwd")],
+        "a symbolic link (to '/etc/passwd')",
+    ),
+    "hard link": (
+        [member("skills/fix-lint/copy", tarfile.LNKTYPE, link="README.md")],
+        "a hard link",
+    ),
+    "device file": ([member("skills/fix-lint/sda", tarfile.BLKTYPE)], "a device file"),
+    "named pipe": ([member("skills/fix-lint/fifo", tarfile.FIFOTYPE)], "a named pipe"),
+    "duplicate path": ([member("README.md", size=2)], "duplicate of 'README.md'"),
+    "case-folded duplicate": ([member("readme.MD", size=2)], "duplicate of 'README.md'"),
+    "undeclared file": ([member("bin/run", size=2)], "a file the manifest does not declare"),
+    "undeclared skill": (
+        [member("skills/other/SKILL.md", size=2)],
+        "a file of a skill the manifest does not declare",
+    ),
+    "backslash path": ([member("skills\\fix-lint\\x", size=1)], "a backslash"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_tar_is_refused_with_its_reason(tmp_path, case):
+    extra, reason = HOSTILE[case]
+    archive = tar_gz(tmp_path / "hostile.tar.gz", extra=extra)
+    with pytest.raises(PackageRefused) as refused:
+        inspect(archive)
+    assert reason in str(refused.value)
+
+    home = tmp_path / "home"
+    with pytest.raises(PackageRefused):
+        extract(archive, home / "plugins" / "lint-helpers")
+    assert everything_under(home) == ["plugins"]
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_a_symlink_in_a_zip_is_refused(tmp_path):
+    path = zip_file(tmp_path / "link.zip")
+    with zipfile.ZipFile(path, "a") as archive:
+        info = zipfile.ZipInfo("skills/fix-lint/passwd")
+        info.external_attr = 0o120777 << 16
+        archive.writestr(info, "/etc/passwd")
+    with pytest.raises(PackageRefused, match="a symbolic link"):
+        inspect(path)
+
+
+def test_zip_duplicates_and_traversal_are_refused(tmp_path):
+    files = {**FILES, "../outside": "x"}
+    with pytest.raises(PackageRefused, match=re.escape("'..'")):
+        inspect(zip_file(tmp_path / "up.zip", files))
+    path = zip_file(tmp_path / "dup.zip")
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("Readme.md", "again")
+    with pytest.raises(PackageRefused, match=re.escape("duplicate of 'README.md'")):
+        inspect(path)
+
+
+def test_a_ten_gigabyte_member_is_refused_from_its_header(tmp_path):
+    """A tar header declaring 10 GB: refused before a byte of it is read."""
+    body = bytearray()
+    for name, content in FILES.items():
+        data = content.encode()
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        body += info.tobuf() + data + b"\0" * (-len(data) % 512)
+    huge = tarfile.TarInfo("skills/fix-lint/huge.bin")
+    huge.size = 10 * 1024**3
+    body += huge.tobuf(format=tarfile.GNU_FORMAT)
+    path = tmp_path / "bomb.tar.gz"
+    path.write_bytes(gzip.compress(bytes(body)))
+    with pytest.raises(PackageRefused, match="bytes when extracted"):
+        inspect(path)
+
+
+@pytest.mark.parametrize("build", [tar_gz, zip_file], ids=["tar.gz", "zip"])
+def test_a_compression_bomb_is_refused_in_bounded_memory(tmp_path, build):
+    files = {**FILES, "skills/fix-lint/zeros.bin": b"\0" * (64 * 1024 * 1024)}
+    archive = build(tmp_path / "bomb", files)
+    assert archive.stat().st_size < 1024 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(PackageRefused, match="compression ratio above 200:1"):
+            extract(archive, tmp_path / "home" / "x")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, peak
+    assert everything_under(tmp_path / "home") == []
+
+
+def test_too_many_entries_are_refused(tmp_path):
+    tar = many_entries_tar(tmp_path / "many.tar.gz", 100_000)
+    with pytest.raises(PackageRefused, match="more than 2000 entries"):
+        inspect(tar)
+    many = {f"skills/fix-lint/f{i}.txt": "" for i in range(100_000)}
+    zipped = zip_file(tmp_path / "many.zip", {**FILES, **many}, zipfile.ZIP_STORED)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PackageRefused, match="more than 2000 entries"):
+            inspect(zipped)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak
+
+
+@pytest.mark.parametrize(
+    "manifest, reason",
+    [
+        (None, "no buildmax-plugin.toml"),
+        ('name = "Bad Name"\nversion = "1"\n', "name must be"),
+        ('name = "x"\nversion = "one"\n', "not a PEP 440 version"),
+        ('name = "x"\nversion = "1"\n[contributes]\nskills = ["note", "fix-lint"]\n', None),
+        ('name = "x"\nversion = "1"\n[contributes]\nthemes = []\n', "unknown keys: themes"),
+        ('name = "x"\nversion = "1"\n[contributes]\nenvironment = ["lower"]\n', "environment"),
+        ("name = ", "not valid TOML"),
+    ],
+)
+def test_a_manifest_that_does_not_match_is_refused(tmp_path, manifest, reason):
+    files = dict(SKILL_ONLY)
+    del files["buildmax-plugin.toml"]
+    if manifest is not None:
+        files["buildmax-plugin.toml"] = manifest
+    with pytest.raises(PackageRefused) as refused:
+        inspect(tar_gz(tmp_path / "m.tar.gz", files))
+    # A manifest naming a skill whose files are absent or other: its reason.
+    assert (reason or "skill 'fix-lint' has no skills/fix-lint/SKILL.md") in str(refused.value)
+
+
+def test_declared_hooks_must_exist_and_undeclared_ones_are_refused(tmp_path):
+    files = dict(FILES)
+    del files["hooks/hooks.toml"]
+    with pytest.raises(PackageRefused, match=re.escape("hooks are declared but hooks/hooks.toml")):
+        inspect(tar_gz(tmp_path / "a.tar.gz", files))
+    files = {**SKILL_ONLY, "hooks/hooks.toml": FILES["hooks/hooks.toml"]}
+    with pytest.raises(PackageRefused, match="hooks the manifest does not declare"):
+        inspect(tar_gz(tmp_path / "b.tar.gz", files))
+
+
+def test_a_member_shorter_than_its_header_is_refused(tmp_path):
+    body = bytearray()
+    info = tarfile.TarInfo("buildmax-plugin.toml")
+    info.size = 500
+    body += info.tobuf() + b'name = "x"\n'
+    path = tmp_path / "short.tar.gz"
+    path.write_bytes(gzip.compress(bytes(body)))
+    with pytest.raises(PackageRefused):
+        inspect(path)
+
+
+def test_not_an_archive_and_an_existing_destination(tmp_path):
+    junk = tmp_path / "junk"
+    junk.write_bytes(os.urandom(100))
+    with pytest.raises(PackageRefused, match=re.escape("not a .tar.gz or .zip")):
+        inspect(junk)
+    dest = tmp_path / "there"
+    dest.mkdir()
+    with pytest.raises(FileExistsError):
+        extract(tar_gz(tmp_path / "ok.tar.gz"), dest)
+
+
+def test_limits_are_configurable(tmp_path):
+    archive = tar_gz(tmp_path / "ok.tar.gz")
+    with pytest.raises(PackageRefused, match="more than 3 entries"):
+        inspect(archive, Limits(max_entries=3))
+    with pytest.raises(PackageRefused, match="more than 10 bytes"):
+        inspect(archive, Limits(max_total_bytes=10))
+
+
+def test_an_oversized_tar_header_is_cut_off_while_decompressing(tmp_path):
+    """A pax header of 1 MiB (headers are read whole by ``tarfile``): the
+    decompressed stream stops at the limits' budget."""
+    path = tmp_path / "pax.tar.gz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("README.md")
+        info.pax_headers = {"comment": "x" * 1024 * 1024}
+        archive.addfile(info, None)
+    with pytest.raises(PackageRefused, match="more bytes than the limits allow"):
+        inspect(path, Limits(max_entries=10, max_total_bytes=1000))
