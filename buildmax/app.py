@@ -245,9 +245,14 @@ async def _shutdown(app: BuildMax) -> None:
     await app.db.close()
 
 
+def blob_store(app: BuildMax) -> BlobStore:
+    """The app's blob store service."""
+    return cast(BlobStore, app.services.get(cast(type, BlobStore)))
+
+
 async def close_blob_store(app: BuildMax) -> None:
     """Close the app's blob store (its connections), logging a failure."""
     try:
-        await cast(BlobStore, app.services.get(cast(type, BlobStore))).aclose()
+        await blob_store(app).aclose()
     except Exception:
         log.exception("the blob store failed to close")

@@ -20,10 +20,11 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR, BlobStore
 
+from buildmax.app import blob_store
 from buildmax.schema import spaces
 
 from .quota import Reservation, settle, tombstoned
-from .routes import KEY_PREFIX, blob_store
+from .routes import KEY_PREFIX
 from .schema import artifacts, quotas, uploads
 from .settings import artifact_settings
 

@@ -31,7 +31,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from buildmax.access import SpaceAccess, require_space
 from buildmax.apidoc import api
-from buildmax.app import BuildMax, current_buildmax
+from buildmax.app import BuildMax, blob_store, current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
 from buildmax.database.base import uncancellable
@@ -102,11 +102,6 @@ _SELECT = sa.select(
     .scalar_subquery()
     .label("creator"),
 )
-
-
-def blob_store(app: BuildMax) -> BlobStore:
-    """The app's blob store service."""
-    return cast(BlobStore, app.services.get(cast(type, BlobStore)))
 
 
 def _render(space: SpaceAccess, row: Any) -> dict[str, Any]:

@@ -1,0 +1,420 @@
+"""The catalog over HTTP, under ``/v1/catalog``.
+
+Every authenticated principal browses the catalog and downloads packages;
+a token scoped to an attempt (a run token) is refused here. System admins
+and operators publish, yank and archive; only a system admin marks a
+release eligible for unattended use, naming the digest of the release whose
+capability report they read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import BlobNotFound, Transaction
+from marshmallow import RAISE, Schema, fields, validate
+from quart import Blueprint, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from buildmax.apidoc import api
+from buildmax.app import BuildMax, blob_store, current_buildmax
+from buildmax.auth import Caller, authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.clock import to_rfc3339
+from buildmax.idempotency import Reply
+from buildmax.pagination import page_body, page_request
+from buildmax.problems import Forbidden, NotFound, PayloadTooLarge, Problem
+from buildmax.schema import principals
+from buildmax.streaming import allow_body
+
+from .catalog import (
+    ReleaseExists,
+    publish,
+    release,
+    releases_of,
+    spool,
+)
+from .schema import plugins, releases
+from .settings import marketplace_settings
+
+blueprint = Blueprint("catalog", __name__)
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
+
+
+class BlobGone(Problem):
+    status, slug, title = 410, "package-missing", "The package's bytes are missing from the store"
+
+
+class ReasonBody(Schema):
+    class Meta:
+        unknown = RAISE
+
+    reason = fields.String(required=True, validate=validate.Length(min=1, max=1000))
+
+
+class EligibilityBody(Schema):
+    class Meta:
+        unknown = RAISE
+
+    eligible = fields.Boolean(required=True, truthy={True}, falsy={False})
+    sha256 = fields.String(required=True, validate=validate.Regexp(r"^[0-9a-f]{64}\Z"))
+
+
+class ReleaseOut(Schema):
+    name = fields.String()
+    version = fields.String()
+    sha256 = fields.String()
+    size = fields.Integer()
+    description = fields.String()
+    report = fields.Dict()
+    executable = fields.Boolean()
+    published_by = fields.String()
+    published_at = fields.String()
+    yanked = fields.Boolean()
+    yank_reason = fields.String(allow_none=True)
+    eligible = fields.Boolean()
+    eligible_by = fields.String(allow_none=True)
+    eligible_at = fields.String(allow_none=True)
+    package_url = fields.String()
+
+
+class PluginOut(Schema):
+    name = fields.String()
+    description = fields.String()
+    publisher = fields.String()
+    archived = fields.Boolean()
+    archive_reason = fields.String(allow_none=True)
+    latest = fields.String(allow_none=True)
+    releases = fields.List(fields.Nested(ReleaseOut))
+
+
+class PluginPage(Schema):
+    items = fields.List(fields.Nested(PluginOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+def release_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A release's public fields."""
+    return {
+        "name": row["name"],
+        "version": row["version"],
+        "sha256": row["sha256"],
+        "size": row["size"],
+        "description": row["description"],
+        "report": json.loads(row["report"]),
+        "executable": bool(row["executable"]),
+        "published_by": row["published_by_id"],
+        "published_at": to_rfc3339(row["published_at"]),
+        "yanked": row["yanked_at"] is not None,
+        "yank_reason": row["yank_reason"],
+        "eligible": row["eligible_at"] is not None,
+        "eligible_by": row["eligible_by_id"],
+        "eligible_at": to_rfc3339(row["eligible_at"]),
+        "package_url": f"/v1/catalog/{row['name']}/releases/{row['version']}/package",
+    }
+
+
+def latest(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest unyanked release of ``rows`` (newest first), if any."""
+    return next((r for r in rows if r["yanked_at"] is None), None)
+
+
+async def _plugin_view(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
+    found = await releases_of(conn, row["name"])
+    newest = latest(found)
+    return {
+        "name": row["name"],
+        "description": row["description"],
+        "publisher": row["publisher"],
+        "archived": row["archived_at"] is not None,
+        "archive_reason": row["archive_reason"],
+        "latest": newest["version"] if newest else None,
+        "releases": [release_view(r) for r in found],
+    }
+
+
+_PLUGIN_SELECT = sa.select(plugins, principals.c.public_id.label("publisher")).select_from(
+    plugins.join(principals, principals.c.id == plugins.c.publisher_id)
+)
+
+
+def _checked_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise NotFound("no such plugin in the catalog")
+    return name
+
+
+def _require_publisher(caller: Caller) -> None:
+    if not (caller.is_admin or caller.is_operator):
+        raise Forbidden("only a system admin or operator publishes, yanks and archives")
+
+
+async def _plugin_or_404(conn: Transaction, name: str, *, lock: bool = False) -> dict[str, Any]:
+    query = _PLUGIN_SELECT.where(plugins.c.name == _checked_name(name))
+    if lock:
+        query = query.with_for_update(of=plugins)
+    row = await conn.fetch_one(query)
+    if row is None:
+        raise NotFound("no such plugin in the catalog")
+    return dict(row)
+
+
+async def _release_or_404(conn: Transaction, name: str, version: str) -> dict[str, Any]:
+    row = await release(conn, _checked_name(name), version)
+    if row is None:
+        raise NotFound("no such release in the catalog")
+    return row
+
+
+@blueprint.post("/v1/catalog/<name>/releases")
+@api(
+    "Publish a release (system admins and operators); the body is the .tar.gz or .zip",
+    response=ReleaseOut,
+    status=201,
+    tags=["catalog"],
+    content_type="application/octet-stream",
+)
+async def publish_release(name: str) -> Response:
+    """The bytes are streamed to disk (413 past the size limit), inspected
+    (422 ``package-invalid`` naming the reason), stored and recorded. The
+    same version again: 200 with the existing release if the bytes are the
+    same, 409 ``release-exists`` if not."""
+    app = current_buildmax()
+    caller = await authenticate()
+    _require_publisher(caller)
+    _checked_name(name)
+    limit = marketplace_settings(app).max_package_bytes
+    if (request.content_length or 0) > limit:
+        raise PayloadTooLarge(f"a release archive may have at most {limit} bytes")
+    try:
+        spooled = await spool(app, allow_body(limit).__aiter__(), limit)
+    except RequestEntityTooLarge:
+        raise PayloadTooLarge(f"a release archive may have at most {limit} bytes") from None
+    try:
+        row, created = await publish(app, caller.actor, name, spooled)
+    finally:
+        await asyncio.to_thread(spooled.path.unlink, missing_ok=True)
+    return json_response(release_view(row), 201 if created else 200)
+
+
+@blueprint.get("/v1/catalog")
+@api(
+    "Browse the catalog by name (any principal; not a run token)",
+    response=PluginPage,
+    tags=["catalog"],
+)
+async def list_plugins() -> Response:
+    """``archived=true`` includes archived plugins."""
+    app = current_buildmax()
+    await authenticate()
+    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    query = _PLUGIN_SELECT.order_by(plugins.c.name).limit(page.limit + 1)
+    if request.args.get("archived") != "true":
+        query = query.where(plugins.c.archived_at.is_(None))
+    if page.after is not None:
+        query = query.where(plugins.c.name > page.after[0])
+    async with app.db.read() as conn:
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+        items = [await _plugin_view(conn, r) for r in rows[: page.limit]]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
+
+
+@blueprint.get("/v1/catalog/<name>")
+@api("A plugin with its releases, newest first", response=PluginOut, tags=["catalog"])
+async def show_plugin(name: str) -> Response:
+    app = current_buildmax()
+    await authenticate()
+    async with app.db.read() as conn:
+        return json_response(await _plugin_view(conn, await _plugin_or_404(conn, name)))
+
+
+@blueprint.get("/v1/catalog/<name>/releases/<version>")
+@api("A release with its capability report", response=ReleaseOut, tags=["catalog"])
+async def show_release(name: str, version: str) -> Response:
+    app = current_buildmax()
+    await authenticate()
+    async with app.db.read() as conn:
+        return json_response(release_view(await _release_or_404(conn, name, version)))
+
+
+@blueprint.get("/v1/catalog/<name>/releases/<version>/package")
+@api(
+    "Download a release's exact bytes (any principal; not a run token)",
+    tags=["catalog"],
+    content_type="application/octet-stream",
+)
+async def download_package(name: str, version: str) -> Response:
+    """``ETag`` is the sha256 of the bytes."""
+    app = current_buildmax()
+    await authenticate()
+    async with app.db.read() as conn:
+        row = await _release_or_404(conn, name, version)
+    return await package_response(app, row)
+
+
+async def package_response(app: BuildMax, row: dict[str, Any]) -> Response:
+    """A release's bytes as a download (410 when the store lost them)."""
+    store = blob_store(app)
+    if await store.head(row["blob_key"]) is None:
+        raise BlobGone(f"the bytes of {row['name']} {row['version']} are missing from the store")
+    chunks = store.open(row["blob_key"])
+    try:
+        first = await anext(chunks, b"")
+    except BlobNotFound:
+        raise BlobGone(f"the bytes of {row['name']} {row['version']} are missing") from None
+
+    async def body() -> Any:
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    extension = "zip" if first.startswith(b"PK") else "tar.gz"
+    response = Response(body(), content_type="application/octet-stream")
+    response.headers["Content-Length"] = str(row["size"])
+    response.headers["ETag"] = f'"{row["sha256"]}"'
+    response.headers["Content-Disposition"] = (
+        f'attachment; filename="{row["name"]}-{row["version"]}.{extension}"'
+    )
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@blueprint.post("/v1/catalog/<name>/releases/<version>/yank")
+@api(
+    "Yank a release (system admins and operators): no longer offered; pins stay",
+    body=ReasonBody,
+    response=ReleaseOut,
+    idempotent=True,
+    tags=["catalog"],
+)
+async def yank(name: str, version: str) -> Response:
+    """A yanked release stays pinned wherever it is activated and keeps
+    working there; it is no longer the latest. Yanking twice keeps the first reason."""
+    app = current_buildmax()
+    caller = await authenticate()
+    _require_publisher(caller)
+    data = await load_body(ReasonBody())
+
+    async def work(tx: Transaction) -> Reply:
+        row = await _release_or_404(tx, name, version)
+        if row["yanked_at"] is None:
+            await tx.execute(
+                sa.update(releases)
+                .where(releases.c.id == row["id"], releases.c.yanked_at.is_(None))
+                .values(
+                    yanked_at=app.clock.now_ms(),
+                    yanked_by=caller.principal_pk,
+                    yank_reason=data["reason"],
+                )
+            )
+            await _audit(app, tx, caller, "catalog.release.yanked", row, reason=data["reason"])
+            row = await _release_or_404(tx, name, version)
+        return Reply(200, release_view(row))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/catalog/<name>/archive")
+@api(
+    "Archive a plugin (system admins and operators): nothing more is published; pins stay",
+    body=ReasonBody,
+    response=PluginOut,
+    idempotent=True,
+    tags=["catalog"],
+)
+async def archive(name: str) -> Response:
+    app = current_buildmax()
+    caller = await authenticate()
+    _require_publisher(caller)
+    data = await load_body(ReasonBody())
+
+    async def work(tx: Transaction) -> Reply:
+        row = await _plugin_or_404(tx, name, lock=True)
+        if row["archived_at"] is None:
+            await tx.execute(
+                sa.update(plugins)
+                .where(plugins.c.id == row["id"])
+                .values(
+                    archived_at=app.clock.now_ms(),
+                    archived_by=caller.principal_pk,
+                    archive_reason=data["reason"],
+                )
+            )
+            await app.audit.record(
+                tx,
+                caller.actor,
+                "catalog.plugin.archived",
+                target_type="catalog_plugin",
+                target_id=row["name"],
+                details={"reason": data["reason"]},
+            )
+            row = await _plugin_or_404(tx, name)
+        return Reply(200, await _plugin_view(tx, row))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/catalog/<name>/releases/<version>/eligibility")
+@api(
+    "Mark a release eligible for unattended use, or not (system admins only)",
+    body=EligibilityBody,
+    response=ReleaseOut,
+    idempotent=True,
+    tags=["catalog"],
+)
+async def eligibility(name: str, version: str) -> Response:
+    """``sha256`` names the release whose capability report the admin read:
+    409 when it is not this release's. Eligibility belongs to this release
+    only; the next version starts ineligible."""
+    app = current_buildmax()
+    caller = await authenticate()
+    if not caller.is_admin:
+        raise Forbidden("only a system admin marks a release eligible for unattended use")
+    data = await load_body(EligibilityBody())
+
+    async def work(tx: Transaction) -> Reply:
+        row = await _release_or_404(tx, name, version)
+        if data["sha256"] != row["sha256"]:
+            raise ReleaseExists(
+                f"{name} {row['version']} has sha256 {row['sha256'][:12]}…, not the release "
+                "you read; read its capability report again",
+                sha256=row["sha256"],
+            )
+        eligible = row["eligible_at"] is not None
+        if data["eligible"] != eligible:
+            values = (
+                {"eligible_at": app.clock.now_ms(), "eligible_by": caller.principal_pk}
+                if data["eligible"]
+                else {"eligible_at": None, "eligible_by": None}
+            )
+            await tx.execute(sa.update(releases).where(releases.c.id == row["id"]).values(**values))
+            action = (
+                "catalog.release.eligible" if data["eligible"] else "catalog.release.ineligible"
+            )
+            await _audit(app, tx, caller, action, row)
+            row = await _release_or_404(tx, name, version)
+        return Reply(200, release_view(row))
+
+    return await app.idempotency.run(caller, work)
+
+
+async def _audit(
+    app: BuildMax, tx: Transaction, caller: Caller, action: str, row: dict[str, Any], **extra: Any
+) -> None:
+    await app.audit.record(
+        tx,
+        caller.actor,
+        action,
+        target_type="catalog_plugin",
+        target_id=row["name"],
+        details={"version": row["version"], "sha256_prefix": row["sha256"][:12], **extra},
+    )

@@ -1,0 +1,60 @@
+"""The marketplace plugin's tables (every name starts with ``market_``).
+
+``market_plugins`` is the catalog's list of plugin names (who first
+published each, whether it is archived); ``market_releases`` holds each
+published release: its PEP 440 version, the sha256 and size of the exact
+bytes uploaded, where the blob store keeps them, and its capability report.
+A release is never deleted or changed, only yanked (with a reason) or
+marked eligible for unattended use by a system admin.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from buildmax.schema import Id, Millis
+
+metadata = sa.MetaData()
+
+#: Kernel tables referenced by foreign key (declared here only for DDL).
+_principals = sa.Table("principals", metadata, sa.Column("id", Id, primary_key=True))
+
+plugins = sa.Table(
+    "market_plugins",
+    metadata,
+    sa.Column("id", Id, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    sa.Column("publisher_id", Id, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("created_at", Millis, nullable=False),
+    sa.Column("archived_at", Millis, nullable=True),
+    sa.Column("archived_by", Id, sa.ForeignKey("principals.id"), nullable=True),
+    sa.Column("archive_reason", sa.Text, nullable=True),
+)
+
+releases = sa.Table(
+    "market_releases",
+    metadata,
+    sa.Column("id", Id, primary_key=True, autoincrement=True),
+    sa.Column("plugin_id", Id, sa.ForeignKey("market_plugins.id"), nullable=False),
+    # Normalised PEP 440 version (``1.2.0``), unique per plugin.
+    sa.Column("version", sa.Text, nullable=False),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("blob_key", sa.Text, nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    # Canonical JSON of the capability report.
+    sa.Column("report", sa.Text, nullable=False),
+    # 1 when it contributes hooks or MCP servers (it starts processes).
+    sa.Column("executable", sa.Integer, nullable=False),
+    sa.Column("published_by", Id, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("published_at", Millis, nullable=False),
+    sa.Column("yanked_at", Millis, nullable=True),
+    sa.Column("yanked_by", Id, sa.ForeignKey("principals.id"), nullable=True),
+    sa.Column("yank_reason", sa.Text, nullable=True),
+    sa.Column("eligible_at", Millis, nullable=True),
+    sa.Column("eligible_by", Id, sa.ForeignKey("principals.id"), nullable=True),
+    sa.UniqueConstraint("plugin_id", "version", name="market_release_version"),
+)
+
+TABLES = [plugins, releases]

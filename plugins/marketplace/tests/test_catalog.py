@@ -1,0 +1,195 @@
+"""The catalog over HTTP: publish (who may, what is refused, what is stored),
+browse, download, yank, archive and eligibility."""
+
+from __future__ import annotations
+
+import hashlib
+
+from buildmax_marketplace.schema import plugins, releases
+
+from .archives import FILES, SKILL_ONLY, tar_gz, zip_file
+from .conftest import MAX_PACKAGE_BYTES
+
+NAME = "lint-helpers"
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def stored_keys(market) -> list[str]:
+    from buildmax.app import blob_store
+
+    return sorted([ref.key async for ref in blob_store(market.app).list("marketplace")])
+
+
+async def test_publish_records_the_release_with_its_report_and_exact_bytes(market, tmp_path):
+    archive = tar_gz(tmp_path / "r.tar.gz")
+    made = await market.publish(archive, NAME)
+    assert (made["name"], made["version"], made["sha256"], made["size"]) == (
+        NAME,
+        "1.2.0",
+        digest(archive),
+        archive.stat().st_size,
+    )
+    assert made["report"]["hooks"] == [{"event": "PreToolUse", "executable": "hooks/check.sh"}]
+    assert made["executable"] is True and made["eligible"] is False
+    assert made["published_by"] == market.admin.id
+
+    got = await market.call("GET", made["package_url"], market.agent, expect=200)
+    assert got == archive.read_bytes()
+    assert await stored_keys(market) == [f"marketplace/sha256/{digest(archive)}"]
+    (event,) = await market.audited("catalog.release.published")
+    assert event["target_id"] == NAME and digest(archive)[:12] in event["details"]
+    assert not list((market.app.settings.data_path / "tmp").iterdir())
+
+    again = await market.publish(archive, NAME, market.operator, expect=200)
+    assert again == made
+    other = zip_file(tmp_path / "r.zip")
+    refused = await market.publish(other, NAME, expect=409, problem="release-exists")
+    assert refused["sha256"] == digest(archive)
+    assert len(await market.rows(releases)) == 1
+    assert len(await market.audited("catalog.release.published")) == 1
+
+
+async def test_only_system_admins_and_operators_publish(market, tmp_path):
+    archive = tar_gz(tmp_path / "r.tar.gz")
+    for who in (market.owner, market.agent):
+        await market.publish(archive, NAME, who, expect=403, problem="forbidden")
+    assert await market.rows(plugins) == []
+    await market.publish(archive, NAME, market.operator)
+
+
+async def test_a_refused_archive_leaves_nothing(market, tmp_path):
+    hostile = tar_gz(tmp_path / "h.tar.gz", {**SKILL_ONLY, "../escape": "x"})
+    refused = await market.publish(hostile, "notes", expect=422, problem="package-invalid")
+    assert "'..'" in refused["reason"] and refused["path"] == "../escape"
+    mismatch = await market.publish(
+        tar_gz(tmp_path / "n.tar.gz", SKILL_ONLY), NAME, expect=422, problem="package-invalid"
+    )
+    assert "names 'notes'" in mismatch["detail"]
+    big = tmp_path / "big.tar.gz"
+    big.write_bytes(b"\x1f\x8b" + b"\0" * MAX_PACKAGE_BYTES)
+    await market.publish(big, "notes", expect=413)
+    assert await market.rows(plugins) == [] and await market.rows(releases) == []
+    assert await stored_keys(market) == []
+    assert not list((market.app.settings.data_path / "tmp").iterdir())
+    assert await market.audited("catalog.release.published") == []
+
+
+async def test_browse_show_and_the_latest_unyanked_release(market, tmp_path):
+    first = await market.publish(tar_gz(tmp_path / "1.tar.gz"), NAME)
+    files = {
+        **FILES,
+        "buildmax-plugin.toml": FILES["buildmax-plugin.toml"].replace("1.2.0", "1.10"),
+    }
+    second = await market.publish(tar_gz(tmp_path / "2.tar.gz", files), NAME)
+    shown = await market.call("GET", f"/v1/catalog/{NAME}", market.agent, expect=200)
+    assert [r["version"] for r in shown["releases"]] == ["1.10", "1.2.0"]
+    assert shown["latest"] == "1.10"
+
+    await market.call(
+        "POST", f"/v1/catalog/{NAME}/releases/1.10/yank", market.operator, json={}, expect=422
+    )
+    yanked = await market.call(
+        "POST",
+        f"/v1/catalog/{NAME}/releases/1.10/yank",
+        market.operator,
+        json={"reason": "breaks on windows"},
+        expect=200,
+    )
+    assert yanked["yanked"] is True and yanked["yank_reason"] == "breaks on windows"
+    again = await market.call(
+        "POST",
+        f"/v1/catalog/{NAME}/releases/1.10/yank",
+        market.admin,
+        json={"reason": "other"},
+        expect=200,
+    )
+    assert again["yank_reason"] == "breaks on windows"
+    assert len(await market.audited("catalog.release.yanked")) == 1
+    listed = await market.call("GET", "/v1/catalog", market.agent, expect=200)
+    assert [(p["name"], p["latest"]) for p in listed["items"]] == [(NAME, first["version"])]
+    await market.call(
+        "POST",
+        f"/v1/catalog/{NAME}/releases/1.2.0/yank",
+        market.owner,
+        json={"reason": "x"},
+        expect=403,
+    )
+    assert second["version"] == "1.10"
+    await market.call("GET", f"/v1/catalog/{NAME}/releases/9.9", market.agent, expect=404)
+    await market.call("GET", "/v1/catalog/Not_A_Name", market.agent, expect=404)
+
+
+async def test_archiving_stops_publishing_and_hides_the_plugin(market, tmp_path):
+    await market.publish(tar_gz(tmp_path / "1.tar.gz"), NAME)
+    await market.call(
+        "POST", f"/v1/catalog/{NAME}/archive", market.agent, json={"reason": "x"}, expect=403
+    )
+    archived = await market.call(
+        "POST",
+        f"/v1/catalog/{NAME}/archive",
+        market.operator,
+        json={"reason": "superseded"},
+        expect=200,
+    )
+    assert archived["archived"] is True and archived["archive_reason"] == "superseded"
+    files = {**FILES, "buildmax-plugin.toml": FILES["buildmax-plugin.toml"].replace("1.2.0", "2.0")}
+    await market.publish(
+        tar_gz(tmp_path / "2.tar.gz", files), NAME, expect=409, problem="plugin-archived"
+    )
+    assert (await market.call("GET", "/v1/catalog", market.agent, expect=200))["items"] == []
+    every = await market.call("GET", "/v1/catalog?archived=true", market.agent, expect=200)
+    assert [p["name"] for p in every["items"]] == [NAME]
+
+
+async def test_only_a_system_admin_marks_a_release_eligible_and_it_does_not_carry(market, tmp_path):
+    archive = tar_gz(tmp_path / "1.tar.gz")
+    made = await market.publish(archive, NAME)
+    path = f"/v1/catalog/{NAME}/releases/1.2.0/eligibility"
+    body = {"eligible": True, "sha256": made["sha256"]}
+    for who in (market.operator, market.owner, market.agent):
+        await market.call("POST", path, who, json=body, expect=403)
+    wrong = {"eligible": True, "sha256": "0" * 64}
+    await market.call("POST", path, market.admin, json=wrong, expect=409, problem="release-exists")
+    assert (await market.rows(releases))[0]["eligible_at"] is None
+
+    marked = await market.call("POST", path, market.admin, json=body, expect=200)
+    assert marked["eligible"] is True and marked["eligible_by"] == market.admin.id
+    (event,) = await market.audited("catalog.release.eligible")
+    assert '"version":"1.2.0"' in event["details"] and made["sha256"][:12] in event["details"]
+
+    files = {**FILES, "buildmax-plugin.toml": FILES["buildmax-plugin.toml"].replace("1.2.0", "1.3")}
+    newer = await market.publish(tar_gz(tmp_path / "2.tar.gz", files), NAME)
+    assert newer["eligible"] is False
+
+    withdrawn = await market.call(
+        "POST", path, market.admin, json={**body, "eligible": False}, expect=200
+    )
+    assert withdrawn["eligible"] is False
+    assert len(await market.audited("catalog.release.ineligible")) == 1
+
+
+async def test_a_run_token_cannot_read_the_catalog(market, tmp_path):
+    """A token scoped to an attempt is refused by every catalog route."""
+    from buildmax.tokens import issue_token
+
+    await market.publish(tar_gz(tmp_path / "1.tar.gz"), NAME)
+    async with market.app.db.write() as tx:
+        scoped = await issue_token(
+            tx,
+            principal_pk=market.agent.pk,
+            now=market.app.clock.now_ms(),
+            name="run",
+            origin="claim",
+            scope_type="attempt",
+            scope_id="at_x",
+        )
+    for path in (
+        "/v1/catalog",
+        f"/v1/catalog/{NAME}",
+        f"/v1/catalog/{NAME}/releases/1.2.0",
+        f"/v1/catalog/{NAME}/releases/1.2.0/package",
+    ):
+        await market.call("GET", path, scoped.secret, expect=403, problem="token-scope-refused")
