@@ -195,7 +195,9 @@ class TaskRef:
 
 @dataclass(frozen=True)
 class AttemptRef:
-    """One attempt at a task. ``claimant_kind`` is ``human``/``agent``/``service``."""
+    """One attempt at a task. ``claimant_kind`` is ``human``/``agent``/``service``;
+    ``run_environment`` is what ``buildmax_run_environment`` resolved at its
+    claim (empty while the claim is being made)."""
 
     id: str
     task_id: str
@@ -206,6 +208,7 @@ class AttemptRef:
     state: str
     lease_expires_at: int
     agent_revision_id: str | None = None
+    run_environment: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -235,3 +238,17 @@ class AgentRevisionRef:
     number: int
     instructions: str
     plugins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReleaseRef:
+    """A catalog release as activation policies see it: what it is, what
+    it starts (``executable``: hooks or MCP servers) and whether a system
+    admin marked it eligible for unattended use."""
+
+    name: str
+    version: str
+    sha256: str
+    executable: bool
+    eligible: bool
+    yanked: bool = False

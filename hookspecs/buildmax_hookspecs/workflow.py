@@ -13,7 +13,16 @@ from typing import Any
 
 from .markers import hookspec
 from .protocols import Transaction
-from .records import Actor, AgentRevisionRef, AttemptRef, StageSpec, SubmissionRef, TaskRef, Verdict
+from .records import (
+    Actor,
+    AgentRevisionRef,
+    AttemptRef,
+    ReleaseRef,
+    StageSpec,
+    SubmissionRef,
+    TaskRef,
+    Verdict,
+)
 
 
 @hookspec
@@ -107,6 +116,21 @@ def buildmax_agent_revision(
     ``Verdict("deny", reason)`` to refuse (the request answers 422 with the
     reason and nothing is saved), or ``None``. A plugin may write its own
     rows (e.g. activate a plugin a space in open mode may use).
+    """
+
+
+@hookspec
+def buildmax_activation_policy(
+    tx: Transaction, space_id: str, release: ReleaseRef, actor: Actor
+) -> Verdict | Awaitable[Verdict | None] | None:
+    """May ``release`` be activated in ``space_id`` (or a pin moved onto it)?
+
+    Called by the marketplace plugin inside the write transaction of every
+    activation, pin move and automatic activation (an open space's agent
+    naming a plugin). Return ``Verdict("deny", reason)`` to refuse (nothing
+    is written; the request answers 422 with the reason), or ``None``. The
+    marketplace itself refuses a release that starts processes (hooks, MCP
+    servers) unless a system admin marked it eligible for unattended use.
     """
 
 

@@ -4,27 +4,69 @@ from __future__ import annotations
 
 from typing import Any
 
-from buildmax_hookspecs import AuditAction, Migration, hookimpl
+from buildmax_hookspecs import (
+    Actor,
+    AgentRevisionRef,
+    AttemptRef,
+    AuditAction,
+    Migration,
+    ReleaseRef,
+    Transaction,
+    Verdict,
+    hookimpl,
+)
 
 from buildmax.migrations import create_tables
 
+from . import runs
+from .activation import eligibility_verdict
 from .schema import TABLES
 from .settings import marketplace_settings
 
 _RELEASE_KEYS = frozenset({"version", "sha256_prefix"})
+_ACTIVATION_KEYS = _RELEASE_KEYS | {"plugin"}
 
 
 @hookimpl
 def buildmax_migrations() -> list[Migration]:
-    return [Migration("marketplace", 1, "catalog plugins and releases", create_tables(*TABLES))]
+    return [
+        Migration(
+            "marketplace",
+            1,
+            "catalog plugins and releases, space activations and curation",
+            create_tables(*TABLES),
+        )
+    ]
 
 
 @hookimpl
 def buildmax_blueprints(app: Any) -> list[Any]:
     from .routes import blueprint
+    from .spaces import blueprint as space_blueprint
 
     marketplace_settings(app)  # a bad [plugins.marketplace] table stops the app being built
-    return [blueprint]
+    return [blueprint, space_blueprint]
+
+
+@hookimpl
+def buildmax_activation_policy(
+    tx: Transaction, space_id: str, release: ReleaseRef, actor: Actor
+) -> Verdict | None:
+    return eligibility_verdict(release)
+
+
+@hookimpl
+async def buildmax_agent_revision(
+    tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
+) -> Verdict | None:
+    return await runs.agent_revision(tx, space_id, revision, actor)
+
+
+@hookimpl
+async def buildmax_run_environment(
+    tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+) -> dict[str, Any]:
+    return await runs.run_environment(tx, attempt, agent_revision)
 
 
 @hookimpl
@@ -59,6 +101,36 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "A system admin withdrew a release's eligibility for unattended use",
             _RELEASE_KEYS,
             "catalog_plugin",
+        ),
+        AuditAction(
+            "activation.created",
+            "A space activated a release (origin curated or automatic)",
+            _ACTIVATION_KEYS | {"origin"},
+            "catalog_plugin",
+        ),
+        AuditAction(
+            "activation.pin_moved",
+            "A space moved its pin to another release",
+            _ACTIVATION_KEYS | {"from_version"},
+            "catalog_plugin",
+        ),
+        AuditAction(
+            "activation.suspended",
+            "A space suspended an activation (runs naming it are refused)",
+            _ACTIVATION_KEYS,
+            "catalog_plugin",
+        ),
+        AuditAction(
+            "activation.resumed",
+            "A space resumed an activation",
+            _ACTIVATION_KEYS,
+            "catalog_plugin",
+        ),
+        AuditAction(
+            "curation.changed",
+            "A space's curation mode changed (open or curated)",
+            frozenset({"mode", "previous"}),
+            "space",
         ),
         AuditAction(
             "catalog.plugin.archived",

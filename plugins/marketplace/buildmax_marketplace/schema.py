@@ -18,6 +18,10 @@ metadata = sa.MetaData()
 
 #: Kernel tables referenced by foreign key (declared here only for DDL).
 _principals = sa.Table("principals", metadata, sa.Column("id", Id, primary_key=True))
+_spaces = sa.Table("spaces", metadata, sa.Column("id", Id, primary_key=True))
+
+CURATION_MODES = ("open", "curated")
+ORIGINS = ("curated", "automatic")
 
 plugins = sa.Table(
     "market_plugins",
@@ -57,4 +61,33 @@ releases = sa.Table(
     sa.UniqueConstraint("plugin_id", "version", name="market_release_version"),
 )
 
-TABLES = [plugins, releases]
+#: One row per space and plugin: the exact release its runs may load.
+activations = sa.Table(
+    "market_activations",
+    metadata,
+    sa.Column("id", Id, primary_key=True, autoincrement=True),
+    sa.Column("space_id", Id, sa.ForeignKey("spaces.id"), nullable=False),
+    sa.Column("plugin_id", Id, sa.ForeignKey("market_plugins.id"), nullable=False),
+    sa.Column("release_id", Id, sa.ForeignKey("market_releases.id"), nullable=False),
+    sa.Column("enabled", sa.Integer, nullable=False),
+    sa.Column("origin", sa.Text, nullable=False),
+    sa.Column("activated_by", Id, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("activated_at", Millis, nullable=False),
+    sa.Column("updated_by", Id, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("updated_at", Millis, nullable=False),
+    sa.UniqueConstraint("space_id", "plugin_id", name="market_activation_space_plugin"),
+    sa.CheckConstraint("origin IN ('curated', 'automatic')", name="market_activation_origin"),
+)
+
+#: A space's curation mode; a space without a row is ``open``.
+curation = sa.Table(
+    "market_curation",
+    metadata,
+    sa.Column("space_id", Id, sa.ForeignKey("spaces.id"), primary_key=True),
+    sa.Column("mode", sa.Text, nullable=False),
+    sa.Column("updated_by", Id, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("updated_at", Millis, nullable=False),
+    sa.CheckConstraint("mode IN ('open', 'curated')", name="market_curation_mode"),
+)
+
+TABLES = [plugins, releases, activations, curation]

@@ -179,6 +179,7 @@ def attempt_ref(attempt: dict[str, Any]) -> AttemptRef:
         state=attempt["state"],
         lease_expires_at=attempt["lease_expires_at"],
         agent_revision_id=attempt["agent_revision_public_id"],
+        run_environment=json.loads(attempt["run_environment"] or "{}"),
     )
 
 

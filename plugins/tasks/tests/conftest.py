@@ -139,8 +139,9 @@ class Work:
 @pytest.fixture
 def buildmax_settings(buildmax_settings):
     """The tasks plugin on its own: an installed stage plugin (reviews) would
-    add its stages to every workflow; the stage engine's tests plug their own."""
-    return without_plugins(buildmax_settings, "reviews")
+    add its stages to every workflow, and the marketplace would judge every
+    agent revision and run environment; the tests plug their own."""
+    return without_plugins(buildmax_settings, "reviews", "marketplace")
 
 
 async def add_member(app: Any, space: SpaceHandle, who: PrincipalHandle, role: str) -> None:

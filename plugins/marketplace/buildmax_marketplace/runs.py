@@ -1,0 +1,107 @@
+"""What agents name and what runs load.
+
+When an agent revision is saved, every plugin it names must be activated in
+its space (``curated``) or is activated now (``open``). When an attempt is
+claimed, the agent revision's names are resolved against the task's space's
+activations into exact pins, recorded on the attempt (its run token may
+download exactly those packages); a named plugin with no enabled activation
+refuses the claim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import (
+    Actor,
+    AgentRevisionRef,
+    AttemptRef,
+    RunEnvironmentRefused,
+    Transaction,
+    Verdict,
+)
+
+from buildmax.app import current_buildmax
+from buildmax.problems import Problem
+from buildmax.schema import spaces
+
+from .activation import activation, curation_mode, pin
+
+
+async def _space_pk(tx: Transaction, space_id: str) -> int | None:
+    pk = await tx.fetch_val(sa.select(spaces.c.id).where(spaces.c.public_id == space_id))
+    return int(pk) if pk is not None else None
+
+
+async def agent_revision(
+    tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
+) -> Verdict | None:
+    """Refuse a revision naming a plugin its curated space has not
+    activated; in an open space, activate what it names (``automatic``)."""
+    if not revision.plugins:
+        return None
+    app = current_buildmax()
+    space_pk = await _space_pk(tx, space_id)
+    assert space_pk is not None
+    mode = await curation_mode(tx, space_pk)
+    for name in revision.plugins:
+        if await activation(tx, space_pk, name) is not None:
+            continue
+        if mode == "curated":
+            return Verdict(
+                "deny",
+                f"plugin {name!r} is not activated in this space, which is curated: a space "
+                "owner or admin activates it first",
+            )
+        try:
+            await pin(
+                app,
+                tx,
+                space_pk=space_pk,
+                space_id=space_id,
+                name=name,
+                version=None,
+                actor=actor,
+                origin="automatic",
+            )
+        except Problem as problem:
+            return Verdict("deny", f"plugin {name!r} cannot be activated: {problem.detail}")
+    return None
+
+
+async def run_environment(
+    tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+) -> dict[str, Any]:
+    """The run's pins: every plugin its agent names, resolved against the
+    task's space's enabled activations (``RunEnvironmentRefused`` naming the
+    plugin otherwise); none without an agent, or with an agent of another
+    space."""
+    if agent_revision is None or agent_revision.space_id != attempt.space_id:
+        return {"plugins": {"agent_revision_id": None, "pins": []}}
+    space_pk = await _space_pk(tx, attempt.space_id)
+    assert space_pk is not None
+    resolved = []
+    for name in agent_revision.plugins:
+        found = await activation(tx, space_pk, name)
+        if found is None:
+            raise RunEnvironmentRefused(
+                f"agent {agent_revision.agent_name!r} names plugin {name!r}, which this space "
+                "has not activated"
+            )
+        if not found["enabled"]:
+            raise RunEnvironmentRefused(
+                f"plugin {name!r} is suspended in this space; agent "
+                f"{agent_revision.agent_name!r} names it, so its runs stop until it is resumed"
+            )
+        resolved.append(
+            {
+                "name": name,
+                "version": found["version"],
+                "sha256": found["sha256"],
+                "origin": found["origin"],
+                "activated_by": found["activated_by_id"],
+                "activated_at": found["activated_at"],
+            }
+        )
+    return {"plugins": {"agent_revision_id": agent_revision.id, "pins": resolved}}

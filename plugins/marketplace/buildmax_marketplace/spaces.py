@@ -1,0 +1,209 @@
+"""A space's plugins over HTTP, under ``/v1/spaces/{space}``.
+
+``GET /plugins`` (viewers) shows the curation mode and every activation:
+its pin, whether it is enabled, its origin and who made it, whether its
+release was yanked or its plugin archived, whether a newer release exists,
+and which of the space's agents name it (none: "activated, unused").
+Space owners and admins activate or move a pin (``PUT /plugins/{name}``),
+suspend and resume (``POST /plugins/{name}/suspend|resume``) and set the
+curation mode (``PUT /curation``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from buildmax_hookspecs import TaskQueue, Transaction
+from marshmallow import RAISE, Schema, fields, validate
+from quart import Blueprint, Response
+
+from buildmax.access import SpaceAccess, require_space
+from buildmax.apidoc import api
+from buildmax.app import BuildMax, current_buildmax
+from buildmax.auth import authenticate
+from buildmax.bodies import json_response, load_body
+from buildmax.clock import to_rfc3339
+from buildmax.idempotency import Reply
+from buildmax.services import ServiceMissing
+
+from .activation import activation, activations_of, curation_mode, newer, pin, set_enabled
+from .catalog import releases_of
+from .schema import CURATION_MODES, curation
+
+blueprint = Blueprint("space_plugins", __name__)
+
+
+class PinBody(Schema):
+    class Meta:
+        unknown = RAISE
+
+    version = fields.String(required=True, validate=validate.Length(min=1, max=100))
+
+
+class CurationBody(Schema):
+    class Meta:
+        unknown = RAISE
+
+    mode = fields.String(required=True, validate=validate.OneOf(CURATION_MODES))
+
+
+async def _agents_naming(app: BuildMax, conn: Transaction, space_id: str, name: str) -> list[str]:
+    try:
+        queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+    except ServiceMissing:
+        return []
+    return [r.agent_name for r in await queue.agents_naming(conn, space_id, name)]
+
+
+async def activation_view(
+    app: BuildMax, conn: Transaction, space_id: str, row: dict[str, Any]
+) -> dict[str, Any]:
+    """An activation's public fields, with its release's state and its agents."""
+    agents = await _agents_naming(app, conn, space_id, row["name"])
+    return {
+        "name": row["name"],
+        "version": row["version"],
+        "sha256": row["sha256"],
+        "enabled": bool(row["enabled"]),
+        "origin": row["origin"],
+        "activated_by": row["activated_by_id"],
+        "activated_at": to_rfc3339(row["activated_at"]),
+        "updated_by": row["updated_by_id"],
+        "updated_at": to_rfc3339(row["updated_at"]),
+        "yanked": row["yanked_at"] is not None,
+        "yank_reason": row["yank_reason"],
+        "archived": row["archived_at"] is not None,
+        "archive_reason": row["archive_reason"],
+        "newer_release": newer(row["version"], await releases_of(conn, row["name"])),
+        "agents": agents,
+        "unused": not agents,
+    }
+
+
+@blueprint.get("/v1/spaces/<space>/plugins")
+@api(
+    "The space's curation mode and activations, with the agents naming each (viewers)",
+    tags=["catalog"],
+)
+async def list_activations(space: str) -> Response:
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "catalog.activations.read")
+    async with app.db.read() as conn:
+        mode = await curation_mode(conn, access.pk)
+        items = [
+            await activation_view(app, conn, access.public_id, row)
+            for row in await activations_of(conn, access.pk)
+        ]
+    return json_response({"mode": mode, "items": items})
+
+
+async def _change(space: str, action: str) -> tuple[BuildMax, Any, SpaceAccess]:
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "admin", caller, action)
+    return app, caller, access
+
+
+@blueprint.put("/v1/spaces/<space>/plugins/<name>")
+@api(
+    "Activate a release in the space, or move the pin to it (space owners and admins)",
+    body=PinBody,
+    idempotent=True,
+    tags=["catalog"],
+)
+async def put_activation(space: str, name: str) -> Response:
+    """201 for a new activation (origin ``curated``), 200 for a pin moved or
+    already there; 422 ``activation-refused`` with the policy's reason."""
+    app, caller, access = await _change(space, "catalog.activations.manage")
+    data = await load_body(PinBody())
+
+    async def work(tx: Transaction) -> Reply:
+        existed = await activation(tx, access.pk, name) is not None
+        row = await pin(
+            app,
+            tx,
+            space_pk=access.pk,
+            space_id=access.public_id,
+            name=name,
+            version=data["version"],
+            actor=caller.actor,
+            origin="curated",
+            admin_override=access.admin_override,
+        )
+        return Reply(200 if existed else 201, await activation_view(app, tx, access.public_id, row))
+
+    return await app.idempotency.run(caller, work)
+
+
+async def _enable(space: str, name: str, enabled: bool) -> Response:
+    app, caller, access = await _change(space, "catalog.activations.manage")
+
+    async def work(tx: Transaction) -> Reply:
+        row = await set_enabled(
+            app,
+            tx,
+            space_pk=access.pk,
+            space_id=access.public_id,
+            name=name,
+            enabled=enabled,
+            actor=caller.actor,
+            admin_override=access.admin_override,
+        )
+        return Reply(200, await activation_view(app, tx, access.public_id, row))
+
+    return await app.idempotency.run(caller, work)
+
+
+@blueprint.post("/v1/spaces/<space>/plugins/<name>/suspend")
+@api(
+    "Suspend an activation: runs of agents naming it are refused (space owners and admins)",
+    idempotent=True,
+    tags=["catalog"],
+)
+async def suspend(space: str, name: str) -> Response:
+    return await _enable(space, name, False)
+
+
+@blueprint.post("/v1/spaces/<space>/plugins/<name>/resume")
+@api("Resume a suspended activation (space owners and admins)", idempotent=True, tags=["catalog"])
+async def resume(space: str, name: str) -> Response:
+    return await _enable(space, name, True)
+
+
+@blueprint.put("/v1/spaces/<space>/curation")
+@api(
+    "Set the space's curation mode, open or curated (space owners and admins)",
+    body=CurationBody,
+    idempotent=True,
+    tags=["catalog"],
+)
+async def put_curation(space: str) -> Response:
+    """``open`` (the default): an agent naming a plugin activates it;
+    ``curated``: an owner or admin activates it first."""
+    app, caller, access = await _change(space, "catalog.curation.manage")
+    data = await load_body(CurationBody())
+
+    async def work(tx: Transaction) -> Reply:
+        mode = await curation_mode(tx, access.pk)
+        if mode != data["mode"]:
+            values = {
+                "mode": data["mode"],
+                "updated_by": caller.principal_pk,
+                "updated_at": app.clock.now_ms(),
+            }
+            await tx.execute(curation.delete().where(curation.c.space_id == access.pk))
+            await tx.execute(curation.insert().values(space_id=access.pk, **values))
+            await app.audit.record(
+                tx,
+                caller.actor,
+                "curation.changed",
+                space_id=access.public_id,
+                target_type="space",
+                target_id=access.public_id,
+                details={"mode": data["mode"], "previous": mode},
+                admin_override=access.admin_override,
+            )
+        return Reply(200, {"mode": data["mode"]})
+
+    return await app.idempotency.run(caller, work)
