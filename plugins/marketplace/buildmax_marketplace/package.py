@@ -73,6 +73,10 @@ class Limits:
     max_ratio: int = 200
 
 
+#: The limits a reader applies when it is given none.
+DEFAULT_LIMITS = Limits()
+
+
 class PackageRefused(Exception):
     """The archive is not a release this server accepts: ``reason`` says
     why, ``path`` names the entry when one is at fault."""
@@ -107,13 +111,13 @@ class _Entry:
     mode: int
 
 
-def inspect(source: Path, limits: Limits = Limits()) -> Package:
+def inspect(source: Path, limits: Limits = DEFAULT_LIMITS) -> Package:
     """Read the archive at ``source`` without writing anything: its
     manifest, its capability report and its files, or :class:`PackageRefused`."""
     return _read(source, limits, None)
 
 
-def extract(source: Path, dest: Path, limits: Limits = Limits()) -> Package:
+def extract(source: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> Package:
     """Inspect and extract the archive into ``dest`` (which must not exist):
     written into a temporary directory next to it and renamed into place,
     so a refused archive leaves nothing at ``dest``."""

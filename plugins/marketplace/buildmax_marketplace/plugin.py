@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
@@ -46,6 +47,14 @@ def buildmax_blueprints(app: Any) -> list[Any]:
 
     marketplace_settings(app)  # a bad [plugins.marketplace] table stops the app being built
     return [blueprint, space_blueprint]
+
+
+@hookimpl
+def buildmax_register_commands(cli: click.Group) -> None:
+    from .commands import catalog_group, run_group
+
+    cli.add_command(catalog_group)
+    cli.add_command(run_group)
 
 
 @hookimpl

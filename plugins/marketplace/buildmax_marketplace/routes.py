@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
-from buildmax_hookspecs import BlobNotFound, Transaction
+from buildmax_hookspecs import BlobNotFound, TaskQueue, Transaction
 from marshmallow import RAISE, Schema, fields, validate
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -27,7 +27,7 @@ from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
 from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import Forbidden, NotFound, PayloadTooLarge, Problem
+from buildmax.problems import Conflict, Forbidden, NotFound, PayloadTooLarge, Problem
 from buildmax.schema import principals
 from buildmax.streaming import allow_body
 
@@ -418,3 +418,82 @@ async def _audit(
         target_id=row["name"],
         details={"version": row["version"], "sha256_prefix": row["sha256"][:12], **extra},
     )
+
+
+# -- a run's packages --------------------------------------------------------------
+
+
+async def _run_pins(app: BuildMax, attempt_id: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The attempt a run token (or its claimant) may read, and its pins."""
+    caller = await authenticate(accept_scopes=("attempt",))
+    scoped = caller.actor.scope_type == "attempt"
+    if scoped and caller.actor.scope_id != attempt_id:
+        raise NotFound("no such attempt")
+    queue = task_queue(app)
+    async with app.db.read() as conn:
+        attempt = await queue.attempt(conn, attempt_id)
+    if attempt is None or (not scoped and attempt.claimant_id != caller.actor.principal_id):
+        raise NotFound("no such attempt")
+    if attempt.state != "active":
+        raise Conflict(f"the attempt is {attempt.state}", state=attempt.state)
+    environment = attempt.run_environment.get("plugins") or {}
+    return attempt, list(environment.get("pins", []))
+
+
+def task_queue(app: BuildMax) -> TaskQueue:
+    """The tasks plugin's service."""
+    return cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+
+
+@blueprint.get("/v1/attempts/<attempt>/packages")
+@api(
+    "The packages pinned for an attempt (its run token, or its claimant)",
+    scopes=["attempt"],
+    tags=["catalog"],
+)
+async def run_packages(attempt: str) -> Response:
+    """The pins resolved at claim (name, version, sha256), the attempt's
+    space and generation, and the agent revision they came from."""
+    app = current_buildmax()
+    found, pinned = await _run_pins(app, attempt)
+    return json_response(
+        {
+            "attempt_id": found.id,
+            "space_id": found.space_id,
+            "task_id": found.task_id,
+            "generation": found.generation,
+            "agent_revision_id": (found.run_environment.get("plugins") or {}).get(
+                "agent_revision_id"
+            ),
+            "pins": [
+                {
+                    "name": p["name"],
+                    "version": p["version"],
+                    "sha256": p["sha256"],
+                    "package_url": f"/v1/attempts/{found.id}/packages/{p['name']}",
+                }
+                for p in pinned
+            ],
+        }
+    )
+
+
+@blueprint.get("/v1/attempts/<attempt>/packages/<name>")
+@api(
+    "Download one of an attempt's pinned packages (its run token, or its claimant)",
+    scopes=["attempt"],
+    tags=["catalog"],
+    content_type="application/octet-stream",
+)
+async def run_package(attempt: str, name: str) -> Response:
+    """Only a package the attempt's pins name, at the pinned version and digest."""
+    app = current_buildmax()
+    _, pinned = await _run_pins(app, attempt)
+    wanted = next((p for p in pinned if p["name"] == name), None)
+    if wanted is None:
+        raise NotFound("this attempt has no pin of that plugin")
+    async with app.db.read() as conn:
+        row = await release(conn, name, wanted["version"])
+    if row is None or row["sha256"] != wanted["sha256"]:
+        raise NotFound("the pinned release is no longer in the catalog")
+    return await package_response(app, row)

@@ -1,0 +1,186 @@
+"""The worker side over real HTTP: the run-scoped package routes and
+``buildmax run materialize`` (bullets of seed 001 §14, named after them).
+
+The sync client and the command run in worker threads because the live
+server shares the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from buildmax_marketplace.materialize import MaterializationFailed, materialize
+from buildmax_tasks.schema import attempts
+from click.testing import CliRunner
+
+from buildmax.cli import _register_commands, cli
+from buildmax.client import TOKEN_ENV, URL_ENV, Client
+
+from .archives import FILES, SKILL_ONLY, tar_gz
+
+HOOKED, SKILLS = "lint-helpers", "notes"
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch, tmp_path):
+    for name in (URL_ENV, TOKEN_ENV, "GITHUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+@pytest.fixture
+async def run(market, tmp_path):
+    """An agent naming both plugins (the hooked one eligible) and a claimed
+    attempt of its task: (claim answer, published releases)."""
+    base = f"/v1/spaces/{market.space.id}"
+    hooked = await market.publish(tar_gz(tmp_path / "h.tar.gz"), HOOKED)
+    skills = await market.publish(tar_gz(tmp_path / "s.tar.gz", SKILL_ONLY), SKILLS)
+    await market.call(
+        "POST",
+        f"/v1/catalog/{HOOKED}/releases/1.2.0/eligibility",
+        market.admin,
+        json={"eligible": True, "sha256": hooked["sha256"]},
+        expect=200,
+    )
+    await market.call("POST", f"{base}/projects", market.owner, json={"name": "main"}, expect=201)
+    body = {"name": "worker", "instructions": "", "plugins": [HOOKED, SKILLS]}
+    await market.call("POST", f"{base}/agents", market.owner, json=body, expect=201)
+    task = await market.call(
+        "POST",
+        f"{base}/tasks",
+        market.owner,
+        json={"project": "main", "title": "work", "agent": "worker"},
+        expect=201,
+    )
+    claim = await market.call(
+        "POST", f"{base}/tasks/{task['id']}/claim", market.agent, json={}, expect=201
+    )
+    return claim, {HOOKED: hooked, SKILLS: skills}
+
+
+def in_thread(url, token, work):
+    def go():
+        with Client(url, token, retries=0) as client:
+            return work(client)
+
+    return asyncio.to_thread(go)
+
+
+async def test_a_worker_materializes_exactly_the_pinned_release_verified_against_its_digest_before_extraction_into_its_run_scoped_home(
+    market, run, live_server, tmp_path
+):
+    claim, published = run
+    home = tmp_path / "run-home"
+    placed = await in_thread(
+        live_server, claim["token"], lambda c: materialize(c, claim["attempt"]["id"], home)
+    )
+    assert [(p["name"], p["version"]) for p in placed.pins] == [(HOOKED, "1.2.0"), (SKILLS, "0.1")]
+    assert placed.lock.read_text() == "".join(
+        f"{name} {published[name]['version']} {published[name]['sha256']}\n"
+        for name in (HOOKED, SKILLS)
+    )
+    for name, content in FILES.items():
+        assert (home / "plugins" / HOOKED / name).read_text() == content
+    assert (home / "plugins" / SKILLS / "skills/note/SKILL.md").exists()
+    assert sorted(p.name for p in (home / "plugins").iterdir()) == [
+        "environment.lock",
+        HOOKED,
+        SKILLS,
+    ]
+    assert sorted(p.name for p in home.iterdir()) == ["plugins"]
+
+
+async def test_a_run_token_can_download_only_the_packages_its_own_runs_pins_name_and_cannot_read_the_catalog(
+    market, run, tmp_path
+):
+    claim, _ = run
+    token, attempt = claim["token"], claim["attempt"]["id"]
+    listing = await market.call("GET", f"/v1/attempts/{attempt}/packages", token, expect=200)
+    assert [p["name"] for p in listing["pins"]] == [HOOKED, SKILLS]
+    await market.call("GET", f"/v1/attempts/{attempt}/packages/{SKILLS}", token, expect=200)
+    await market.publish(
+        tar_gz(
+            tmp_path / "o.tar.gz",
+            {
+                **SKILL_ONLY,
+                "buildmax-plugin.toml": SKILL_ONLY["buildmax-plugin.toml"].replace(
+                    '"notes"', '"other"'
+                ),
+            },
+        ),
+        "other",
+    )
+    await market.call("GET", f"/v1/attempts/{attempt}/packages/other", token, expect=404)
+    await market.call("GET", "/v1/attempts/at_someone_else/packages", token, expect=404)
+    for path in ("/v1/catalog", f"/v1/catalog/{SKILLS}/releases/0.1/package"):
+        await market.call("GET", path, token, expect=403, problem="token-scope-refused")
+    # Another principal's unscoped token is not the run's either.
+    await market.call("GET", f"/v1/attempts/{attempt}/packages", market.owner, expect=404)
+
+
+async def test_a_package_that_fails_verification_or_inspection_fails_the_run_rather_than_starting_it_without_that_plugin(
+    market, run, live_server, tmp_path
+):
+    claim, published = run
+    blob = (
+        market.app.settings.data_path
+        / "blobs"
+        / "marketplace"
+        / "sha256"
+        / published[SKILLS]["sha256"]
+    )
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    home = tmp_path / "run-home"
+    with pytest.raises(MaterializationFailed, match="sha256"):
+        await in_thread(
+            live_server, claim["token"], lambda c: materialize(c, claim["attempt"]["id"], home)
+        )
+    assert not (home / "plugins").exists()
+    assert list(home.iterdir()) == []
+
+    _register_commands()
+    argv = [
+        "run",
+        "materialize",
+        "--attempt",
+        claim["attempt"]["id"],
+        "--home",
+        str(home),
+        "--url",
+        live_server,
+        "--token",
+        claim["token"],
+    ]
+    result = await asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+    assert result.exit_code != 0 and "materialization failed" in result.stderr
+    assert not (home / "plugins").exists()
+    (row,) = await market.rows(attempts)
+    assert row["state"] == "failed" and "sha256" in row["end_reason"]
+
+
+async def test_a_spaces_declared_environment_variables_that_are_unset_are_reported_by_the_run_rather_than_silently_ignored(
+    market, run, live_server, tmp_path
+):
+    claim, _ = run
+    _register_commands()
+    argv = [
+        "run",
+        "materialize",
+        "--attempt",
+        claim["attempt"]["id"],
+        "--home",
+        str(tmp_path / "home"),
+        "--url",
+        live_server,
+        "--token",
+        claim["token"],
+        "--json",
+    ]
+    result = await asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert "lint-helpers reads GITHUB_TOKEN, not set here" in result.stderr
+    assert json.loads(result.stdout)["unset_environment"] == {HOOKED: ["GITHUB_TOKEN"]}
