@@ -187,6 +187,9 @@ class TaskQueue(Protocol):
     ) -> Sequence[AgentRevisionRef]:
         """The current revisions of the space's agents whose selection names ``plugin``."""
 
+    async def agents(self, conn: Transaction, space_id: str) -> Sequence[AgentRevisionRef]:
+        """The current revisions of the space's agents, by name."""
+
     async def tasks(self, conn: Transaction, task_ids: Sequence[str]) -> Mapping[str, TaskRef]:
         """Tasks by public id, in one read (ids not found are left out)."""
 

@@ -3,7 +3,9 @@
 ``GET /plugins`` (viewers) shows the curation mode and every activation:
 its pin, whether it is enabled, its origin and who made it, whether its
 release was yanked or its plugin archived, whether a newer release exists,
-and which of the space's agents name it (none: "activated, unused").
+and which of the space's agents name it (none: "activated, unused"); and per
+agent, what it names, what of that is not activated, and what the space
+activated that it does not name.
 Space owners and admins activate or move a pin (``PUT /plugins/{name}``),
 suspend and resume (``POST /plugins/{name}/suspend|resume``) and set the
 curation mode (``PUT /curation``).
@@ -47,19 +49,26 @@ class CurationBody(Schema):
     mode = fields.String(required=True, validate=validate.OneOf(CURATION_MODES))
 
 
-async def _agents_naming(app: BuildMax, conn: Transaction, space_id: str, name: str) -> list[str]:
+async def _agents(app: BuildMax, conn: Transaction, space_id: str) -> dict[str, list[str]]:
+    """Each of the space's agents and the plugins its current revision names."""
     try:
         queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
     except ServiceMissing:
-        return []
-    return [r.agent_name for r in await queue.agents_naming(conn, space_id, name)]
+        return {}
+    return {r.agent_name: list(r.plugins) for r in await queue.agents(conn, space_id)}
 
 
 async def activation_view(
-    app: BuildMax, conn: Transaction, space_id: str, row: dict[str, Any]
+    app: BuildMax,
+    conn: Transaction,
+    space_id: str,
+    row: dict[str, Any],
+    agents: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """An activation's public fields, with its release's state and its agents."""
-    agents = await _agents_naming(app, conn, space_id, row["name"])
+    """An activation's public fields, with its release's state and the
+    agents naming it."""
+    every = agents if agents is not None else await _agents(app, conn, space_id)
+    naming = sorted(agent for agent, names in every.items() if row["name"] in names)
     return {
         "name": row["name"],
         "version": row["version"],
@@ -75,8 +84,8 @@ async def activation_view(
         "archived": row["archived_at"] is not None,
         "archive_reason": row["archive_reason"],
         "newer_release": newer(row["version"], await releases_of(conn, row["name"])),
-        "agents": agents,
-        "unused": not agents,
+        "agents": naming,
+        "unused": not naming,
     }
 
 
@@ -91,11 +100,20 @@ async def list_activations(space: str) -> Response:
     access = await require_space(space, "viewer", caller, "catalog.activations.read")
     async with app.db.read() as conn:
         mode = await curation_mode(conn, access.pk)
-        items = [
-            await activation_view(app, conn, access.public_id, row)
-            for row in await activations_of(conn, access.pk)
-        ]
-    return json_response({"mode": mode, "items": items})
+        agents = await _agents(app, conn, access.public_id)
+        rows = await activations_of(conn, access.pk)
+        items = [await activation_view(app, conn, access.public_id, r, agents) for r in rows]
+    activated = {r["name"] for r in rows}
+    per_agent = [
+        {
+            "name": agent,
+            "names": names,
+            "not_activated": sorted(set(names) - activated),
+            "activated_not_named": sorted(activated - set(names)),
+        }
+        for agent, names in agents.items()
+    ]
+    return json_response({"mode": mode, "items": items, "agents": per_agent})
 
 
 async def _change(space: str, action: str) -> tuple[BuildMax, Any, SpaceAccess]:

@@ -3,12 +3,10 @@ HTTP: the bullets of seed 001 §14 that this part of the plugin covers, each
 a test named after its bullet (a *run* is an attempt; *fails the run* means
 the claim is refused and no attempt exists).
 
-Bullets covered elsewhere or later: materialization and the run-scoped
-download (the worker side) come with the materialization command; "Tier 1
-conversations still load no plugins" is not applicable: BuildMax has no
-conversation surface, only attempts; "a space's declared environment
-variables that are unset are reported by the run" belongs to the
-materialization command too.
+The worker-side bullets (materialization, verification failure, the run
+token's downloads, unset environment variables) are in test_materialize.py.
+Not applicable: "Tier 1 conversations still load no plugins": BuildMax has
+no conversation surface; every run is an attempt, covered above.
 """
 
 from __future__ import annotations
@@ -441,3 +439,36 @@ async def test_a_third_party_activation_policy_is_asked_too(market, space):
         assert "notes are not allowed" in refused["detail"]
     finally:
         market.app.plugins.pm.unregister(name="no-notes")
+
+
+async def test_the_space_view_shows_per_agent_what_it_names_and_what_it_does_not(market, space):
+    await space.eligible(space.hooked)
+    await space.activate(SKILLS, "1.0")
+    await space.activate(HOOKED, "1.0")
+    await space.agent("writer", [SKILLS])
+    await space.agent("plain", [])
+    view = await space.view()
+    assert {i["name"]: (i["agents"], i["unused"]) for i in view["items"]} == {
+        SKILLS: (["writer"], False),
+        HOOKED: ([], True),
+    }
+    assert {a["name"]: (a["names"], a["activated_not_named"]) for a in view["agents"]} == {
+        "plain": ([], [HOOKED, SKILLS]),
+        "writer": ([SKILLS], [HOOKED]),
+    }
+
+
+async def test_pins_move_only_when_somebody_moves_them_and_the_move_is_audited(market, space):
+    """Item 3: a new release changes nothing for an activation or a
+    dispatched task; an explicit move does, for the next claim only."""
+    await space.activate(SKILLS, "1.0")
+    await space.agent("writer", [SKILLS])
+    _, before = await space.claim("writer")
+    newer = await space.publish(SKILL_ONLY, SKILLS, "2.0")
+    _, still = await space.claim("writer")
+    assert pins_of(still) == pins_of(before) == [(SKILLS, "1.0", space.skills["sha256"])]
+    await space.activate(SKILLS, "2.0", expect=200)
+    _, after = await space.claim("writer")
+    assert pins_of(after) == [(SKILLS, "2.0", newer["sha256"])]
+    (moved,) = await market.audited("activation.pin_moved")
+    assert json.loads(moved["details"])["from_version"] == "1.0"

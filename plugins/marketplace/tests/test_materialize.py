@@ -184,3 +184,50 @@ async def test_a_spaces_declared_environment_variables_that_are_unset_are_report
     assert result.exit_code == 0, result.stderr
     assert "lint-helpers reads GITHUB_TOKEN, not set here" in result.stderr
     assert json.loads(result.stdout)["unset_environment"] == {HOOKED: ["GITHUB_TOKEN"]}
+
+
+async def test_j09_a_space_activates_a_skill_only_release_and_a_claimed_attempt_materializes_exactly_it(
+    market, live_server, tmp_path
+):
+    """J09: a space activates a skill-only release; a claimed attempt
+    resolves exactly the pinned release; materialization verifies the
+    digest; the trace names the activation, version and digest.
+    (J10-J12 are the bullet tests of test_activation.py: eligibility and its
+    carry-over, open mode's automatic pin, agentless and suspended runs.)"""
+    base = f"/v1/spaces/{market.space.id}"
+    made = await market.publish(tar_gz(tmp_path / "s.tar.gz", SKILL_ONLY), SKILLS)
+    await market.call(
+        "PUT", f"{base}/plugins/{SKILLS}", market.owner, json={"version": "0.1"}, expect=201
+    )
+    await market.call("POST", f"{base}/projects", market.owner, json={"name": "main"}, expect=201)
+    body = {"name": "scribe", "instructions": "", "plugins": [SKILLS]}
+    await market.call("POST", f"{base}/agents", market.owner, json=body, expect=201)
+    task = await market.call(
+        "POST",
+        f"{base}/tasks",
+        market.owner,
+        json={"project": "main", "title": "write", "agent": "scribe"},
+        expect=201,
+    )
+    claim = await market.call(
+        "POST", f"{base}/tasks/{task['id']}/claim", market.agent, json={}, expect=201
+    )
+    (pin,) = claim["attempt"]["run_environment"]["plugins"]["pins"]
+    assert (pin["name"], pin["version"], pin["sha256"], pin["origin"], pin["activated_by"]) == (
+        SKILLS,
+        "0.1",
+        made["sha256"],
+        "curated",
+        market.owner.id,
+    )
+    placed = await in_thread(
+        live_server,
+        claim["token"],
+        lambda c: materialize(c, claim["attempt"]["id"], tmp_path / "h"),
+    )
+    assert placed.lock.read_text() == f"{SKILLS} 0.1 {made['sha256']}\n"
+    assert (tmp_path / "h/plugins/notes/skills/note/SKILL.md").read_text() == SKILL_ONLY[
+        "skills/note/SKILL.md"
+    ]
+    (event,) = await market.audited("activation.created")
+    assert made["sha256"][:12] in event["details"]

@@ -95,6 +95,15 @@ class SqlTaskQueue:
         )
         return [agent_revision_ref(dict(r)) for r in rows]
 
+    async def agents(self, conn: Transaction, space_id: str) -> Sequence[AgentRevisionRef]:
+        rows = await conn.fetch_all(
+            AGENT_REVISION_SELECT.where(
+                spaces.c.public_id == space_id,
+                agents.c.current_revision_id == agent_revisions.c.id,
+            ).order_by(agents.c.name)
+        )
+        return [agent_revision_ref(dict(r)) for r in rows]
+
     async def tasks(self, conn: Transaction, task_ids: Sequence[str]) -> Mapping[str, TaskRef]:
         if not task_ids:
             return {}
