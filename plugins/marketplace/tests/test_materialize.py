@@ -231,3 +231,21 @@ async def test_j09_a_space_activates_a_skill_only_release_and_a_claimed_attempt_
     ]
     (event,) = await market.audited("activation.created")
     assert made["sha256"][:12] in event["details"]
+
+
+async def test_a_package_refused_by_inspection_on_the_worker_leaves_nothing(
+    market, run, live_server, tmp_path
+):
+    """The worker's reader may be stricter than the server's: a package it
+    refuses fails the whole materialization all the same."""
+    from buildmax_marketplace.package import Limits
+
+    claim, _ = run
+    home = tmp_path / "run-home"
+    with pytest.raises(MaterializationFailed, match="more than 3 entries"):
+        await in_thread(
+            live_server,
+            claim["token"],
+            lambda c: materialize(c, claim["attempt"]["id"], home, Limits(max_entries=3)),
+        )
+    assert list(home.iterdir()) == []
