@@ -38,6 +38,7 @@ import struct
 import tarfile
 import tempfile
 import tomllib
+import unicodedata
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -151,24 +152,28 @@ class _Reader:
         self.total = 0
         self.toml: dict[str, bytes] = {}
 
-    def admit(self, raw_name: str, kind: str, size: int, mode: int) -> str:
-        """Check one entry's name, kind and declared size; its clean path."""
+    def admit(self, raw_name: str, kind: str, size: int, mode: int) -> str | None:
+        """Check one entry's name, kind and declared size; its clean path
+        (``None`` for the archive's root directory, ``./``)."""
+        if kind == "dir" and raw_name.rstrip("/") in (".", ""):
+            return None
         if len(self.entries) >= self.limits.max_entries:
             raise PackageRefused(f"more than {self.limits.max_entries} entries")
         path = _clean(raw_name)
         if kind == "file":
             self._count(size, path)
-        folded = path.casefold()
+        folded = unicodedata.normalize("NFC", path).casefold()
         if path in self.entries or folded in self.folded:
             first = self.folded.get(folded, path)
             raise PackageRefused(f"duplicate of {first!r}", path)
         if kind == "file" and folded in self.implied:
             raise PackageRefused("a file where another entry needs a directory", path)
         for parent in _parents(path):
-            existing = self.entries.get(self.folded.get(parent.casefold(), parent))
+            parent_folded = unicodedata.normalize("NFC", parent).casefold()
+            existing = self.entries.get(self.folded.get(parent_folded, parent))
             if existing is not None and existing.kind == "file":
                 raise PackageRefused(f"{parent!r} is a file, not a directory", path)
-            self.implied.add(parent.casefold())
+            self.implied.add(parent_folded)
         self.entries[path] = _Entry(path, size, kind, mode)
         self.folded[folded] = path
         return path
@@ -276,6 +281,8 @@ def _read_tar(fh: IO[bytes], reader: _Reader) -> None:
                 path = reader.admit(
                     member.name, kind, member.size if kind == "file" else 0, member.mode
                 )
+                if path is None:
+                    continue
                 if kind == "dir":
                     reader.directory(path)
                     continue
@@ -312,6 +319,8 @@ def _read_zip(fh: IO[bytes], size: int, reader: _Reader) -> None:
                 path = reader.admit(
                     info.filename, kind, info.file_size if kind == "file" else 0, mode
                 )
+                if path is None:
+                    continue
                 if kind == "dir":
                     reader.directory(path)
                     continue
@@ -319,7 +328,7 @@ def _read_zip(fh: IO[bytes], size: int, reader: _Reader) -> None:
                     reader.content(path, _chunks(member), info.file_size, mode)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error) as exc:
         raise PackageRefused(f"not a readable .zip archive ({exc})") from None
-    except NotImplementedError as exc:
+    except (NotImplementedError, RuntimeError) as exc:
         raise PackageRefused(f"an unsupported .zip feature ({exc})") from None
 
 
@@ -354,14 +363,27 @@ def _zip64_directory(fh: IO[bytes], tail: bytes, at: int) -> tuple[int, int]:
     return entries, directory_size
 
 
+#: Zip compression methods read: ``zipfile`` bounds the output of deflate
+#: only (a bzip2 or lzma entry of a few bytes can inflate to gigabytes).
+_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+
+
 def _zip_kind(info: zipfile.ZipInfo, mode: int) -> str:
+    if info.flag_bits & 0x1:
+        raise PackageRefused("an encrypted entry", info.filename)
+    if info.compress_type not in _ZIP_METHODS:
+        raise PackageRefused("compressed with a method other than stored or deflate", info.filename)
     file_type = stat.S_IFMT(mode)
     if file_type == stat.S_IFLNK:
         raise PackageRefused("a symbolic link", info.filename)
     if file_type not in (0, stat.S_IFREG, stat.S_IFDIR):
         raise PackageRefused("not a regular file or a directory", info.filename)
     # ``ZipInfo.is_dir`` fails on an empty name: the path check refuses it later.
-    return "dir" if info.filename.endswith("/") or file_type == stat.S_IFDIR else "file"
+    if info.filename.endswith("/") or file_type == stat.S_IFDIR:
+        if info.file_size:
+            raise PackageRefused("a directory entry holding data", info.filename)
+        return "dir"
+    return "file"
 
 
 def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
@@ -373,6 +395,8 @@ def _clean(raw: str) -> str:
     """The entry's path, or :class:`PackageRefused` for one that could land
     outside the target or means different things on different systems."""
     name = raw[:-1] if raw.endswith("/") else raw
+    while name.startswith("./"):
+        name = name[2:]  # what ``tar -C dir .`` writes
     if not name:
         raise PackageRefused("an empty path", raw)
     if "\\" in name or "\x00" in name or any(ord(c) < 32 for c in name):

@@ -248,3 +248,84 @@ def test_an_oversized_tar_header_is_cut_off_while_decompressing(tmp_path):
         archive.addfile(info, None)
     with pytest.raises(PackageRefused, match="more bytes than the limits allow"):
         inspect(path, Limits(max_entries=10, max_total_bytes=1000))
+
+
+def test_a_bzip2_zip_entry_is_refused_before_it_inflates(tmp_path):
+    """``zipfile`` bounds only deflate: a 2 KB bzip2 entry could inflate to
+    gigabytes. Only stored and deflate are read."""
+    path = tmp_path / "bz.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_BZIP2) as archive:
+        for name, content in SKILL_ONLY.items():
+            archive.writestr(name, content)
+    with pytest.raises(PackageRefused, match="a method other than stored or deflate"):
+        inspect(path)
+
+
+def test_an_encrypted_zip_entry_and_a_directory_with_data_are_refused(tmp_path):
+    path = zip_file(tmp_path / "enc.zip", SKILL_ONLY)
+    raw = bytearray(path.read_bytes())
+    # Set the encryption bit of every local and central header.
+    for signature, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = raw.find(signature)
+        while at >= 0:
+            raw[at + offset] |= 0x1
+            at = raw.find(signature, at + 4)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PackageRefused, match="an encrypted entry"):
+        inspect(path)
+
+    folder = tmp_path / "dir.zip"
+    with zipfile.ZipFile(folder, "w") as archive:
+        for name, content in SKILL_ONLY.items():
+            archive.writestr(name, content)
+        info = zipfile.ZipInfo("skills/note/stash/")
+        info.external_attr = 0o040755 << 16
+        archive.writestr(info, b"hidden bytes")
+    with pytest.raises(PackageRefused, match="a directory entry holding data"):
+        inspect(folder)
+
+
+def test_a_tarball_of_a_directory_with_dot_slash_names_is_read(tmp_path):
+    """``tar -C dir -czf x.tar.gz .`` writes ``./`` and ``./name``."""
+    source = tmp_path / "src"
+    for name, content in SKILL_ONLY.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(content)
+    path = tmp_path / "dot.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(source, arcname=".")
+    package = inspect(path)
+    assert [p for p, _ in package.files] == sorted(SKILL_ONLY)
+    dest = tmp_path / "out"
+    extract(path, dest)
+    assert (dest / "skills/note/SKILL.md").read_text() == SKILL_ONLY["skills/note/SKILL.md"]
+
+
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ([member("skills/note/x", size=1), member("skills/note/x/y", size=1)], "is a file"),
+        ([member("skills/note/x/y", size=1), member("skills/note/x", size=1)], "needs a directory"),
+        (
+            [
+                member("skills/note/caf\u00e9.md", size=1),
+                member("skills/note/cafe\u0301.md", size=1),
+            ],
+            "duplicate of",
+        ),
+    ],
+    ids=["file then its child", "child then a file", "unicode normalisation"],
+)
+def test_conflicting_paths_are_refused(tmp_path, extra, reason):
+    with pytest.raises(PackageRefused, match=reason):
+        inspect(tar_gz(tmp_path / "c.tar.gz", SKILL_ONLY, extra=extra))
+
+
+def test_a_zip_device_entry_is_refused(tmp_path):
+    path = zip_file(tmp_path / "dev.zip", SKILL_ONLY)
+    with zipfile.ZipFile(path, "a") as archive:
+        info = zipfile.ZipInfo("skills/note/dev")
+        info.external_attr = 0o020644 << 16
+        archive.writestr(info, b"")
+    with pytest.raises(PackageRefused, match="not a regular file or a directory"):
+        inspect(path)
