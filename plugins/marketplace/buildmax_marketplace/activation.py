@@ -17,6 +17,7 @@ from buildmax_hookspecs import Actor, ReleaseRef, Transaction, Verdict
 from packaging.version import Version
 
 from buildmax.app import BuildMax
+from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.problems import NotFound, ValidationFailed
 from buildmax.schema import principals
 
@@ -68,9 +69,10 @@ async def refusal(
     return None
 
 
-async def curation_mode(conn: Transaction, space_pk: int) -> str:
-    """``open`` (the default) or ``curated``."""
-    mode = await conn.fetch_val(sa.select(curation.c.mode).where(curation.c.space_id == space_pk))
+async def curation_mode(conn: Transaction, space_pk: int, *, lock: bool = False) -> str:
+    """``open`` (the default) or ``curated``; ``lock`` holds its row."""
+    query = sa.select(curation.c.mode).where(curation.c.space_id == space_pk)
+    mode = await conn.fetch_val(query.with_for_update() if lock else query)
     return str(mode or "open")
 
 
@@ -88,6 +90,7 @@ ACTIVATION_SELECT = sa.select(
     releases.c.yanked_at,
     releases.c.yank_reason,
     releases.c.executable,
+    releases.c.eligible_at,
     _activated_by.c.public_id.label("activated_by_id"),
     _updated_by.c.public_id.label("updated_by_id"),
 ).select_from(
@@ -98,11 +101,15 @@ ACTIVATION_SELECT = sa.select(
 )
 
 
-async def activation(conn: Transaction, space_pk: int, name: str) -> dict[str, Any] | None:
-    """The space's activation of plugin ``name``, or ``None``."""
-    row = await conn.fetch_one(
-        ACTIVATION_SELECT.where(activations.c.space_id == space_pk, plugins.c.name == name)
-    )
+async def activation(
+    conn: Transaction, space_pk: int, name: str, *, lock: bool = False
+) -> dict[str, Any] | None:
+    """The space's activation of plugin ``name``, or ``None``; ``lock``
+    holds its row until the transaction ends (concurrent changes wait)."""
+    query = ACTIVATION_SELECT.where(activations.c.space_id == space_pk, plugins.c.name == name)
+    if lock:
+        query = query.with_for_update(of=activations)
+    row = await conn.fetch_one(query)
     return dict(row) if row is not None else None
 
 
@@ -133,11 +140,11 @@ async def pin(
     actor: Actor,
     origin: str,
     admin_override: bool = False,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
     """Activate ``name`` in the space, or move its pin, to ``version`` (the
-    latest release the policy allows when ``None``); audited. 404 for an
-    unknown plugin or release, 422 ``activation-refused`` with the policy's
-    reason."""
+    latest release the policy allows when ``None``); audited. The activation
+    and whether it was created. 404 for an unknown plugin or release, 422
+    ``activation-refused`` with the policy's reason."""
     if version is not None:
         target = await release(tx, name, version)
         if target is None:
@@ -149,7 +156,6 @@ async def pin(
         target = await latest_allowed(app, tx, space_id, name, actor)
     if target["archived_at"] is not None:
         raise ActivationRefused(f"{name} is archived: {target['archive_reason']}", plugin=name)
-    current = await activation(tx, space_pk, name)
     now = app.clock.now_ms()
     by = await _principal_pk(tx, actor)
     details = {
@@ -157,9 +163,14 @@ async def pin(
         "version": target["version"],
         "sha256_prefix": target["sha256"][:12],
     }
+    current = await activation(tx, space_pk, name, lock=True)
+    created = None
     if current is None:
-        await tx.execute(
-            activations.insert().values(
+        # A concurrent first activation wins the unique key; this one then
+        # reads it (and, being explicit, moves its pin; automatic never does).
+        created = await tx.fetch_val(
+            insert_ignoring_conflict(tx.dialect, activations)
+            .values(
                 space_id=space_pk,
                 plugin_id=target["plugin_id"],
                 release_id=target["id"],
@@ -170,9 +181,16 @@ async def pin(
                 updated_by=by,
                 updated_at=now,
             )
+            .returning(activations.c.id)
         )
+        if created is None:
+            current = await activation(tx, space_pk, name, lock=True)
+            assert current is not None
+            if origin == "automatic":
+                return current, False
+    if created is not None:
         action, details = "activation.created", {**details, "origin": origin}
-    elif current["release_id"] != target["id"]:
+    elif current is not None and current["release_id"] != target["id"]:
         await tx.execute(
             sa.update(activations)
             .where(activations.c.id == current["id"])
@@ -180,7 +198,8 @@ async def pin(
         )
         action, details = "activation.pin_moved", {**details, "from_version": current["version"]}
     else:
-        return current
+        assert current is not None
+        return current, False
     await app.audit.record(
         tx,
         actor,
@@ -193,20 +212,21 @@ async def pin(
     )
     found = await activation(tx, space_pk, name)
     assert found is not None
-    return found
+    return found, created is not None
 
 
 async def latest_allowed(
     app: BuildMax, tx: Transaction, space_id: str, name: str, actor: Actor
 ) -> dict[str, Any]:
-    """The newest unyanked release of ``name`` the activation policy allows
-    in the space; 404 for a plugin not in the catalog, 422 when none is allowed."""
+    """The newest unyanked final release (pre-releases are pinned only on
+    purpose) of ``name`` the activation policy allows in the space; 404 for a
+    plugin not in the catalog, 422 when none is allowed."""
     found = await releases_of(tx, name)
     if not found:
         raise NotFound(f"{name} is not in the catalog")
     reasons = []
     for row in found:
-        if row["yanked_at"] is not None:
+        if row["yanked_at"] is not None or Version(row["version"]).is_prerelease:
             continue
         reason = await refusal(app, tx, space_id, row, actor)
         if reason is None:
@@ -231,7 +251,7 @@ async def set_enabled(
     admin_override: bool = False,
 ) -> dict[str, Any]:
     """Suspend or resume an activation (its pin stays); audited when it changes."""
-    current = await activation(tx, space_pk, name)
+    current = await activation(tx, space_pk, name, lock=True)
     if current is None:
         raise NotFound(f"{name} is not activated in this space")
     if bool(current["enabled"]) == enabled:
@@ -265,9 +285,14 @@ async def set_enabled(
 
 
 def newer(current_version: str, releases_newest_first: list[dict[str, Any]]) -> str | None:
-    """The newest unyanked version above ``current_version``, if any."""
+    """The newest unyanked final version above ``current_version``, if any."""
     for row in releases_newest_first:
-        if row["yanked_at"] is None and Version(row["version"]) > Version(current_version):
+        candidate = Version(row["version"])
+        if (
+            row["yanked_at"] is None
+            and not candidate.is_prerelease
+            and candidate > Version(current_version)
+        ):
             return str(row["version"])
         if Version(row["version"]) <= Version(current_version):
             return None

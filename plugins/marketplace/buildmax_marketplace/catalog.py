@@ -109,8 +109,15 @@ async def publish(
     version = str(Version(package.version))
     async with app.db.read() as conn:
         existing = await _release(conn, name, version)
+        archived = await conn.fetch_val(
+            sa.select(plugins.c.archive_reason).where(
+                plugins.c.name == name, plugins.c.archived_at.is_not(None)
+            )
+        )
     if existing is not None:
         return _same_or_refused(existing, spooled), False
+    if archived is not None:
+        raise PluginArchived(f"{name} is archived ({archived}); nothing more is published to it")
     ref = await blob_store(app).put(
         KEY_PREFIX, read_file(spooled.path), max_bytes=spooled.size, expected_sha256=spooled.sha256
     )

@@ -166,7 +166,7 @@ def materialize_command(remote: Remote, attempt_id: str, home: Path) -> None:
     """
     try:
         placed = materialize(remote.client, attempt_id, home)
-    except MaterializationFailed as exc:
+    except (MaterializationFailed, BuildMaxError, OSError) as exc:
         _fail_attempt(remote, attempt_id, str(exc))
         raise CommandError(f"materialization failed: {exc}") from None
     for name, variables in placed.unset_environment.items():

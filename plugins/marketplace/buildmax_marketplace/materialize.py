@@ -42,14 +42,17 @@ class Materialized:
 
 
 def materialize(
-    client: Client, attempt_id: str, home: Path, limits: Limits = DEFAULT_LIMITS
+    client: Client, attempt_id: str, home: Path, limits: Limits | None = None
 ) -> Materialized:
     """Download, verify and extract an attempt's pinned packages under
-    ``home/plugins`` (which must not exist yet); all or nothing."""
+    ``home/plugins`` (which must not exist yet); all or nothing. ``limits``
+    default to the server's (what it accepted at publish)."""
     listing = client.request("GET", f"/v1/attempts/{attempt_id}/packages")
     pins: list[dict[str, Any]] = list(listing["pins"])
+    if limits is None:
+        limits = Limits(**listing["limits"]) if "limits" in listing else DEFAULT_LIMITS
     target = home / "plugins"
-    if target.exists():
+    if target.exists() or target.is_symlink():
         raise MaterializationFailed(f"{target} exists already; materialize into a fresh home")
     home.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".plugins-", dir=home))

@@ -10,6 +10,7 @@ capability report they read.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from typing import Any, cast
@@ -32,7 +33,6 @@ from buildmax.schema import principals
 from buildmax.streaming import allow_body
 
 from .catalog import (
-    ReleaseExists,
     publish,
     release,
     releases_of,
@@ -44,6 +44,10 @@ from .settings import marketplace_settings
 blueprint = Blueprint("catalog", __name__)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
+
+
+class DigestMismatch(Conflict):
+    slug, title = "release-digest-mismatch", "The digest named is not this release's"
 
 
 class BlobGone(Problem):
@@ -384,7 +388,7 @@ async def eligibility(name: str, version: str) -> Response:
     async def work(tx: Transaction) -> Reply:
         row = await _release_or_404(tx, name, version)
         if data["sha256"] != row["sha256"]:
-            raise ReleaseExists(
+            raise DigestMismatch(
                 f"{name} {row['version']} has sha256 {row['sha256'][:12]}…, not the release "
                 "you read; read its capability report again",
                 sha256=row["sha256"],
@@ -465,6 +469,8 @@ async def run_packages(attempt: str) -> Response:
             "agent_revision_id": (found.run_environment.get("plugins") or {}).get(
                 "agent_revision_id"
             ),
+            # The server's reader limits: what it accepted, its workers accept.
+            "limits": dataclasses.asdict(marketplace_settings(app).limits),
             "pins": [
                 {
                     "name": p["name"],

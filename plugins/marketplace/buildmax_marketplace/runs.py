@@ -26,7 +26,7 @@ from buildmax.app import current_buildmax
 from buildmax.problems import Problem
 from buildmax.schema import spaces
 
-from .activation import activation, curation_mode, pin
+from .activation import activation, curation_mode, pin, refusal
 
 
 async def _space_pk(tx: Transaction, space_id: str) -> int | None:
@@ -81,6 +81,12 @@ async def run_environment(
         return {"plugins": {"agent_revision_id": None, "pins": []}}
     space_pk = await _space_pk(tx, attempt.space_id)
     assert space_pk is not None
+    app = current_buildmax()
+    claimant = Actor(
+        principal_id=attempt.claimant_id,
+        kind=attempt.claimant_kind,  # type: ignore[arg-type]
+        name=attempt.claimant_id,
+    )
     resolved = []
     for name in agent_revision.plugins:
         found = await activation(tx, space_pk, name)
@@ -94,6 +100,11 @@ async def run_environment(
                 f"plugin {name!r} is suspended in this space; agent "
                 f"{agent_revision.agent_name!r} names it, so its runs stop until it is resumed"
             )
+        # Asked again at every claim: an eligibility withdrawn after the
+        # activation stops the runs that would load the release.
+        reason = await refusal(app, tx, attempt.space_id, found, claimant)
+        if reason is not None:
+            raise RunEnvironmentRefused(f"plugin {name!r} may not run here now: {reason}")
         resolved.append(
             {
                 "name": name,
@@ -102,6 +113,8 @@ async def run_environment(
                 "origin": found["origin"],
                 "activated_by": found["activated_by_id"],
                 "activated_at": found["activated_at"],
+                "updated_by": found["updated_by_id"],
+                "updated_at": found["updated_at"],
             }
         )
     return {"plugins": {"agent_revision_id": agent_revision.id, "pins": resolved}}

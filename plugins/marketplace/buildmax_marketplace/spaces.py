@@ -25,10 +25,11 @@ from buildmax.app import BuildMax, current_buildmax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
+from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.idempotency import Reply
 from buildmax.services import ServiceMissing
 
-from .activation import activation, activations_of, curation_mode, newer, pin, set_enabled
+from .activation import activations_of, curation_mode, newer, pin, set_enabled
 from .catalog import releases_of
 from .schema import CURATION_MODES, curation
 
@@ -81,6 +82,8 @@ async def activation_view(
         "updated_at": to_rfc3339(row["updated_at"]),
         "yanked": row["yanked_at"] is not None,
         "yank_reason": row["yank_reason"],
+        "executable": bool(row["executable"]),
+        "eligible": row["eligible_at"] is not None,
         "archived": row["archived_at"] is not None,
         "archive_reason": row["archive_reason"],
         "newer_release": newer(row["version"], await releases_of(conn, row["name"])),
@@ -137,8 +140,7 @@ async def put_activation(space: str, name: str) -> Response:
     data = await load_body(PinBody())
 
     async def work(tx: Transaction) -> Reply:
-        existed = await activation(tx, access.pk, name) is not None
-        row = await pin(
+        row, created = await pin(
             app,
             tx,
             space_pk=access.pk,
@@ -149,7 +151,7 @@ async def put_activation(space: str, name: str) -> Response:
             origin="curated",
             admin_override=access.admin_override,
         )
-        return Reply(200 if existed else 201, await activation_view(app, tx, access.public_id, row))
+        return Reply(201 if created else 200, await activation_view(app, tx, access.public_id, row))
 
     return await app.idempotency.run(caller, work)
 
@@ -203,15 +205,28 @@ async def put_curation(space: str) -> Response:
     data = await load_body(CurationBody())
 
     async def work(tx: Transaction) -> Reply:
-        mode = await curation_mode(tx, access.pk)
-        if mode != data["mode"]:
-            values = {
-                "mode": data["mode"],
-                "updated_by": caller.principal_pk,
-                "updated_at": app.clock.now_ms(),
-            }
-            await tx.execute(curation.delete().where(curation.c.space_id == access.pk))
-            await tx.execute(curation.insert().values(space_id=access.pk, **values))
+        values = {
+            "mode": data["mode"],
+            "updated_by": caller.principal_pk,
+            "updated_at": app.clock.now_ms(),
+        }
+        mode = await curation_mode(tx, access.pk, lock=True)
+        changed = mode != data["mode"]
+        if changed:
+            inserted = await tx.fetch_val(
+                insert_ignoring_conflict(tx.dialect, curation)
+                .values(space_id=access.pk, **values)
+                .returning(curation.c.space_id)
+            )
+            if inserted is None:
+                # Another change made the row meanwhile: decide against it.
+                mode = await curation_mode(tx, access.pk, lock=True)
+                changed = mode != data["mode"]
+                if changed:
+                    await tx.execute(
+                        curation.update().where(curation.c.space_id == access.pk).values(**values)
+                    )
+        if changed:
             await app.audit.record(
                 tx,
                 caller.actor,

@@ -472,3 +472,75 @@ async def test_pins_move_only_when_somebody_moves_them_and_the_move_is_audited(m
     assert pins_of(after) == [(SKILLS, "2.0", newer["sha256"])]
     (moved,) = await market.audited("activation.pin_moved")
     assert json.loads(moved["details"])["from_version"] == "1.0"
+
+
+async def test_concurrent_first_activations_and_mode_changes_never_answer_500(market, space):
+    """Six agents naming one new plugin at once (open mode), two explicit
+    first activations at once, two mode changes at once: one activation
+    row, every answer a success."""
+    import asyncio
+
+    answers = await asyncio.gather(
+        *(space.agent(f"writer-{n}", [SKILLS], expect=None) for n in range(6))
+    )
+    assert all("id" in a for a in answers), answers
+    assert len(await market.rows(activations)) == 1
+    assert len(await market.audited("activation.created")) == 1
+
+    await space.eligible(space.hooked)
+    firsts = await asyncio.gather(*(space.activate(HOOKED, "1.0", expect=None) for _ in range(2)))
+    assert sorted(a.get("version") for a in firsts) == ["1.0", "1.0"], firsts
+    modes = await asyncio.gather(*(space.mode("curated", expect=None) for _ in range(2)))
+    assert [m["mode"] for m in modes] == ["curated", "curated"], modes
+    assert len(await market.audited("curation.changed")) == 1
+
+
+async def test_the_trace_names_who_last_moved_the_pin(market, space):
+    await space.activate(SKILLS, "1.0")
+    await space.publish(SKILL_ONLY, SKILLS, "1.1")
+    admin = await market.call(
+        "PUT",
+        f"{space.base}/plugins/{SKILLS}",
+        market.admin,
+        json={"version": "1.1"},
+        expect=200,
+    )
+    assert admin["updated_by"] == market.admin.id
+    (moved,) = await market.audited("activation.pin_moved")
+    assert moved["admin_override"] == 1
+    await space.agent("writer", [SKILLS])
+    _, claim = await space.claim("writer")
+    (pin,) = claim["attempt"]["run_environment"]["plugins"]["pins"]
+    assert (pin["activated_by"], pin["updated_by"]) == (market.owner.id, market.admin.id)
+
+
+async def test_withdrawn_eligibility_stops_the_runs_that_would_load_the_release(market, space):
+    await space.eligible(space.hooked)
+    await space.agent("linter", [HOOKED])
+    path = f"/v1/catalog/{HOOKED}/releases/1.0/eligibility"
+    body = {"eligible": False, "sha256": space.hooked["sha256"]}
+    await market.call("POST", path, market.admin, json=body, expect=200)
+    view = (await space.view())["items"][0]
+    assert (view["executable"], view["eligible"]) == (True, False)
+    _, refused = await space.claim("linter", expect=422, problem="run-environment-unresolved")
+    assert repr(HOOKED) in refused["detail"] and "eligible" in refused["detail"]
+    assert await market.rows(attempts) == []
+
+
+async def test_open_mode_pins_a_final_release_and_newer_ignores_pre_releases(market, space):
+    await space.publish(SKILL_ONLY, SKILLS, "2.0rc1")
+    await space.agent("writer", [SKILLS])
+    (item,) = (await space.view())["items"]
+    assert (item["version"], item["newer_release"]) == ("1.0", None)
+    await space.activate(SKILLS, "2.0rc1", expect=200)  # on purpose: allowed
+    assert (await space.view())["items"][0]["version"] == "2.0rc1"
+
+
+async def test_an_archived_plugin_is_not_activated(market, space):
+    await market.call(
+        "POST", f"/v1/catalog/{SKILLS}/archive", market.admin, json={"reason": "old"}, expect=200
+    )
+    refused = await space.activate(SKILLS, "1.0", expect=422, problem="activation-refused")
+    assert "archived" in refused["detail"]
+    refused = await space.agent("writer", [SKILLS], expect=422)
+    assert "archived" in refused["detail"]

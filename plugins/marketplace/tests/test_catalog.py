@@ -152,7 +152,9 @@ async def test_only_a_system_admin_marks_a_release_eligible_and_it_does_not_carr
     for who in (market.operator, market.owner, market.agent):
         await market.call("POST", path, who, json=body, expect=403)
     wrong = {"eligible": True, "sha256": "0" * 64}
-    await market.call("POST", path, market.admin, json=wrong, expect=409, problem="release-exists")
+    await market.call(
+        "POST", path, market.admin, json=wrong, expect=409, problem="release-digest-mismatch"
+    )
     assert (await market.rows(releases))[0]["eligible_at"] is None
 
     marked = await market.call("POST", path, market.admin, json=body, expect=200)

@@ -249,3 +249,54 @@ async def test_a_package_refused_by_inspection_on_the_worker_leaves_nothing(
             lambda c: materialize(c, claim["attempt"]["id"], home, Limits(max_entries=3)),
         )
     assert list(home.iterdir()) == []
+
+
+async def test_a_run_token_reads_its_own_attempts_packages_only(market, run, live_server, tmp_path):
+    claim, _ = run
+    base = f"/v1/spaces/{market.space.id}"
+    task = await market.call(
+        "POST",
+        f"{base}/tasks",
+        market.owner,
+        json={"project": "main", "title": "another", "agent": "worker"},
+        expect=201,
+    )
+    other = await market.call(
+        "POST", f"{base}/tasks/{task['id']}/claim", market.agent, json={}, expect=201
+    )
+    mine, theirs = claim["attempt"]["id"], other["attempt"]["id"]
+    await market.call("GET", f"/v1/attempts/{theirs}/packages", claim["token"], expect=404)
+    await market.call("GET", f"/v1/attempts/{theirs}/packages/{SKILLS}", claim["token"], expect=404)
+    # The claimant's own token reads both; after the attempt ends, neither.
+    await market.call("GET", f"/v1/attempts/{theirs}/packages", market.agent, expect=200)
+    attempt = claim["attempt"]
+    await market.call(
+        "POST",
+        f"{base}/attempts/{mine}/release",
+        claim["token"],
+        json={"generation": attempt["generation"]},
+        expect=200,
+    )
+    ended = await market.call("GET", f"/v1/attempts/{mine}/packages", market.agent, expect=409)
+    assert ended["state"] != "active"
+    # A home that already has plugins/ is refused before anything is fetched.
+    home = tmp_path / "h"
+    (home / "plugins").mkdir(parents=True)
+    with pytest.raises(MaterializationFailed, match="exists already"):
+        await in_thread(live_server, other["token"], lambda c: materialize(c, theirs, home))
+
+
+async def test_publishing_to_an_archived_plugin_stores_nothing(market, tmp_path):
+    await market.publish(tar_gz(tmp_path / "a.tar.gz", SKILL_ONLY), SKILLS)
+    await market.call(
+        "POST", f"/v1/catalog/{SKILLS}/archive", market.admin, json={"reason": "old"}, expect=200
+    )
+    files = {
+        **SKILL_ONLY,
+        "buildmax-plugin.toml": SKILL_ONLY["buildmax-plugin.toml"].replace('"0.1"', '"0.2"'),
+    }
+    await market.publish(
+        tar_gz(tmp_path / "b.tar.gz", files), SKILLS, expect=409, problem="plugin-archived"
+    )
+    blobs = market.app.settings.data_path / "blobs" / "marketplace" / "sha256"
+    assert len(list(blobs.iterdir())) == 1
