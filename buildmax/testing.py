@@ -45,6 +45,7 @@ import pytest
 from .app import BuildMax, create_app
 from .clock import ManualClock, SystemClock
 from .config import Config
+from .database import DatabaseError, servers
 from .principals import create_principal
 from .spaces import create_space
 from .tokens import issue_token
@@ -77,38 +78,24 @@ class SpaceHandle:
     slug: str
 
 
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
-async def _pg_admin(url: str, statements: list[str]) -> None:
-    import asyncpg
-
+def _administer(url: str, coroutine: Awaitable[Any]) -> Any:
     try:
-        conn = await asyncpg.connect(url.replace("postgresql://", "postgres://", 1), timeout=10)
-    except Exception as exc:
+        return asyncio.run(coroutine)  # type: ignore[arg-type]
+    except DatabaseError as exc:
         raise RuntimeError(
-            f"{TEST_DATABASE_ENV}={url}: cannot reach PostgreSQL ({exc}). Start it or unset the "
+            f"{TEST_DATABASE_ENV}={redact_url(url)}: {exc}. Start it or unset the "
             "variable to test on SQLite; PostgreSQL tests never skip."
         ) from exc
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 def pg_create_database(server_url: str, name: str, template: str | None = None) -> str:
     """Create database ``name`` (optionally from ``template``); its URL."""
-    suffix = f" TEMPLATE {template}" if template else ""
-    asyncio.run(_pg_admin(server_url, [f'CREATE DATABASE "{name}"{suffix}']))
-    return _with_database(server_url, name)
+    return _administer(server_url, servers.create_database(server_url, name, template))  # type: ignore[no-any-return]
 
 
 def pg_drop_database(server_url: str, name: str) -> None:
     """Drop database ``name``, disconnecting whoever is still on it."""
-    asyncio.run(_pg_admin(server_url, [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)']))
+    _administer(server_url, servers.drop_database(server_url, name))
 
 
 # --- Which PostgreSQL server the session tests on -----------------------------
@@ -272,10 +259,10 @@ class PgCluster:
             cluster._initdb()
             cluster._pg_ctl_start()
             if dbname != "postgres":
-                admin = _with_database(cluster.url, "postgres")
+                admin = servers.database_url(cluster.url, "postgres")
                 try:
-                    asyncio.run(_pg_admin(admin, [f'CREATE DATABASE "{dbname}"']))
-                except RuntimeError as exc:
+                    asyncio.run(servers.create_database(admin, dbname))
+                except DatabaseError as exc:
                     raise PgUnavailable(f"creating database {dbname!r} failed: {exc}") from None
         except BaseException:
             cluster.stop()

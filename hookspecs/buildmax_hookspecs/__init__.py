@@ -5,7 +5,7 @@ the pluggy markers, the hookspec modules, the records hooks pass and the
 Protocols services implement. This package imports nothing of BuildMax.
 """
 
-from . import app, audit, auth, storage, workflow
+from . import app, audit, auth, graders, storage, workflow
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
     BLOB_TMP_DIR,
@@ -15,6 +15,9 @@ from .protocols import (
     BlobStore,
     BlobStoreUnavailable,
     BlobTooLarge,
+    Grader,
+    GraderFactory,
+    GradingContext,
     Row,
     TaskQueue,
     Transaction,
@@ -28,6 +31,7 @@ from .records import (
     AuditAction,
     AuditEvent,
     BlobRef,
+    Grade,
     Migration,
     ReleaseRef,
     ResourceRef,
@@ -39,7 +43,7 @@ from .records import (
 from .workflow import RunEnvironmentRefused
 
 #: The modules holding hookspecs, in the order the kernel registers them.
-HOOKSPEC_MODULES = (app, storage, audit, auth, workflow)
+HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders)
 
 __all__ = [
     "BLOB_TMP_DIR",
@@ -58,6 +62,10 @@ __all__ = [
     "BlobStore",
     "BlobStoreUnavailable",
     "BlobTooLarge",
+    "Grade",
+    "Grader",
+    "GraderFactory",
+    "GradingContext",
     "Migration",
     "ReleaseRef",
     "ResourceRef",

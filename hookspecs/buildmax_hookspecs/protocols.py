@@ -7,9 +7,18 @@ consumer asks the app for it with ``app.services.get(Protocol)``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .records import Actor, AgentRevisionRef, AttemptRef, BlobRef, SubmissionRef, TaskRef
+from .records import (
+    Actor,
+    AgentRevisionRef,
+    AttemptRef,
+    BlobRef,
+    Grade,
+    SubmissionRef,
+    TaskRef,
+)
 
 Row = Mapping[str, Any]
 
@@ -236,3 +245,55 @@ class TaskQueue(Protocol):
         """Open a human-required decision on a task (it parks the task until
         answered or expired); audited; returns the decision's public id.
         ``answerable_by`` is ``human`` (human members) or ``member`` (any member)."""
+
+
+@runtime_checkable
+class GradingContext(Protocol):
+    """What a grader may look at: one journey's run against a real server.
+
+    Everything here is an outcome anyone could observe independently: the
+    saved HTTP answers, the durable state, the audit trail, the server's log
+    and the files in the journey's directory.
+    """
+
+    #: The journey's scratch directory (files a step wrote, materialized plugins).
+    workdir: Path
+
+    def value(self, ref: str) -> Any:
+        """A value a step saved, by dotted path (``"claim.status"``,
+        ``"task.body.id"``); ``KeyError`` naming the path when it is missing."""
+
+    def render(self, template: Any) -> Any:
+        """``template`` with every ``{ref}`` placeholder replaced by
+        :meth:`value` (a string that is one placeholder keeps the value's type)."""
+
+    async def scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        """The first column of the first row of a read-only SQL query over the
+        server's database (``:name`` parameters)."""
+
+    async def audit_events(self) -> Sequence[Mapping[str, Any]]:
+        """Every audit event the server recorded, oldest first, as the audit
+        API returns them (read with the bootstrap admin's token)."""
+
+    def server_log(self) -> str:
+        """Everything the journey's server processes wrote so far."""
+
+    def secrets(self) -> Sequence[str]:
+        """Every secret the journey minted through the API (tokens, passwords)."""
+
+    def environment(self) -> Mapping[str, str]:
+        """Environment variables that point the ``buildmax`` CLI at the
+        journey's server and database (for command graders)."""
+
+
+@runtime_checkable
+class Grader(Protocol):
+    """One check of a journey, built from its table in the journey file."""
+
+    async def grade(self, context: GradingContext) -> Grade:
+        """Pass or fail, with a one-line reason and the evidence looked at.
+        Raise only for a fault of the harness; a failed expectation is a
+        failing :class:`Grade`."""
+
+
+GraderFactory = Callable[[Mapping[str, Any]], Grader]

@@ -79,6 +79,16 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Grade:
+    """A grader's outcome: pass or fail, one line saying why, and what it
+    looked at (a small JSON-able mapping kept in the evidence bundle)."""
+
+    passed: bool
+    reason: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class AuditAction:
     """An audit action a plugin emits and the detail keys it may carry.
 

@@ -1,0 +1,251 @@
+"""Journey files: one TOML file per critical journey, loaded and checked
+before any server starts.
+
+A journey follows the seven steps of a journey test: ``arrange`` and
+``act`` are lists of steps (``[[arrange]]``, ``[[act]]``), ``check`` a list
+of graded checks (``[[check]]``), each tagged with what it asserts
+(``response``, ``durable``, ``audit`` or ``forbidden``); isolation comes
+from the runner, which gives every journey its own database and server.
+Strings may hold ``{ref}`` placeholders naming values earlier steps saved.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from buildmax_hookspecs import Grader
+
+#: Engines a journey may apply to.
+ENGINES = ("sqlite", "postgres")
+
+#: What a check asserts: steps 3 to 6 of a journey test.
+ASSERTS = ("response", "durable", "audit", "forbidden")
+
+#: ``status`` of a journey file: written, or waiting for the feature it needs.
+WRITTEN, NOT_BUILT = "written", "not built"
+
+_JOURNEY_KEYS = {
+    "id",
+    "title",
+    "version",
+    "engines",
+    "status",
+    "reason",
+    "server",
+    "arrange",
+    "act",
+    "check",
+}
+_SERVER_KEYS = {"start", "database", "processes", "blob_faults", "plugins", "settings"}
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
+
+
+class JourneyFileError(ValueError):
+    """A journey file that cannot be run as written (the harness's fault)."""
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """How the runner brings up the journey's server.
+
+    ``start``: start it before the first step (``false``: a step does);
+    ``database``: ``template`` (migrated, from the runner's template) or
+    ``empty`` (nothing in it, not even tables); ``processes``: server
+    processes on one database (more than one: PostgreSQL only);
+    ``blob_faults``: the blob store goes through the test-only fault
+    plugin; ``plugins``: ``[plugins.<name>]`` tables for the config file;
+    ``settings``: other top-level settings.
+    """
+
+    start: bool = True
+    database: str = "template"
+    processes: int = 1
+    blob_faults: bool = False
+    plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One arrange or act step: a step kind and its table."""
+
+    phase: str
+    index: int
+    kind: str
+    spec: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        """``act[2] request: claim`` (the step's ``name`` or ``save``)."""
+        name = self.spec.get("name") or self.spec.get("save") or ""
+        return f"{self.phase}[{self.index}] {self.kind}" + (f": {name}" if name else "")
+
+    def applies_to(self, engine: str) -> bool:
+        """Whether the step runs on ``engine`` (its ``engines``, default all)."""
+        return engine in self.spec.get("engines", ENGINES)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One graded check: the grader built from the check's table."""
+
+    index: int
+    grader_name: str
+    asserts: str
+    name: str
+    grader: Grader
+
+
+@dataclass(frozen=True)
+class Journey:
+    """A journey file, loaded and checked."""
+
+    id: str
+    title: str
+    version: int
+    path: Path
+    engines: tuple[str, ...]
+    status: str
+    reason: str
+    server: ServerPlan
+    steps: tuple[Step, ...]
+    checks: tuple[Check, ...]
+
+    def applies_to(self, engine: str) -> bool:
+        """Whether the journey runs on ``engine``."""
+        return engine in self.engines
+
+
+def _table_list(raw: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise JourneyFileError(f"'{key}' must be an array of tables ([[{key}]])")
+    return value
+
+
+def _server_plan(raw: Any) -> ServerPlan:
+    if not isinstance(raw, Mapping):
+        raise JourneyFileError("'server' must be a table")
+    unknown = set(raw) - _SERVER_KEYS
+    if unknown:
+        raise JourneyFileError(f"[server]: unknown key(s) {', '.join(sorted(unknown))}")
+    plan = ServerPlan(**raw)
+    if plan.database not in ("template", "empty"):
+        raise JourneyFileError("[server] database must be 'template' or 'empty'")
+    if not isinstance(plan.processes, int) or not 1 <= plan.processes <= 4:
+        raise JourneyFileError("[server] processes must be 1 to 4")
+    return plan
+
+
+def load_journey(
+    path: Path,
+    graders: Mapping[str, Callable[[Mapping[str, Any]], Grader]],
+    step_kinds: Callable[[str], bool],
+) -> Journey:
+    """Read and check one journey file: known keys, known step kinds,
+    installed graders whose specs they accept. ``JourneyFileError`` names
+    the file's problem."""
+    try:
+        raw = tomllib.loads(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise JourneyFileError(f"cannot read: {exc}") from None
+    unknown = set(raw) - _JOURNEY_KEYS
+    if unknown:
+        raise JourneyFileError(f"unknown key(s) {', '.join(sorted(unknown))}")
+    for key in ("id", "title"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise JourneyFileError(f"'{key}' must be a non-empty string")
+    engines = tuple(raw.get("engines", ENGINES))
+    if not engines or any(e not in ENGINES for e in engines):
+        raise JourneyFileError(f"'engines' must name some of {', '.join(ENGINES)}")
+    status = raw.get("status", WRITTEN)
+    if status not in (WRITTEN, NOT_BUILT):
+        raise JourneyFileError(f"'status' must be {WRITTEN!r} or {NOT_BUILT!r}")
+    if status == NOT_BUILT and not raw.get("reason"):
+        raise JourneyFileError("a journey that is not built says why in 'reason'")
+
+    steps: list[Step] = []
+    for phase in ("arrange", "act"):
+        for index, spec in enumerate(_table_list(raw, phase)):
+            kind = spec.get("step")
+            if not isinstance(kind, str) or not step_kinds(kind):
+                raise JourneyFileError(f"{phase}[{index}]: unknown step {kind!r}")
+            steps.append(Step(phase, index, kind, spec))
+
+    checks: list[Check] = []
+    for index, spec in enumerate(_table_list(raw, "check")):
+        name = spec.get("grader")
+        asserts = spec.get("step")
+        if asserts not in ASSERTS:
+            raise JourneyFileError(f"check[{index}]: 'step' must be one of {', '.join(ASSERTS)}")
+        if name not in graders:
+            installed = ", ".join(sorted(graders)) or "none"
+            raise JourneyFileError(
+                f"check[{index}]: grader {name!r} is not installed (installed: {installed})"
+            )
+        try:
+            grader = graders[name](spec)
+        except (ValueError, TypeError, re.error) as exc:
+            raise JourneyFileError(f"check[{index}]: {exc}") from None
+        checks.append(Check(index, name, asserts, str(spec.get("name", "")), grader))
+    if status == WRITTEN and not checks:
+        raise JourneyFileError("a written journey has at least one [[check]]")
+
+    return Journey(
+        id=raw["id"],
+        title=raw["title"],
+        version=int(raw.get("version", 1)),
+        path=path,
+        engines=engines,
+        status=status,
+        reason=str(raw.get("reason", "")),
+        server=_server_plan(raw.get("server", {})),
+        steps=tuple(steps),
+        checks=tuple(checks),
+    )
+
+
+def resolve(values: Mapping[str, Any], ref: str) -> Any:
+    """The value at dotted path ``ref`` (list items by index); ``KeyError``
+    naming the first missing part."""
+    current: Any = values
+    walked: list[str] = []
+    for part in ref.split("."):
+        walked.append(part)
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, Sequence) and not isinstance(current, str) and part.isdigit():
+            try:
+                current = current[int(part)]
+            except IndexError:
+                raise KeyError(f"no value at {'.'.join(walked)!r}") from None
+        else:
+            raise KeyError(f"no value at {'.'.join(walked)!r}")
+    return current
+
+
+def render(values: Mapping[str, Any], template: Any) -> Any:
+    """``template`` with ``{ref}`` placeholders filled from ``values``,
+    through lists and tables (keys too); a string that is exactly one placeholder keeps
+    the value's type (a generation stays an integer)."""
+    if isinstance(template, str):
+        whole = _PLACEHOLDER.fullmatch(template)
+        if whole:
+            return resolve(values, whole.group(1))
+        return _PLACEHOLDER.sub(lambda m: str(resolve(values, m.group(1))), template)
+    if isinstance(template, Mapping):
+        return {str(render(values, k)): render(values, v) for k, v in template.items()}
+    if isinstance(template, list):
+        return [render(values, v) for v in template]
+    return template
+
+
+def discover(directory: Path) -> list[Path]:
+    """The journey files of ``directory``, by name (``J01.toml`` ...)."""
+    return sorted(directory.glob("*.toml"))
