@@ -69,7 +69,7 @@ class Spec:
 
 def _problem_slug(body: Any) -> str | None:
     if isinstance(body, Mapping) and isinstance(body.get("type"), str):
-        kind = body["type"]
+        kind: str = body["type"]
         return kind[len(PROBLEM_TYPE_PREFIX) :] if kind.startswith(PROBLEM_TYPE_PREFIX) else kind
     return None
 
@@ -98,9 +98,13 @@ class StatusGrader:
         evidence = {"of": self.of, "status": status, "problem": slug}
         wanted = " or ".join(str(s) for s in self.statuses)
         if status not in self.statuses:
-            detail = ""
-            if isinstance(answer, Mapping) and isinstance(answer.get("body"), Mapping):
-                detail = f" ({answer['body'].get('detail') or answer['body'].get('title') or ''})"
+            body = answer.get("body") if isinstance(answer, Mapping) else None
+            said = (
+                body.get("detail") or body.get("title")
+                if slug and isinstance(body, Mapping)
+                else None
+            )
+            detail = f" ({said})" if said else ""
             return Grade(False, f"{self.of}: status {status}, expected {wanted}{detail}", evidence)
         if self.problem is False and slug is not None:
             return Grade(False, f"{self.of}: a {slug!r} problem, expected none", evidence)
@@ -135,7 +139,8 @@ class JsonSchemaGrader:
                 document = json.loads(path.read_text("utf-8"))
             except (OSError, ValueError) as exc:
                 return Grade(False, f"{where}: not a readable JSON file ({exc})", {"file": where})
-        validator = jsonschema.Draft202012Validator(self.schema)
+        # Placeholders in the schema ("const = \"{task.body.id}\"") are filled now.
+        validator = jsonschema.Draft202012Validator(context.render(self.schema))
         error = jsonschema.exceptions.best_match(validator.iter_errors(document))
         if error is not None:
             at = "/".join(str(p) for p in error.absolute_path) or "(root)"

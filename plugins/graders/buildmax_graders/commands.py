@@ -123,7 +123,9 @@ def qualify(
         raise click.BadParameter(f"{journeys_dir} is not a directory", param_hint="--journeys")
     paths = discover(journeys_dir)
     if not paths:
-        raise click.BadParameter(f"no journey files (*.toml) in {journeys_dir}", param_hint="--journeys")
+        raise click.BadParameter(
+            f"no journey files (*.toml) in {journeys_dir}", param_hint="--journeys"
+        )
     journeys = load_journeys(paths, installed_graders())
     ids = [j.id if not isinstance(j, tuple) else j[0].stem for j in journeys]
     unknown = sorted(set(selected) - set(ids))
@@ -139,7 +141,9 @@ def qualify(
                 click.echo(f"{journey[0].stem:<5} UNREADABLE  {journey[1]}")
             else:
                 engines_text = ",".join(journey.engines)
-                click.echo(f"{journey.id:<5} {journey.status:<10} {engines_text:<16} {journey.title}")
+                click.echo(
+                    f"{journey.id:<5} {journey.status:<10} {engines_text:<16} {journey.title}"
+                )
         return
 
     # The runner opens journey databases like the CLI does; their connection

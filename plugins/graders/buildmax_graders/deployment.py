@@ -10,6 +10,7 @@ evidence bundle keeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -34,6 +35,9 @@ READY_TIMEOUT = 60.0
 
 #: The one-time admin token ``buildmax serve`` prints on a fresh database.
 _BOOTSTRAP_TOKEN = re.compile(r"^\s+(bmx_[A-Za-z0-9_\-]+)\s*$", re.MULTILINE)
+
+#: How a server process is started: this interpreter's ``buildmax serve``.
+SERVE = (sys.executable, "-m", "buildmax", "serve")
 
 #: Environment of every server process: the test-only fault plugin loads
 #: only under it, and reads its switches from the journey's faults directory.
@@ -174,9 +178,9 @@ class Deployment:
         with server.log_path.open("ab") as log:
             log.write(f"--- start {server.starts + 1} of server {server.index} ---\n".encode())
             log.flush()
-            server.process = subprocess.Popen(
-                [sys.executable, "-m", "buildmax", "serve", "--config", str(self.config_path)]
-                + ["--port", str(server.port)],
+            server.process = await asyncio.to_thread(
+                subprocess.Popen,
+                [*SERVE, "--config", str(self.config_path), "--port", str(server.port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -193,9 +197,10 @@ class Deployment:
         deadline = time.monotonic() + READY_TIMEOUT
         async with httpx.AsyncClient(timeout=2.0) as http:
             while time.monotonic() < deadline:
-                if not server.running:
+                if server.process is None or server.process.poll() is not None:
+                    status = server.process.returncode if server.process else None
                     raise InfrastructureError(
-                        f"server {server.index} exited with status {server.process.returncode} "
+                        f"server {server.index} exited with status {status} "
                         f"before it was ready: {self._tail(server)}"
                     )
                 try:
@@ -222,10 +227,8 @@ class Deployment:
         server = self.servers[index]
         if server.process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         server.process.wait()
         with server.log_path.open("ab") as log:
             log.write(f"--- server {server.index} killed (SIGKILL) ---\n".encode())

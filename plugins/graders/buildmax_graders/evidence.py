@@ -42,7 +42,7 @@ DB_STATE_ROWS = 100
 DB_STATE_VALUE = 200
 
 #: Columns whose values never enter the bundle.
-_SECRET_COLUMN = re.compile(r"hash|secret|token|password|salt|digest_of_key", re.IGNORECASE)
+_SECRET_COLUMN = re.compile(r"hash|secret|password|salt|verifier|^token$", re.IGNORECASE)
 
 REDACTED = "[redacted]"
 

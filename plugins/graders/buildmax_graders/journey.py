@@ -182,9 +182,9 @@ def load_journey(
     for index, spec in enumerate(_table_list(raw, "check")):
         name = spec.get("grader")
         asserts = spec.get("step")
-        if asserts not in ASSERTS:
+        if not isinstance(asserts, str) or asserts not in ASSERTS:
             raise JourneyFileError(f"check[{index}]: 'step' must be one of {', '.join(ASSERTS)}")
-        if name not in graders:
+        if not isinstance(name, str) or name not in graders:
             installed = ", ".join(sorted(graders)) or "none"
             raise JourneyFileError(
                 f"check[{index}]: grader {name!r} is not installed (installed: {installed})"

@@ -10,6 +10,7 @@ the run; the other two are never counted as passes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -199,7 +200,9 @@ class Qualification:
         outcome.bundle = bundle.directory
         return outcome
 
-    async def _run(self, journey: Journey, engine: str, outcome: Outcome, started: float) -> Outcome:
+    async def _run(
+        self, journey: Journey, engine: str, outcome: Outcome, started: float
+    ) -> Outcome:
         workdir = Path(tempfile.mkdtemp(prefix=f"bmq-{journey.id}-{engine}-"))
         deployment = Deployment(engine, workdir, journey.server, self.pg_server_url)
         run = JourneyRun(journey, deployment, self.steps_dir)
@@ -219,16 +222,17 @@ class Qualification:
             await deployment.stop()
             bundle = evidence.Bundle(
                 self._bundle_dir(journey.id, engine),
-                secrets=[*run.minted, *([deployment.admin_token] if deployment.admin_token else [])],
+                secrets=[
+                    *run.minted,
+                    *([deployment.admin_token] if deployment.admin_token else []),
+                ],
             )
             await self._collect(bundle, run, record)
         finally:
             await deployment.stop()
             await run.close()
-            try:
+            with contextlib.suppress(DatabaseError):
                 await deployment.discard()
-            except DatabaseError:
-                pass
             if not self.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         if record.failure is not None:
@@ -320,11 +324,15 @@ class Qualification:
         try:
             bundle.write_json("db-state.json", await evidence.database_state(await run.database()))
         except Exception as exc:
-            bundle.not_applicable("db-state.json", f"the database could not be read: {describe(exc)}")
+            bundle.not_applicable(
+                "db-state.json", f"the database could not be read: {describe(exc)}"
+            )
             record.fail(INFRASTRUCTURE, f"evidence: db-state: {describe(exc)}")
         await self._audit_export(bundle, run, record)
 
-    async def _audit_export(self, bundle: evidence.Bundle, run: JourneyRun, record: _Record) -> None:
+    async def _audit_export(
+        self, bundle: evidence.Bundle, run: JourneyRun, record: _Record
+    ) -> None:
         target = run.workdir / "audit-export.jsonl"
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -380,7 +388,8 @@ class Qualification:
             cases.append(
                 {
                     "classname": f"{engine}.{journey.id}.{c['asserts']}",
-                    "name": f"check[{c['check']}] {c['grader']}" + (f": {c['name']}" if c["name"] else ""),
+                    "name": f"check[{c['check']}] {c['grader']}"
+                    + (f": {c['name']}" if c["name"] else ""),
                     "outcome": outcomes[c["outcome"]],
                     "message": c.get("reason", ""),
                 }

@@ -45,7 +45,9 @@ def _problem_line(body: Any) -> str:
     return str(body)[:200] if body else ""
 
 
-def answer_record(answer: httpx.Response, run: JourneyRun, download_to: str | None) -> dict[str, Any]:
+def answer_record(
+    answer: httpx.Response, run: JourneyRun, download_to: str | None
+) -> dict[str, Any]:
     """What a request step saves: status, headers, the decoded body (JSON,
     else text), and for ``download_to`` the file's name and digest."""
     kind = answer.headers.get("content-type", "")
@@ -85,9 +87,8 @@ def _expected(spec: Mapping[str, Any]) -> tuple[int, ...] | None:
 def _check_expected(label: str, record: Mapping[str, Any], expect: tuple[int, ...] | None) -> None:
     if expect is not None and record["status"] not in expect:
         wanted = " or ".join(map(str, expect))
-        raise StepFailed(
-            f"{label}: status {record['status']}, expected {wanted}: {_problem_line(record['body'])}"
-        )
+        said = _problem_line(record["body"])
+        raise StepFailed(f"{label}: status {record['status']}, expected {wanted}: {said}")
 
 
 def _request_parts(
@@ -127,6 +128,8 @@ async def request(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     method, url, kwargs = _request_parts(run, spec)
     answer = await run.http.request(method, url, **kwargs)
     record = answer_record(answer, run, spec.get("download_to"))
+    if isinstance(record["body"], Mapping) and isinstance(record["body"].get("token"), str):
+        run.secret(record["body"]["token"])  # a token minted through the API
     if spec.get("kill_after"):
         index = int(spec.get("server", 0))
         run.deployment.kill(index)
@@ -149,7 +152,9 @@ async def race(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     go = asyncio.Event()
     async with httpx.AsyncClient(timeout=120.0, limits=limits) as http:
         # Open every connection first, so the race is between requests, not handshakes.
-        await asyncio.gather(*(http.get(run.url(int(spec.get("server", 0))) + "/livez") for _ in range(count)))
+        await asyncio.gather(
+            *(http.get(run.url(int(spec.get("server", 0))) + "/livez") for _ in range(count))
+        )
 
         async def one(index: int) -> dict[str, Any]:
             method, url, kwargs = prepared[index]
@@ -184,7 +189,10 @@ async def principal(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
             body["password"] = run.secret(str(render(values, spec["password"])))
         made_principal = await _admin_call(run, "POST", "/v1/principals", body)
         token = await _admin_call(
-            run, "POST", "/v1/tokens", {"name": "qualification", "principal_id": made_principal["id"]}
+            run,
+            "POST",
+            "/v1/tokens",
+            {"name": "qualification", "principal_id": made_principal["id"]},
         )
         record = {"id": made_principal["id"], "name": name, "token": run.secret(token["token"])}
         for slug, role in render(values, spec.get("spaces", {})).items():
@@ -198,7 +206,9 @@ async def space(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     """Create a space as the admin (``slug``, ``name``) with ``members``
     (``{principal name: role}``); saves the space (``id``, ``slug``)."""
     slug = str(run.render(spec["slug"]))
-    made = await _admin_call(run, "POST", "/v1/spaces", {"slug": slug, "name": spec.get("name", slug)})
+    made = await _admin_call(
+        run, "POST", "/v1/spaces", {"slug": slug, "name": spec.get("name", slug)}
+    )
     for name, role in run.render(spec.get("members", {})).items():
         await _admin_call(run, "PUT", f"/v1/spaces/{slug}/members/{name}", {"role": role})
     return made
@@ -281,7 +291,9 @@ async def cli(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     expect = spec.get("expect_exit", 0)
     if expect != "any" and process.returncode != int(expect):
         last = (text.strip().splitlines() or [""])[-1]
-        raise StepFailed(f"buildmax {' '.join(argv[:2])}: exit {process.returncode}, expected {expect}: {last}")
+        raise StepFailed(
+            f"buildmax {' '.join(argv[:2])}: exit {process.returncode}, expected {expect}: {last}"
+        )
     return {"exit": process.returncode, "output": text}
 
 
@@ -327,12 +339,19 @@ async def drop_answer(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     An injected fault; saves the idempotency key it used."""
     method, url, kwargs = _request_parts(run, spec)
     built = httpx.Request(method, url, **kwargs)
-    head = [f"{method} {built.url.raw_path.decode()} HTTP/1.1", f"Host: {built.url.netloc.decode()}"]
+    head = [
+        f"{method} {built.url.raw_path.decode()} HTTP/1.1",
+        f"Host: {built.url.netloc.decode()}",
+    ]
     head += [f"{k}: {v}" for k, v in built.headers.items() if k.lower() != "host"]
     head += ["Connection: close"]
     payload = ("\r\n".join(head) + "\r\n\r\n").encode() + built.read()
     answered = await asyncio.to_thread(
-        _send_and_drop, built.url.host, built.url.port or 80, payload, float(spec.get("timeout", 30))
+        _send_and_drop,
+        built.url.host,
+        built.url.port or 80,
+        payload,
+        float(spec.get("timeout", 30)),
     )
     run.inject(
         "dropped-answer",
@@ -388,4 +407,3 @@ def steps_directory(journeys_dir: Path) -> Path | None:
     """The ``steps/`` directory beside a journeys directory, if any."""
     candidate = journeys_dir.parent / "steps"
     return candidate if candidate.is_dir() else None
-

@@ -1,0 +1,300 @@
+"""``buildmax qualify`` end to end: real server processes on the engine
+under test, journeys from a scratch directory, bundles read back from disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from buildmax.testing import TEST_DATABASE_ENV
+
+QUALIFY = (sys.executable, "-m", "buildmax", "qualify")
+NOWHERE = "postgresql://postgres@127.0.0.1:9/postgres"
+
+
+@pytest.fixture
+def engine(buildmax_engine: str) -> str:
+    return "postgres" if buildmax_engine == "postgresql" else "sqlite"
+
+
+def qualify(tmp_path: Path, engine: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command outside any git checkout (commit ``unknown``)."""
+    pg_url = os.environ.get(TEST_DATABASE_ENV, "postgresql://postgres@127.0.0.1:5432/postgres")
+    return subprocess.run(
+        [
+            *QUALIFY,
+            "--journeys",
+            "journeys",
+            "--output",
+            "out",
+            "--engine",
+            engine,
+            "--pg-url",
+            pg_url,
+            *args,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def write(tmp_path: Path, name: str, text: str) -> None:
+    directory = tmp_path / "journeys"
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text(text)
+
+
+def bundle(tmp_path: Path, engine: str, journey: str) -> Path:
+    return tmp_path / "out" / "unknown" / engine / journey
+
+
+def read(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+PASSING = """
+id = "J90"
+title = "a principal reads itself"
+
+[[arrange]]
+step = "principal"
+name = "ada-{run.id}"
+save = "ada"
+
+[[act]]
+step = "request"
+save = "me"
+as = "ada"
+path = "/v1/principals/me"
+expect = 200
+
+[[check]]
+step = "response"
+grader = "status"
+name = "the principal reads itself"
+of = "me"
+status = 200
+
+[[check]]
+step = "durable"
+grader = "db_rows"
+sql = "select count(*) from principals where name = :name"
+params = { name = "{ada.name}" }
+equals = 1
+
+[[check]]
+step = "forbidden"
+grader = "absent"
+kind = "secret_in_log"
+"""
+
+
+async def test_a_passing_journey_leaves_a_complete_redacted_bundle(
+    tmp_path: Path, engine: str
+) -> None:
+    write(tmp_path, "J90.toml", PASSING)
+    done = qualify(tmp_path, engine)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"J90      {engine}" in done.stdout and "3 checks passed" in done.stdout
+
+    directory = bundle(tmp_path, engine, "J90")
+    manifest = read(directory / "manifest.json")
+    assert manifest["status"] == "passed" and manifest["classification"] is None
+    assert manifest["commit"] == "unknown" and manifest["dirty"] is None
+    assert manifest["engine"] == engine
+    assert manifest["server"]["version"] and manifest["server"]["processes"] == 1
+    label = "SQLite " if engine == "sqlite" else "PostgreSQL "
+    assert manifest["server"]["database"].startswith(label)
+    assert manifest["environment"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert "buildmax-graders" in manifest["packages"]
+    assert manifest["started_at"] <= manifest["ended_at"]
+    assert manifest["faults_injected"] == []
+    assert set(manifest["files"].values()) == {"present"}
+    for name in manifest["files"]:
+        assert (directory / name).stat().st_size > 0, name
+
+    result = read(directory / "result.json")
+    assert [c["outcome"] for c in result["checks"]] == ["passed"] * 3
+    assert result["checks"][1]["evidence"]["value"] == 1
+    suite = ET.parse(directory / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "3" and suite.get("failures") == "0"
+
+    log = (directory / "server.log").read_text()
+    assert "A first admin was created" in log and "[redacted]" in log
+    assert "bmx_" not in log, "the bootstrap token reached the bundle"
+    state = read(directory / "db-state.json")["tables"]
+    assert state["principals"]["count"] == 2
+    assert all(row["verifier"] == "[redacted]" for row in state["tokens"]["rows"])
+    events = [json.loads(line) for line in (directory / "audit.jsonl").read_text().splitlines()]
+    assert {"admin.bootstrapped", "principal.created"} <= {e.get("action") for e in events}
+    summary = read(tmp_path / "out" / "unknown" / "summary.json")
+    assert [o["status"] for o in summary["outcomes"]] == ["passed"]
+
+
+async def test_failures_not_applicable_and_not_built_are_told_apart(
+    tmp_path: Path, engine: str
+) -> None:
+    other = "postgres" if engine == "sqlite" else "sqlite"
+    write(
+        tmp_path,
+        "J91.toml",
+        PASSING.replace("J90", "J91").replace("status = 200\n", "status = 404\n", 1),
+    )
+    write(tmp_path, "J92.toml", PASSING.replace('id = "J90"', f'id = "J92"\nengines = ["{other}"]'))
+    write(tmp_path, "J93.toml", 'id = "J93"\ntitle = "t"\nstatus = "not built"\nreason = "later"\n')
+    write(tmp_path, "J94.toml", 'id = "J94"\ntitle = "t"\nsurprise = 1\n')
+    done = qualify(tmp_path, engine)
+    assert done.returncode == 1, done.stdout + done.stderr
+
+    statuses = {
+        o["journey"]: (o["status"], o["classification"])
+        for o in read(tmp_path / "out" / "unknown" / "summary.json")["outcomes"]
+    }
+    assert statuses == {
+        "J91": ("failed", "product"),
+        "J92": ("not applicable", None),
+        "J93": ("not built", None),
+        "J94": ("failed", "harness"),
+    }
+    failed = read(bundle(tmp_path, engine, "J91") / "manifest.json")
+    assert failed["reason"] == "check[0] status: me: status 200, expected 404"
+    assert "[product] check[0] status: me: status 200, expected 404" in done.stdout
+    skipped = read(bundle(tmp_path, engine, "J92") / "manifest.json")
+    assert skipped["reason"] == f"declared for {other} only"
+    assert skipped["files"]["server.log"].startswith("not applicable")
+    assert not (bundle(tmp_path, engine, "J92") / "server.log").exists()
+    unreadable = read(bundle(tmp_path, engine, "J94") / "manifest.json")
+    assert unreadable["reason"] == "J94.toml: unknown key(s) surprise"
+
+
+async def test_a_step_failure_stops_the_journey_and_names_the_step(
+    tmp_path: Path, engine: str
+) -> None:
+    write(
+        tmp_path,
+        "J95.toml",
+        PASSING.replace("J90", "J95").replace('path = "/v1/principals/me"', 'path = "/v1/nowhere"'),
+    )
+    done = qualify(tmp_path, engine)
+    assert done.returncode == 1
+    result = read(bundle(tmp_path, engine, "J95") / "result.json")
+    assert result["classification"] == "product"
+    assert result["reason"].startswith("act[0] request: me: GET /v1/nowhere: status 404")
+    assert [c["outcome"] for c in result["checks"]] == ["not run"] * 3
+
+
+FAULTS = """
+id = "J96"
+title = "faults are injected where recorded"
+
+[[arrange]]
+step = "space"
+save = "space"
+slug = "f-{run.id}"
+
+[[act]]
+step = "drop_answer"
+save = "dropped"
+as = "admin"
+method = "POST"
+path = "/v1/spaces"
+json = { slug = "g-{run.id}" }
+idempotency_key = "k-{run.id}"
+
+[[act]]
+step = "request"
+save = "replay"
+as = "admin"
+method = "POST"
+path = "/v1/spaces"
+json = { slug = "g-{run.id}" }
+idempotency_key = "k-{run.id}"
+kill_after = true
+
+[[act]]
+step = "start_server"
+
+[[check]]
+step = "response"
+grader = "status"
+of = "replay"
+status = 201
+
+[[check]]
+step = "durable"
+grader = "db_rows"
+sql = "select count(*) from spaces where slug = :slug"
+params = { slug = "g-{run.id}" }
+equals = 1
+"""
+
+
+async def test_injected_faults_are_recorded_with_their_points(tmp_path: Path, engine: str) -> None:
+    write(tmp_path, "J96.toml", FAULTS)
+    done = qualify(tmp_path, engine)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = read(bundle(tmp_path, engine, "J96") / "manifest.json")
+    faults = [(f["fault"], f["step"]) for f in manifest["faults_injected"]]
+    assert faults == [
+        ("dropped-answer", "act[0] drop_answer: dropped"),
+        ("server-killed", "act[1] request: replay"),
+    ]
+    assert (
+        "right after the answer to POST v1/spaces arrived (status 201)"
+        in (manifest["faults_injected"][1]["injection_point"])
+    )
+    assert manifest["server"]["starts"] == [2]
+    log = (bundle(tmp_path, engine, "J96") / "server.log").read_text()
+    assert "--- server 0 killed (SIGKILL) ---" in log and "--- start 2 of server 0 ---" in log
+
+
+@pytest.mark.engine_independent
+def test_an_unreachable_database_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    write(tmp_path, "J90.toml", PASSING)
+    done = subprocess.run(
+        [
+            *QUALIFY,
+            "--journeys",
+            "journeys",
+            "--output",
+            "out",
+            "--engine",
+            "postgres",
+            "--pg-url",
+            NOWHERE,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    manifest = read(bundle(tmp_path, "postgres", "J90") / "manifest.json")
+    assert manifest["classification"] == "infrastructure"
+    assert "PostgreSQL: cannot reach PostgreSQL" in manifest["reason"]
+
+
+@pytest.mark.engine_independent
+def test_unknown_journey_ids_and_missing_directories_are_usage_errors(tmp_path: Path) -> None:
+    write(tmp_path, "J90.toml", PASSING)
+    unknown = qualify(tmp_path, "sqlite", "--journey", "J42")
+    assert unknown.returncode == 2 and "no journey J42 (known: J90)" in unknown.stderr
+    missing = subprocess.run(
+        [*QUALIFY, "--journeys", "nowhere"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "nowhere is not a directory" in missing.stderr
+    listed = qualify(tmp_path, "sqlite", "--list")
+    assert listed.returncode == 0 and listed.stdout.startswith("J90   written")
+    assert not (tmp_path / "out").exists()
