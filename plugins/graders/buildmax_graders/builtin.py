@@ -187,8 +187,9 @@ class CommandGrader:
     ``argv`` is the command (its strings rendered); ``exit`` the expected
     status (default 0); ``output`` a regular expression that must match
     somewhere in stdout and stderr together, ``not_output`` one that must
-    not. The command runs in the journey's directory with the environment
-    that points the ``buildmax`` CLI at the journey's server.
+    not (both with placeholders filled). The command runs in the journey's
+    directory with the environment that points the ``buildmax`` CLI at the
+    journey's server.
     """
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
@@ -198,8 +199,11 @@ class CommandGrader:
             raise ValueError("command: 'argv' must be a non-empty list")
         self.argv = argv
         self.exit = spec.integer("exit", 0)
-        self.output = re.compile(spec.get("output")) if spec.get("output") else None
-        self.not_output = re.compile(spec.get("not_output")) if spec.get("not_output") else None
+        # Checked now, compiled again once placeholders are filled.
+        self.output, self.not_output = spec.get("output"), spec.get("not_output")
+        for pattern in (self.output, self.not_output):
+            if pattern:
+                re.compile(pattern)
         self.timeout = float(spec.get("timeout", 120))
 
     async def grade(self, context: GradingContext) -> Grade:
@@ -230,17 +234,19 @@ class CommandGrader:
                 f"{' '.join(argv[:3])}: exit {process.returncode}, expected {self.exit}: {last[0]}",
                 evidence,
             )
-        if self.output and not self.output.search(text):
-            return Grade(False, f"{argv[0]}: output lacks /{self.output.pattern}/", evidence)
-        if self.not_output and (found := self.not_output.search(text)):
+        output = re.compile(str(context.render(self.output))) if self.output else None
+        not_output = re.compile(str(context.render(self.not_output))) if self.not_output else None
+        if output and not output.search(text):
+            return Grade(False, f"{argv[0]}: output lacks /{output.pattern}/", evidence)
+        if not_output and (found := not_output.search(text)):
             return Grade(False, f"{argv[0]}: output has {found.group(0)!r}", evidence)
         return Grade(True, f"{' '.join(argv[:3])}: exit {process.returncode}", evidence)
 
 
 class DbRowsGrader:
-    """A SQL value over the durable state equals ``equals``: ``sql`` is one
-    read-only query (``SELECT count(*) ...``) with ``:name`` parameters
-    rendered from ``params``."""
+    """A SQL value over the durable state equals ``equals`` (placeholders
+    filled): ``sql`` is one read-only query (``SELECT count(*) ...``) with
+    ``:name`` parameters rendered from ``params``."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         spec = Spec("db_rows", raw, ("sql", "params", "equals", "why"))
@@ -253,11 +259,12 @@ class DbRowsGrader:
 
     async def grade(self, context: GradingContext) -> Grade:
         params = {k: context.render(v) for k, v in self.params.items()}
+        expected = context.render(self.equals)
         value = await context.scalar(self.sql, params)
         what = self.why or " ".join(self.sql.split())[:80]
-        evidence = {"sql": self.sql, "params": params, "value": value, "expected": self.equals}
-        if value != self.equals:
-            return Grade(False, f"{what}: {value!r}, expected {self.equals!r}", evidence)
+        evidence = {"sql": self.sql, "params": params, "value": value, "expected": expected}
+        if value != expected:
+            return Grade(False, f"{what}: {value!r}, expected {expected!r}", evidence)
         return Grade(True, f"{what}: {value!r}", evidence)
 
 

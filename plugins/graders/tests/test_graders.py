@@ -249,3 +249,14 @@ def test_render_keeps_types_and_fills_keys() -> None:
     assert render(values, '{"json": true}') == '{"json": true}'
     with pytest.raises(KeyError, match=r"no value at .claim\.body\.nope."):
         render(values, "{claim.body.nope}")
+
+
+async def test_expected_values_and_patterns_take_placeholders(context: Context) -> None:
+    context.values.update(expected={"count": 1, "word": "sequence 3"})
+    spec = {"sql": "select count(*) from attempts", "equals": "{expected.count}"}
+    assert (await grade("db_rows", spec, context)).passed
+    context.values["expected"]["count"] = 2
+    assert not (await grade("db_rows", spec, context)).passed
+    argv = [sys.executable, "-c", "print('first bad sequence 3')"]
+    found = await grade("command", {"argv": argv, "output": "{expected.word}$"}, context)
+    assert found.passed, found.reason

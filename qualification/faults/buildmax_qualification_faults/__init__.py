@@ -56,7 +56,9 @@ class FaultyBlobStore(FileBlobStore):
             prefix, stream, max_bytes=max_bytes, expected_sha256=expected_sha256
         )
         if armed(BLOB_PUT_AFTER_STORE):
-            raise BlobStoreUnavailable(f"injected fault {BLOB_PUT_AFTER_STORE}: {stored.key} stored")
+            raise BlobStoreUnavailable(
+                f"injected fault {BLOB_PUT_AFTER_STORE}: {stored.key} stored"
+            )
         return stored
 
 
