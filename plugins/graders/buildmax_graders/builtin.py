@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import sys
@@ -27,6 +28,9 @@ PROBLEM_TYPE_PREFIX = "urn:buildmax:problem:"
 
 #: Output kept as a command grader's evidence, in characters from the end.
 OUTPUT_TAIL = 2000
+
+#: Characters of JSON a json_schema grader keeps as evidence of the value it checked.
+VALUE_SHOWN = 2000
 
 #: Matching audit events kept as an audit grader's evidence.
 EVENTS_SHOWN = 10
@@ -128,8 +132,6 @@ class JsonSchemaGrader:
             raise ValueError(f"json_schema: the schema is invalid: {exc.message}") from None
 
     async def grade(self, context: GradingContext) -> Grade:
-        import json
-
         where = context.render(self.where)
         if self.source == "of":
             document = context.value(where)
@@ -142,11 +144,15 @@ class JsonSchemaGrader:
         # Placeholders in the schema ("const = \"{task.body.id}\"") are filled now.
         validator = jsonschema.Draft202012Validator(context.render(self.schema))
         error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+        evidence: dict[str, Any] = {self.source: where}
+        shown = json.dumps(document, default=str)
+        if len(shown) <= VALUE_SHOWN:
+            evidence["value"] = document  # small enough to keep beside the verdict
         if error is not None:
             at = "/".join(str(p) for p in error.absolute_path) or "(root)"
-            evidence = {"at": at, "message": error.message}
+            evidence.update(at=at, message=error.message)
             return Grade(False, f"{where}: {at}: {error.message}", evidence)
-        return Grade(True, f"{where} matches the schema", {self.source: where})
+        return Grade(True, f"{where} matches the schema", evidence)
 
 
 class Sha256Grader:
