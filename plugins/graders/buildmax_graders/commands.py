@@ -159,14 +159,30 @@ def qualify(
         keep=keep,
     )
     total = len(journeys) * len(qualification.engines)
-    with click.progressbar(
-        length=total,
-        label="Qualifying",
-        show_pos=True,
-        item_show_func=lambda item: item,
-        file=sys.stderr,
-    ) as bar:
-        outcomes = asyncio.run(qualification.run(lambda done: bar.update(1, done)))
+    if sys.stderr.isatty():
+        with click.progressbar(
+            length=total,
+            label="Qualifying",
+            show_pos=True,
+            item_show_func=lambda item: item,
+            file=sys.stderr,
+        ) as bar:
+            outcomes = asyncio.run(
+                qualification.run(
+                    lambda name: bar.update(0, f"{name} running"),
+                    lambda outcome: bar.update(1),
+                )
+            )
+    else:  # a log, not a terminal: one line per journey
+        done = iter(range(1, total + 1))
+
+        def finished(o: Outcome) -> None:
+            click.echo(
+                f"[{next(done)}/{total}] {o.engine} {o.journey}: {o.status} ({o.seconds:.1f} s)",
+                err=True,
+            )
+
+        outcomes = asyncio.run(qualification.run(lambda name: None, finished))
 
     summary = {
         "commit": qualification.source.commit,

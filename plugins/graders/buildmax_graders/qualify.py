@@ -110,15 +110,20 @@ class Qualification:
         """Where this commit's bundles go."""
         return self.output / self.source.commit
 
-    async def run(self, progress: Callable[[str], None]) -> list[Outcome]:
-        """Run everything; ``progress`` hears each finished journey."""
+    async def run(
+        self, starting: Callable[[str], None], finished: Callable[[Outcome], None]
+    ) -> list[Outcome]:
+        """Run everything; ``starting`` hears each journey as it starts
+        (``"sqlite J03"``), ``finished`` its outcome."""
         outcomes = []
         try:
             for engine in self.engines:
                 for journey in self.journeys:
+                    name = journey.id if isinstance(journey, Journey) else journey[0].stem
+                    starting(f"{engine} {name}")
                     outcome = await self._one(journey, engine)
                     outcomes.append(outcome)
-                    progress(f"{engine} {outcome.journey} {outcome.status}")
+                    finished(outcome)
         finally:
             await self._drop_templates()
         return outcomes
