@@ -1,0 +1,64 @@
+"""Journey files are checked when loaded, before any server starts; the
+installed graders (built-in and from plugins) are what files may name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from buildmax_graders.builtin import BUILTIN_GRADERS
+from buildmax_graders.commands import installed_graders
+from buildmax_graders.journey import Journey, JourneyFileError, load_journey
+from buildmax_graders.steps import STEPS
+
+pytestmark = pytest.mark.engine_independent
+
+CHECK = '[[check]]\nstep = "response"\ngrader = "status"\nof = "x"\nstatus = 200\n'
+
+
+def load(tmp_path: Path, text: str) -> Journey:
+    path = tmp_path / "J99.toml"
+    path.write_text('id = "J99"\ntitle = "t"\n' + text)
+    return load_journey(path, BUILTIN_GRADERS, STEPS.__contains__)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("colour = 1\n" + CHECK, "unknown key(s) colour"),
+        ('engines = ["mysql"]\n' + CHECK, "'engines' must name some of sqlite, postgres"),
+        ('status = "not built"\n', "a journey that is not built says why in 'reason'"),
+        ("", "a written journey has at least one [[check]]"),
+        ('[[act]]\nstep = "teleport"\n' + CHECK, "act[0]: unknown step 'teleport'"),
+        ("[server]\nprocesses = 9\n" + CHECK, "[server] processes must be 1 to 4"),
+        ("[server]\nworkers = 2\n" + CHECK, "[server]: unknown key(s) workers"),
+        (CHECK.replace('"response"', '"vibes"'), "check[0]: 'step' must be one of"),
+        (CHECK.replace('"status"', '"nope"'), "check[0]: grader 'nope' is not installed"),
+        (CHECK.replace("status = 200", "status = 99"), "check[0]: status: 'status' must be"),
+        ("id = 2\n", "cannot read"),
+    ],
+)
+def test_a_bad_file_is_refused_naming_its_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(JourneyFileError) as refused:
+        load(tmp_path, text)
+    assert message in str(refused.value)
+
+
+def test_a_good_file_loads_with_its_steps_and_checks(tmp_path: Path) -> None:
+    journey = load(
+        tmp_path,
+        'engines = ["postgres"]\n[[act]]\nstep = "sleep"\nseconds = 0\nengines = ["sqlite"]\n'
+        + CHECK,
+    )
+    assert journey.engines == ("postgres",)
+    assert not journey.applies_to("sqlite")
+    (step,) = journey.steps
+    assert step.label == "act[0] sleep" and not step.applies_to("postgres")
+    assert [c.grader_name for c in journey.checks] == ["status"]
+
+
+def test_installed_graders_include_the_built_ins_and_plugins() -> None:
+    graders = installed_graders()
+    assert set(BUILTIN_GRADERS) <= set(graders)
+    for name, factory in BUILTIN_GRADERS.items():
+        assert graders[name] is factory
