@@ -78,7 +78,10 @@ class _Record:
     failure: tuple[str, str] | None = None  # (classification, reason)
 
     def fail(self, classification: str, reason: str) -> None:
-        if self.failure is None:
+        """Keep the first failure, except that a product failure outranks a
+        harness one: a step that crashes on a value missing because the
+        product misbehaved is reported as that misbehaviour."""
+        if self.failure is None or (self.failure[0] == HARNESS and classification == PRODUCT):
             self.failure = (classification, reason)
 
 
@@ -288,8 +291,8 @@ class Qualification:
                 "asserts": check.asserts,
             }
             record.checks.append(entry)
-            if any(s["outcome"] == "failed" for s in record.steps):
-                entry.update(outcome="not run", reason="a step before it failed")
+            if record.failure is not None and record.failure[0] == INFRASTRUCTURE:
+                entry.update(outcome="not run", reason="the journey's infrastructure failed")
                 continue
             try:
                 grade = await check.grader.grade(run)

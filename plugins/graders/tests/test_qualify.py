@@ -152,6 +152,10 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
     write(tmp_path, "J92.toml", PASSING.replace('id = "J90"', f'id = "J92"\nengines = ["{other}"]'))
     write(tmp_path, "J93.toml", 'id = "J93"\ntitle = "t"\nstatus = "not built"\nreason = "later"\n')
     write(tmp_path, "J94.toml", 'id = "J94"\ntitle = "t"\nsurprise = 1\n')
+    # A step that crashes (no principal "ghost") and a check that fails:
+    # the product failure is the one reported.
+    crashing = PASSING.replace("J90", "J97").replace('as = "ada"', 'as = "ghost"')
+    write(tmp_path, "J97.toml", crashing.replace("equals = 1", "equals = 7"))
     done = qualify(tmp_path, engine)
     assert done.returncode == 1, done.stdout + done.stderr
 
@@ -164,7 +168,12 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
         "J92": ("not applicable", None),
         "J93": ("not built", None),
         "J94": ("failed", "harness"),
+        "J97": ("failed", "product"),
     }
+    crashed = read(bundle(tmp_path, engine, "J97") / "result.json")
+    assert crashed["reason"].startswith("check[1] db_rows: ")
+    assert crashed["reason"].endswith(": 1, expected 7")
+    assert crashed["steps"][1]["error"].startswith("KeyError: \"no value at 'ghost'\"")
     failed = read(bundle(tmp_path, engine, "J91") / "manifest.json")
     assert failed["reason"] == "check[0] status: me: status 200, expected 404"
     assert "[product] check[0] status: me: status 200, expected 404" in done.stdout
@@ -176,7 +185,7 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
     assert unreadable["reason"] == "J94.toml: unknown key(s) surprise"
 
 
-async def test_a_step_failure_stops_the_journey_and_names_the_step(
+async def test_a_step_failure_stops_the_steps_and_names_the_step(
     tmp_path: Path, engine: str
 ) -> None:
     write(
@@ -189,7 +198,10 @@ async def test_a_step_failure_stops_the_journey_and_names_the_step(
     result = read(bundle(tmp_path, engine, "J95") / "result.json")
     assert result["classification"] == "product"
     assert result["reason"].startswith("act[0] request: me: GET /v1/nowhere: status 404")
-    assert [c["outcome"] for c in result["checks"]] == ["not run"] * 3
+    # The checks still run: those on values the failed step never saved are
+    # harness errors, the rest report what they saw.
+    assert [c["outcome"] for c in result["checks"]] == ["error", "passed", "passed"]
+    assert result["checks"][0]["reason"].startswith("KeyError: \"no value at 'me'\"")
 
 
 FAULTS = """
