@@ -15,6 +15,12 @@ metadata = sa.MetaData()
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Millis = sa.BigInteger
 
+
+def one_of(column: str, values: tuple[str, ...]) -> str:
+    """A CHECK condition: ``column`` holds one of ``values`` (``state IN ('a', 'b')``)."""
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
 schema_migrations = sa.Table(
     "schema_migrations",
     metadata,

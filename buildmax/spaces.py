@@ -13,6 +13,12 @@ from .problems import Conflict
 from .schema import principals, space_members, spaces
 
 
+async def space_pk(conn: Transaction, space_id: str) -> int | None:
+    """A space's numeric key from its public id (``None`` when there is none)."""
+    pk = await conn.fetch_val(sa.select(spaces.c.id).where(spaces.c.public_id == space_id))
+    return int(pk) if pk is not None else None
+
+
 async def create_space(
     tx: Transaction, *, slug: str, name: str, owner_pk: int, created_by: int, now: int
 ) -> dict[str, Any]:

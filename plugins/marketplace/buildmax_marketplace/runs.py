@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
 from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
@@ -24,14 +23,9 @@ from buildmax_hookspecs import (
 
 from buildmax.app import current_buildmax
 from buildmax.problems import Problem
-from buildmax.schema import spaces
+from buildmax.spaces import space_pk as find_space_pk
 
 from .activation import activation, curation_mode, pin, refusal
-
-
-async def _space_pk(tx: Transaction, space_id: str) -> int | None:
-    pk = await tx.fetch_val(sa.select(spaces.c.id).where(spaces.c.public_id == space_id))
-    return int(pk) if pk is not None else None
 
 
 async def agent_revision(
@@ -42,7 +36,7 @@ async def agent_revision(
     if not revision.plugins:
         return None
     app = current_buildmax()
-    space_pk = await _space_pk(tx, space_id)
+    space_pk = await find_space_pk(tx, space_id)
     assert space_pk is not None
     mode = await curation_mode(tx, space_pk)
     for name in revision.plugins:
@@ -79,7 +73,7 @@ async def run_environment(
     space."""
     if agent_revision is None or agent_revision.space_id != attempt.space_id:
         return {"plugins": {"agent_revision_id": None, "pins": []}}
-    space_pk = await _space_pk(tx, attempt.space_id)
+    space_pk = await find_space_pk(tx, attempt.space_id)
     assert space_pk is not None
     app = current_buildmax()
     claimant = Actor(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from buildmax.schema import Id, Millis
+from buildmax.schema import Id, Millis, one_of
 
 metadata = sa.MetaData()
 
@@ -23,10 +23,6 @@ KINDS = ("review", "integration")
 DECISIONS = ("approve", "request_changes", "reject")
 SEVERITIES = ("blocker", "major", "minor", "note")
 OUTCOMES = ("merged", "failed")
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
 activities = sa.Table(
@@ -50,7 +46,7 @@ activities = sa.Table(
     sa.Column("decision_id", sa.Text, nullable=True),
     sa.Column("created_at", Millis, nullable=False),
     sa.UniqueConstraint("submission_id", "kind", "slot", name="review_activity_slot"),
-    sa.CheckConstraint(_in("kind", KINDS), name="review_activity_kind"),
+    sa.CheckConstraint(one_of("kind", KINDS), name="review_activity_kind"),
 )
 sa.Index("review_activities_space", activities.c.space_id, activities.c.id)
 sa.Index("review_activities_subject", activities.c.subject_task_id, activities.c.id)
@@ -74,7 +70,7 @@ reviews = sa.Table(
     sa.Column("summary", sa.Text, nullable=False, server_default=""),
     sa.Column("task_revision", sa.Integer, nullable=False),
     sa.Column("created_at", Millis, nullable=False),
-    sa.CheckConstraint(_in("decision", DECISIONS), name="review_decision"),
+    sa.CheckConstraint(one_of("decision", DECISIONS), name="review_decision"),
 )
 sa.Index("review_reviews_submission", reviews.c.submission_id)
 
@@ -94,7 +90,7 @@ findings = sa.Table(
     sa.Column("resolved_by", sa.Text, nullable=True),
     sa.Column("resolution", sa.Text, nullable=True),
     sa.Column("created_at", Millis, nullable=False),
-    sa.CheckConstraint(_in("severity", SEVERITIES), name="review_finding_severity"),
+    sa.CheckConstraint(one_of("severity", SEVERITIES), name="review_finding_severity"),
 )
 sa.Index("review_findings_subject", findings.c.subject_task_id, findings.c.id)
 sa.Index("review_findings_review", findings.c.review_id)
@@ -119,7 +115,7 @@ integrations = sa.Table(
     sa.Column("after_ref", sa.Text, nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("created_at", Millis, nullable=False),
-    sa.CheckConstraint(_in("outcome", OUTCOMES), name="review_integration_outcome"),
+    sa.CheckConstraint(one_of("outcome", OUTCOMES), name="review_integration_outcome"),
 )
 sa.Index("review_integrations_subject", integrations.c.subject_task_id, integrations.c.id)
 

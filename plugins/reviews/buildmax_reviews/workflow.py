@@ -26,7 +26,7 @@ from buildmax_hookspecs import (
 
 from buildmax.app import current_buildmax
 from buildmax.ids import new_id
-from buildmax.schema import spaces
+from buildmax.spaces import space_pk
 
 from .candidates import IntegrationIn, ReviewIn, parse
 from .problems import HumanReviewRefused, NotIndependent, ReviewStale
@@ -64,13 +64,6 @@ def task_queue() -> TaskQueue:
     return cast(TaskQueue, current_buildmax().services.get(cast(type, TaskQueue)))
 
 
-async def space_pk(tx: Transaction, space_id: str) -> int:
-    """A space's numeric key, from its public id."""
-    pk = await tx.fetch_val(sa.select(spaces.c.id).where(spaces.c.public_id == space_id))
-    assert pk is not None, "the space of a task exists"
-    return int(pk)
-
-
 async def stage_entered(
     tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
 ) -> None:
@@ -87,6 +80,7 @@ async def stage_entered(
     policy = await queue.policy(tx, subject.project_id)
     now = current_buildmax().clock.now_ms()
     pk = await space_pk(tx, subject.space_id)
+    assert pk is not None, "the space of a task exists"
     for item in work:
         target = item.resources[0] if kind == "integration" and item.resources else None
         decision_id = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from buildmax.schema import Id, Millis
+from buildmax.schema import Id, Millis, one_of
 
 metadata = sa.MetaData()
 
@@ -24,10 +24,6 @@ ATTEMPT_STATES = ("active", "submitted", "released", "expired", "canceled", "fai
 HOLD_STRENGTHS = ("suspended", "stopped")
 HOLD_SCOPES = ("space", "project", "task")
 INTEGRATION_MODES = ("automatic", "human")
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
 projects = sa.Table(
@@ -62,7 +58,7 @@ policies = sa.Table(
     sa.Column("created_at", Millis, nullable=False),
     sa.Column("created_by", Id, sa.ForeignKey("principals.id"), nullable=True),
     sa.UniqueConstraint("project_id", "revision", name="task_policy_revision"),
-    sa.CheckConstraint(_in("integration", INTEGRATION_MODES), name="task_policy_integration"),
+    sa.CheckConstraint(one_of("integration", INTEGRATION_MODES), name="task_policy_integration"),
 )
 
 agents = sa.Table(
@@ -139,8 +135,8 @@ tasks = sa.Table(
     sa.Column("created_at", Millis, nullable=False),
     sa.Column("created_by", Id, sa.ForeignKey("principals.id"), nullable=True),
     sa.Column("updated_at", Millis, nullable=False),
-    sa.CheckConstraint(_in("kind", TASK_KINDS), name="task_kind"),
-    sa.CheckConstraint(_in("state", TASK_STATES), name="task_state"),
+    sa.CheckConstraint(one_of("kind", TASK_KINDS), name="task_kind"),
+    sa.CheckConstraint(one_of("state", TASK_STATES), name="task_state"),
     sa.CheckConstraint("max_attempts >= 1", name="task_max_attempts"),
 )
 #: The ready queue: only ready rows are indexed, so history costs nothing.
@@ -219,7 +215,7 @@ attempts = sa.Table(
     sa.Column("renewed_at", Millis, nullable=True),
     sa.Column("ended_at", Millis, nullable=True),
     sa.UniqueConstraint("task_id", "generation", name="task_attempt_generation"),
-    sa.CheckConstraint(_in("state", ATTEMPT_STATES), name="task_attempt_state"),
+    sa.CheckConstraint(one_of("state", ATTEMPT_STATES), name="task_attempt_state"),
 )
 _ACTIVE = sa.text("state = 'active'")
 #: At most one active attempt per task, whatever the code above it does.
@@ -296,8 +292,8 @@ holds = sa.Table(
     sa.Column("created_at", Millis, nullable=False),
     sa.Column("lifted_by", Id, sa.ForeignKey("principals.id"), nullable=True),
     sa.Column("lifted_at", Millis, nullable=True),
-    sa.CheckConstraint(_in("strength", HOLD_STRENGTHS), name="task_hold_strength"),
-    sa.CheckConstraint(_in("scope_type", HOLD_SCOPES), name="task_hold_scope"),
+    sa.CheckConstraint(one_of("strength", HOLD_STRENGTHS), name="task_hold_strength"),
+    sa.CheckConstraint(one_of("scope_type", HOLD_SCOPES), name="task_hold_scope"),
 )
 _LIVE = sa.text("lifted_at IS NULL")
 sa.Index(
