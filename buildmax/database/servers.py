@@ -17,7 +17,7 @@ def database_url(server_url: str, name: str) -> str:
 async def administer(server_url: str, statements: list[str]) -> list[object]:
     """Run ``statements`` one by one outside a transaction on ``server_url``;
     the first value each returns. ``DatabaseError`` when the server cannot
-    be reached."""
+    be reached or refuses a statement."""
     import asyncpg
 
     try:
@@ -26,10 +26,16 @@ async def administer(server_url: str, statements: list[str]) -> list[object]:
         )
     except Exception as exc:
         raise DatabaseError(f"cannot reach PostgreSQL: {exc}") from exc
+    values = []
     try:
-        return [await conn.fetchval(statement) for statement in statements]
+        for statement in statements:
+            try:
+                values.append(await conn.fetchval(statement))
+            except asyncpg.PostgresError as exc:  # no right, a busy template, a name taken
+                raise DatabaseError(f"{statement}: {exc}") from exc
     finally:
         await conn.close()
+    return values
 
 
 async def create_database(server_url: str, name: str, template: str | None = None) -> str:

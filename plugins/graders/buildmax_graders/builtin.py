@@ -83,7 +83,7 @@ class StatusGrader:
 
     ``of`` names the saved answer; ``status`` is the expected code (or a
     list of codes); ``problem`` the expected problem slug (``"task-claimed"``),
-    or ``false`` for an answer that must not be a problem.
+    ``true`` for any problem, or ``false`` for an answer that must not be one.
     """
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
@@ -94,6 +94,8 @@ class StatusGrader:
         if not all(isinstance(s, int) and 100 <= s <= 599 for s in self.statuses):
             raise ValueError("status: 'status' must be an HTTP status code or a list of them")
         self.problem = spec.get("problem")
+        if self.problem is not None and not isinstance(self.problem, bool | str):
+            raise ValueError("status: 'problem' must be a slug, true or false")
 
     async def grade(self, context: GradingContext) -> Grade:
         answer = context.value(self.of)
@@ -112,6 +114,8 @@ class StatusGrader:
             return Grade(False, f"{self.of}: status {status}, expected {wanted}{detail}", evidence)
         if self.problem is False and slug is not None:
             return Grade(False, f"{self.of}: a {slug!r} problem, expected none", evidence)
+        if self.problem is True and slug is None:
+            return Grade(False, f"{self.of}: no problem, expected one", evidence)
         if isinstance(self.problem, str) and slug != self.problem:
             return Grade(False, f"{self.of}: problem {slug!r}, expected {self.problem!r}", evidence)
         shown = f" {slug}" if slug else ""
@@ -369,6 +373,8 @@ class AbsentGrader:
                 True, f"no /{self.pattern.pattern}/ in the server log", {"bytes": len(log)}
             )
         secrets = [*context.secrets(), *(str(context.render(v)) for v in self.values)]
+        if not any(secrets):
+            return Grade(False, "no secret to look for: the journey minted none", {})
         leaked = [s for s in secrets if s and s in log]
         evidence = {"secrets_checked": len(secrets), "leaked": len(leaked), "bytes": len(log)}
         if leaked:
@@ -378,6 +384,8 @@ class AbsentGrader:
     def _files(self, context: GradingContext) -> Grade:
         root = (context.workdir / str(context.render(self.root))).resolve()
         allowed = (context.workdir / str(context.render(self.directory))).resolve()
+        if not root.is_dir():
+            return Grade(False, f"{self.root} is not a directory", {"root": str(root)})
         outside: list[str] = []
         for dirpath, dirnames, filenames in os.walk(root):
             for name in [*dirnames, *filenames]:

@@ -6,8 +6,9 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ import click
 from .journey import ENGINES, discover
 
 if TYPE_CHECKING:
-    from .qualify import Outcome
+    from .outcome import Outcome
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_URL_ENV = "BUILDMAX_QUALIFY_PG_URL"
@@ -37,8 +38,23 @@ def installed_graders() -> dict[str, Any]:
     return graders
 
 
+def _until_terminated(run: Coroutine[Any, Any, list[Outcome]]) -> list[Outcome]:
+    """Run the qualification; SIGTERM (a cancelled CI job) cancels it like
+    Ctrl-C does, so its servers are stopped and its databases dropped."""
+
+    async def main() -> list[Outcome]:
+        task = asyncio.ensure_future(run)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await task
+
+    try:
+        return asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise click.ClickException("interrupted: the servers were stopped") from None
+
+
 def _summary_table(outcomes: Sequence[Outcome]) -> str:
-    from .qualify import FAILED, PASSED
+    from .outcome import FAILED, PASSED
 
     rows = [("journey", "engine", "result", "seconds", "detail")]
     for o in outcomes:
@@ -116,7 +132,8 @@ def qualify(
     built yet are listed as such and neither pass nor fail.
     """
     from .evidence import Source
-    from .qualify import FAILED, Qualification, load_journeys
+    from .outcome import FAILED
+    from .qualify import Qualification, load_journeys
     from .steps import steps_directory
 
     if not journeys_dir.is_dir():
@@ -167,7 +184,7 @@ def qualify(
             item_show_func=lambda item: item,
             file=sys.stderr,
         ) as bar:
-            outcomes = asyncio.run(
+            outcomes = _until_terminated(
                 qualification.run(
                     lambda name: bar.update(0, f"{name} running"),
                     lambda outcome: bar.update(1),
@@ -182,7 +199,7 @@ def qualify(
                 err=True,
             )
 
-        outcomes = asyncio.run(qualification.run(lambda name: None, finished))
+        outcomes = _until_terminated(qualification.run(lambda name: None, finished))
 
     summary = {
         "commit": qualification.source.commit,

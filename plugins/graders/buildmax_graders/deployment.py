@@ -85,6 +85,8 @@ class ServerProcess:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    #: Killed by the journey (an injected fault) since its last start.
+    killed: bool = False
 
     @property
     def url(self) -> str:
@@ -188,6 +190,7 @@ class Deployment:
                 start_new_session=True,
             )
         server.starts += 1
+        server.killed = False
         await self._wait_ready(server)
         if self.admin_token is None:
             found = _BOOTSTRAP_TOKEN.search(server.log_path.read_text("utf-8", "replace"))
@@ -227,6 +230,7 @@ class Deployment:
         server = self.servers[index]
         if server.process is None:
             return
+        server.killed = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait()
@@ -243,6 +247,19 @@ class Deployment:
                 await asyncio.to_thread(server.process.wait, 15)
             except subprocess.TimeoutExpired:
                 self.kill(server.index)
+
+    def unexpected_exits(self) -> list[tuple[int, int | None]]:
+        """``(index, exit status)`` of every started server that is gone
+        although the journey did not kill it."""
+        return [
+            (s.index, s.process.returncode if s.process else None)
+            for s in self.servers
+            if s.starts and not s.running and not s.killed
+        ]
+
+    def exit_statuses(self) -> list[int | None]:
+        """Each server's last exit status (``None``: never started or still running)."""
+        return [s.process.poll() if s.process else None for s in self.servers]
 
     def log(self) -> str:
         """Every server process's log, one after the other."""

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
@@ -179,12 +179,16 @@ def junit(
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, redact: Callable[[str], str]) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return f"<{len(value)} bytes>"
-    if isinstance(value, str) and len(value) > DB_STATE_VALUE:
-        return value[:DB_STATE_VALUE] + "…"
-    return value if isinstance(value, int | float | bool | str | type(None)) else str(value)
+    if not isinstance(value, int | float | bool | str | type(None)):
+        value = str(value)
+    if isinstance(value, str):
+        value = redact(value)  # before cutting: a cut secret would escape the redaction
+        if len(value) > DB_STATE_VALUE:
+            return value[:DB_STATE_VALUE] + "…"
+    return value
 
 
 _TABLES = {
@@ -195,15 +199,16 @@ _TABLES = {
 }
 
 
-def _row(row: Mapping[str, Any]) -> dict[str, Any]:
+def _row(row: Mapping[str, Any], redact: Callable[[str], str]) -> dict[str, Any]:
     return {
-        key: REDACTED if _SECRET_COLUMN.search(key) and value is not None else _plain(value)
+        key: REDACTED if _SECRET_COLUMN.search(key) and value is not None else _plain(value, redact)
         for key, value in row.items()
     }
 
 
-async def database_state(database: Database) -> dict[str, Any]:
-    """Every table's row count and its first rows (secret columns redacted)."""
+async def database_state(database: Database, redact: Callable[[str], str]) -> dict[str, Any]:
+    """Every table's row count and its first rows (secret columns and
+    ``redact``'s secrets replaced)."""
     tables: dict[str, Any] = {}
     async with database.read() as conn:
         names = [r[next(iter(r))] for r in await conn.fetch_all(sa.text(_TABLES[database.dialect]))]
@@ -213,7 +218,7 @@ async def database_state(database: Database) -> dict[str, Any]:
             rows = await conn.fetch_all(sa.text(f"select * from {quoted} limit {DB_STATE_ROWS}"))
             tables[name] = {
                 "count": count,
-                "rows": [_row(r) for r in rows],
+                "rows": [_row(r, redact) for r in rows],
                 "truncated": count > DB_STATE_ROWS,
             }
     return {"row_limit_per_table": DB_STATE_ROWS, "tables": tables}

@@ -26,6 +26,9 @@ ENGINES = ("sqlite", "postgres")
 #: What a check asserts: steps 3 to 6 of a journey test.
 ASSERTS = ("response", "durable", "audit", "forbidden")
 
+#: Seconds a journey's steps and checks may take together, unless its file says.
+DEFAULT_TIMEOUT = 600.0
+
 #: ``status`` of a journey file: written, or waiting for the feature it needs.
 WRITTEN, NOT_BUILT = "written", "not built"
 
@@ -36,6 +39,7 @@ _JOURNEY_KEYS = {
     "engines",
     "status",
     "reason",
+    "timeout",
     "server",
     "arrange",
     "act",
@@ -113,6 +117,7 @@ class Journey:
     engines: tuple[str, ...]
     status: str
     reason: str
+    timeout: float
     server: ServerPlan
     steps: tuple[Step, ...]
     checks: tuple[Check, ...]
@@ -155,6 +160,20 @@ def load_journey(
         raw = tomllib.loads(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise JourneyFileError(f"cannot read: {exc}") from None
+    try:
+        return _journey(path, raw, graders, step_kinds)
+    except JourneyFileError:
+        raise
+    except Exception as exc:  # a value of the wrong type, a grader that crashes on its spec
+        raise JourneyFileError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _journey(
+    path: Path,
+    raw: Mapping[str, Any],
+    graders: Mapping[str, Callable[[Mapping[str, Any]], Grader]],
+    step_kinds: Callable[[str], bool],
+) -> Journey:
     unknown = set(raw) - _JOURNEY_KEYS
     if unknown:
         raise JourneyFileError(f"unknown key(s) {', '.join(sorted(unknown))}")
@@ -170,12 +189,25 @@ def load_journey(
     if status == NOT_BUILT and not raw.get("reason"):
         raise JourneyFileError("a journey that is not built says why in 'reason'")
 
+    server = _server_plan(raw.get("server", {}))
+    if server.processes > 1 and "sqlite" in engines:
+        raise JourneyFileError('[server] processes > 1 needs engines = ["postgres"]')
+
     steps: list[Step] = []
     for phase in ("arrange", "act"):
         for index, spec in enumerate(_table_list(raw, phase)):
             kind = spec.get("step")
             if not isinstance(kind, str) or not step_kinds(kind):
                 raise JourneyFileError(f"{phase}[{index}]: unknown step {kind!r}")
+            only = spec.get("engines", ENGINES)
+            if (
+                not isinstance(only, list | tuple)
+                or not only
+                or any(e not in ENGINES for e in only)
+            ):
+                raise JourneyFileError(
+                    f"{phase}[{index}]: 'engines' must name some of {', '.join(ENGINES)}"
+                )
             steps.append(Step(phase, index, kind, spec))
 
     checks: list[Check] = []
@@ -191,21 +223,32 @@ def load_journey(
             )
         try:
             grader = graders[name](spec)
-        except (ValueError, TypeError, re.error) as exc:
+        except Exception as exc:  # ValueError by contract; anything else is as bad
             raise JourneyFileError(f"check[{index}]: {exc}") from None
         checks.append(Check(index, name, asserts, str(spec.get("name", "")), grader))
-    if status == WRITTEN and not checks:
-        raise JourneyFileError("a written journey has at least one [[check]]")
+    missing = [a for a in ASSERTS if not any(c.asserts == a for c in checks)]
+    if status == WRITTEN and missing:
+        # Steps 3 to 6 of every journey test: none may be left out.
+        raise JourneyFileError(
+            f"a written journey checks every kind of outcome; no {', '.join(missing)} check"
+        )
 
+    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
+        raise JourneyFileError("'timeout' must be seconds, more than 0 and at most 3600")
+    version = raw.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise JourneyFileError("'version' must be an integer")
     return Journey(
         id=raw["id"],
         title=raw["title"],
-        version=int(raw.get("version", 1)),
+        version=version,
+        timeout=float(timeout),
         path=path,
         engines=engines,
         status=status,
         reason=str(raw.get("reason", "")),
-        server=_server_plan(raw.get("server", {})),
+        server=server,
         steps=tuple(steps),
         checks=tuple(checks),
     )

@@ -1,10 +1,8 @@
 """The qualification runner: every journey on every engine against real
 server processes, graded, each leaving an evidence bundle.
 
-A journey either passes, fails (classified ``product``, ``harness`` or
-``infrastructure``), is *not applicable* on an engine it does not declare,
-or is *not built* (its file says what it waits for). Only a failure fails
-the run; the other two are never counted as passes.
+Only a failure fails the run; *not applicable* and *not built* are never
+counted as passes (see :mod:`buildmax_graders.outcome`).
 """
 
 from __future__ import annotations
@@ -18,10 +16,10 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from buildmax_hookspecs import Grade
 
 from buildmax.clock import to_rfc3339
@@ -30,59 +28,27 @@ from buildmax.database import DatabaseError, servers
 from . import evidence
 from .deployment import Deployment, InfrastructureError
 from .journey import NOT_BUILT, Journey, JourneyFileError, load_journey
+from .outcome import (
+    CHECK_ERROR,
+    CHECK_FAILED,
+    EVIDENCE,
+    FAILED,
+    HARNESS,
+    INFRASTRUCTURE,
+    NOT_APPLICABLE,
+    PASSED,
+    PRODUCT,
+    SERVER_DIED,
+    SETUP,
+    STEP,
+    Outcome,
+    Record,
+)
 from .run import JourneyRun, StepFailed, describe
 from .steps import STEPS
 
-PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not applicable"
-PRODUCT, HARNESS, INFRASTRUCTURE = "product", "harness", "infrastructure"
-
-#: Seconds a journey's steps and checks may take together.
-JOURNEY_TIMEOUT = 600.0
-
-
-@dataclass
-class Outcome:
-    """How one journey went on one engine."""
-
-    journey: str
-    title: str
-    engine: str
-    status: str
-    reason: str = ""
-    classification: str | None = None
-    seconds: float = 0.0
-    checks: int = 0
-    bundle: Path | None = None
-
-    def summary(self) -> dict[str, Any]:
-        """As ``summary.json`` lists it."""
-        return {
-            "journey": self.journey,
-            "title": self.title,
-            "engine": self.engine,
-            "status": self.status,
-            "classification": self.classification,
-            "reason": self.reason,
-            "seconds": round(self.seconds, 2),
-            "checks": self.checks,
-            "bundle": str(self.bundle) if self.bundle else None,
-        }
-
-
-@dataclass
-class _Record:
-    """What one run gathered for its bundle."""
-
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    failure: tuple[str, str] | None = None  # (classification, reason)
-
-    def fail(self, classification: str, reason: str) -> None:
-        """Keep the first failure, except that a product failure outranks a
-        harness one: a step that crashes on a value missing because the
-        product misbehaved is reported as that misbehaviour."""
-        if self.failure is None or (self.failure[0] == HARNESS and classification == PRODUCT):
-            self.failure = (classification, reason)
+#: Seconds the evidence of one journey may take to collect.
+EVIDENCE_TIMEOUT = 300.0
 
 
 class Qualification:
@@ -188,7 +154,12 @@ class Qualification:
             outcome.status = NOT_APPLICABLE
             outcome.reason = f"declared for {', '.join(journey.engines)} only"
             return self._static_bundle(outcome, journey, started)
-        return await self._run(journey, engine, outcome, started)
+        try:
+            return await self._run(journey, engine, outcome, started)
+        except Exception as exc:  # the runner's own fault: still a bundle, never a crash
+            outcome.status, outcome.classification = FAILED, HARNESS
+            outcome.reason = f"the runner failed: {describe(exc)}"
+            return self._static_bundle(outcome, journey, started)
 
     def _bundle_dir(self, journey_id: str, engine: str) -> Path:
         directory = self.root / engine / journey_id
@@ -198,12 +169,22 @@ class Qualification:
         return directory
 
     def _static_bundle(self, outcome: Outcome, journey: Journey | None, started: float) -> Outcome:
-        """The bundle of a journey that did not run: manifest and result only."""
+        """The bundle of a journey that did not run: manifest, result, and
+        for a failure a JUnit file that shows it."""
         bundle = evidence.Bundle(self._bundle_dir(outcome.journey, outcome.engine))
-        why = outcome.reason if outcome.status != FAILED else "the journey did not run"
+        record = Record()
+        if outcome.status == FAILED:
+            record.fail(SETUP, outcome.classification or HARNESS, outcome.reason)
+            bundle.write_text("junit.xml", self._junit(outcome, record))
+            why = "the journey did not run"
+        else:
+            why = outcome.reason
         for name in evidence.BUNDLE_FILES[2:]:
-            bundle.not_applicable(name, f"{outcome.status}: {why}")
-        bundle.write_json("result.json", self._result(outcome, _Record()))
+            if name not in bundle.files:
+                bundle.not_applicable(
+                    name, why if outcome.status == NOT_APPLICABLE else f"{outcome.status}: {why}"
+                )
+        bundle.write_json("result.json", self._result(outcome, record))
         self._manifest(bundle, outcome, journey, started, faults=[], server=None)
         outcome.bundle = bundle.directory
         return outcome
@@ -214,28 +195,38 @@ class Qualification:
         workdir = Path(tempfile.mkdtemp(prefix=f"bmq-{journey.id}-{engine}-"))
         deployment = Deployment(engine, workdir, journey.server, self.pg_server_url)
         run = JourneyRun(journey, deployment, self.steps_dir)
-        record = _Record()
+        record = Record()
         server: dict[str, Any] | None = None
         try:
-            try:
-                if engine == "postgres" and journey.server.database == "template":
-                    deployment.template = await self._template()
-                await deployment.prepare()
-                await asyncio.wait_for(self._act_and_grade(journey, run, record), JOURNEY_TIMEOUT)
-            except TimeoutError:
-                record.fail(PRODUCT, f"{run.current_step}: no end after {JOURNEY_TIMEOUT:g} s")
-            except InfrastructureError as exc:
-                record.fail(INFRASTRUCTURE, f"{run.current_step}: {exc}")
+            if await self._prepare(journey, deployment, record):
+                try:
+                    await asyncio.wait_for(
+                        self._act_and_grade(journey, run, record), journey.timeout
+                    )
+                except TimeoutError:
+                    why = f"{run.current_step}: no end after {journey.timeout:g} s"
+                    record.interrupted(why)
+                    record.fail(STEP, PRODUCT, why)
+                for index, status in deployment.unexpected_exits():
+                    record.fail(
+                        SERVER_DIED,
+                        PRODUCT,
+                        f"server {index} exited with status {status} during the journey "
+                        "(no fault was injected)",
+                    )
             server = await self._server_facts(run)
             await deployment.stop()
+            server["exit_statuses"] = deployment.exit_statuses()
             bundle = evidence.Bundle(
                 self._bundle_dir(journey.id, engine),
-                secrets=[
-                    *run.minted,
-                    *([deployment.admin_token] if deployment.admin_token else []),
-                ],
+                secrets=[*run.minted, *filter(None, [deployment.admin_token])],
             )
-            await self._collect(bundle, run, record)
+            try:
+                await asyncio.wait_for(self._collect(bundle, run, record), EVIDENCE_TIMEOUT)
+            except TimeoutError:
+                record.fail(
+                    EVIDENCE, INFRASTRUCTURE, f"evidence: no end after {EVIDENCE_TIMEOUT:g} s"
+                )
         finally:
             await deployment.stop()
             await run.close()
@@ -243,45 +234,54 @@ class Qualification:
                 await deployment.discard()
             if not self.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
-        if record.failure is not None:
+        verdict = record.verdict
+        if verdict is not None:
             outcome.status = FAILED
-            outcome.classification, outcome.reason = record.failure
+            outcome.classification, outcome.reason = verdict
         outcome.seconds = time.time() - started
         bundle.write_json("result.json", self._result(outcome, record))
-        bundle.write_text("junit.xml", self._junit(journey, engine, record, outcome.seconds))
+        bundle.write_text("junit.xml", self._junit(outcome, record))
         self._manifest(bundle, outcome, journey, started, faults=run.faults, server=server)
         outcome.bundle = bundle.directory
         return outcome
 
-    async def _act_and_grade(self, journey: Journey, run: JourneyRun, record: _Record) -> None:
+    async def _prepare(self, journey: Journey, deployment: Deployment, record: Record) -> bool:
+        """The journey's database and config file; ``False`` when they
+        cannot be made (the failure is recorded)."""
+        try:
+            if deployment.engine == "postgres" and journey.server.database == "template":
+                deployment.template = await self._template()
+            await deployment.prepare()
+        except (InfrastructureError, DatabaseError, OSError) as exc:
+            record.fail(SETUP, INFRASTRUCTURE, f"setup: {exc}")
+            return False
+        return True
+
+    async def _act_and_grade(self, journey: Journey, run: JourneyRun, record: Record) -> None:
         if journey.server.start:
             run.current_step = "start"
-            await run.deployment.start()
+            try:
+                await run.deployment.start()
+            except InfrastructureError as exc:
+                record.fail(SETUP, INFRASTRUCTURE, f"start: {exc}")
+                return
         for step in journey.steps:
             run.current_step = step.label
-            began = time.monotonic()
-            entry: dict[str, Any] = {"step": step.label, "outcome": "ok"}
+            entry: dict[str, Any] = {"step": step.label, "outcome": "running"}
             record.steps.append(entry)
             if not step.applies_to(run.deployment.engine):
                 entry["outcome"] = "not applicable on this engine"
                 continue
-            try:
-                run.save(step.spec.get("save"), await STEPS[step.kind](run, step.spec))
-            except StepFailed as exc:
-                entry.update(outcome="failed", error=str(exc))
-                record.fail(PRODUCT, f"{step.label}: {exc}")
-            except InfrastructureError as exc:
-                entry.update(outcome="failed", error=str(exc))
-                record.fail(INFRASTRUCTURE, f"{step.label}: {exc}")
-            except (ImportError, FileNotFoundError) as exc:
-                entry.update(outcome="failed", error=describe(exc))
-                record.fail(INFRASTRUCTURE, f"{step.label}: missing dependency: {describe(exc)}")
-            except Exception as exc:
-                entry.update(outcome="failed", error=describe(exc))
-                record.fail(HARNESS, f"{step.label}: {describe(exc)}")
+            began = time.monotonic()
+            failure = await self._step(run, step, entry)
             entry["seconds"] = round(time.monotonic() - began, 3)
-            if record.failure is not None:
+            if failure is not None:
+                entry.update(outcome="failed", error=failure[1])
+                record.fail(STEP, failure[0], f"{step.label}: {failure[1]}")
+                if failure[0] == INFRASTRUCTURE:
+                    return  # nothing to grade against
                 break
+            entry["outcome"] = "ok"
         run.current_step = "check"
         for check in journey.checks:
             entry = {
@@ -289,18 +289,20 @@ class Qualification:
                 "name": check.name,
                 "grader": check.grader_name,
                 "asserts": check.asserts,
+                "outcome": "running",
             }
             record.checks.append(entry)
-            if record.failure is not None and record.failure[0] == INFRASTRUCTURE:
-                entry.update(outcome="not run", reason="the journey's infrastructure failed")
-                continue
             try:
                 grade = await check.grader.grade(run)
-                if not isinstance(grade, Grade):
-                    raise TypeError(f"grader {check.grader_name!r} returned {type(grade).__name__}")
+                if not isinstance(grade, Grade) or not isinstance(grade.passed, bool):
+                    raise TypeError(f"grader {check.grader_name!r} returned {grade!r}, not a Grade")
             except Exception as exc:
                 entry.update(outcome="error", reason=describe(exc))
-                record.fail(HARNESS, f"check[{check.index}] {check.grader_name}: {describe(exc)}")
+                record.fail(
+                    CHECK_ERROR,
+                    HARNESS,
+                    f"check[{check.index}] {check.grader_name}: {describe(exc)}",
+                )
                 continue
             entry.update(
                 outcome="passed" if grade.passed else "failed",
@@ -308,7 +310,28 @@ class Qualification:
                 evidence=dict(grade.evidence),
             )
             if not grade.passed:
-                record.fail(PRODUCT, f"check[{check.index}] {check.grader_name}: {grade.reason}")
+                record.fail(
+                    CHECK_FAILED,
+                    PRODUCT,
+                    f"check[{check.index}] {check.grader_name}: {grade.reason}",
+                )
+
+    @staticmethod
+    async def _step(run: JourneyRun, step: Any, entry: dict[str, Any]) -> tuple[str, str] | None:
+        """Run one step; ``(classification, reason)`` when it fails."""
+        try:
+            run.save(step.spec.get("save"), await STEPS[step.kind](run, step.spec))
+        except StepFailed as exc:
+            return PRODUCT, str(exc)
+        except httpx.TransportError as exc:
+            return PRODUCT, f"the server did not answer: {describe(exc)}"
+        except InfrastructureError as exc:
+            return INFRASTRUCTURE, str(exc)
+        except (ImportError, FileNotFoundError) as exc:
+            return INFRASTRUCTURE, f"missing dependency: {describe(exc)}"
+        except Exception as exc:  # a HarnessError, a missing saved value, a crash
+            return HARNESS, describe(exc)
+        return None
 
     async def _server_facts(self, run: JourneyRun) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -323,24 +346,24 @@ class Qualification:
             facts["database"] = f"unknown ({describe(exc)})"
         return facts
 
-    async def _collect(self, bundle: evidence.Bundle, run: JourneyRun, record: _Record) -> None:
+    async def _collect(self, bundle: evidence.Bundle, run: JourneyRun, record: Record) -> None:
         deployment = run.deployment
         if any(s.starts for s in deployment.servers):
             bundle.write_text("server.log", deployment.log())
         else:
             bundle.not_applicable("server.log", "no server process was started")
         try:
-            bundle.write_json("db-state.json", await evidence.database_state(await run.database()))
+            bundle.write_json(
+                "db-state.json", await evidence.database_state(await run.database(), bundle.redact)
+            )
         except Exception as exc:
             bundle.not_applicable(
                 "db-state.json", f"the database could not be read: {describe(exc)}"
             )
-            record.fail(INFRASTRUCTURE, f"evidence: db-state: {describe(exc)}")
+            record.fail(EVIDENCE, INFRASTRUCTURE, f"evidence: db-state: {describe(exc)}")
         await self._audit_export(bundle, run, record)
 
-    async def _audit_export(
-        self, bundle: evidence.Bundle, run: JourneyRun, record: _Record
-    ) -> None:
+    async def _audit_export(self, bundle: evidence.Bundle, run: JourneyRun, record: Record) -> None:
         target = run.workdir / "audit-export.jsonl"
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -361,20 +384,24 @@ class Qualification:
             bundle.write_text("audit.jsonl", target.read_text("utf-8"))
             return
         last = (out.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
-        if "no such table" in last or "pending migrations" in last or "not migrated" in last:
-            bundle.not_applicable("audit.jsonl", f"the database holds no audit trail: {last}")
+        if not any(server.starts for server in run.deployment.servers):
+            bundle.not_applicable("audit.jsonl", f"no server ever ran on the database: {last}")
             return
         bundle.not_applicable("audit.jsonl", f"buildmax audit export failed: {last}")
-        record.fail(HARNESS, f"evidence: audit export: exit {process.returncode}: {last}")
+        record.fail(EVIDENCE, HARNESS, f"evidence: audit export: exit {process.returncode}: {last}")
 
-    def _result(self, outcome: Outcome, record: _Record) -> dict[str, Any]:
+    def _result(self, outcome: Outcome, record: Record) -> dict[str, Any]:
         return {**outcome.summary(), "bundle": None, "steps": record.steps, "checks": record.checks}
 
     @staticmethod
-    def _junit(journey: Journey, engine: str, record: _Record, seconds: float) -> str:
+    def _junit(outcome: Outcome, record: Record) -> str:
+        """One case per check and per failed step; a failed journey with
+        no failing case gets one naming its failure, so no JUnit reader
+        sees it green."""
+        suite = f"{outcome.engine}.{outcome.journey}"
         cases = [
             {
-                "classname": f"{engine}.{journey.id}.steps",
+                "classname": f"{suite}.steps",
                 "name": s["step"],
                 "outcome": "error",
                 "message": s.get("error", ""),
@@ -382,27 +409,28 @@ class Qualification:
             for s in record.steps
             if s["outcome"] == "failed"
         ]
-        outcomes = {"passed": "passed", "failed": "failure", "error": "error", "not run": "not run"}
-        if record.failure is not None and record.failure[0] != PRODUCT and not cases:
-            cases.append(
-                {
-                    "classname": f"{engine}.{journey.id}",
-                    "name": "run",
-                    "outcome": "error",
-                    "message": record.failure[1],
-                }
-            )
+        outcomes = {"passed": "passed", "failed": "failure", "error": "error", "running": "error"}
         for c in record.checks:
             cases.append(
                 {
-                    "classname": f"{engine}.{journey.id}.{c['asserts']}",
+                    "classname": f"{suite}.{c['asserts']}",
                     "name": f"check[{c['check']}] {c['grader']}"
                     + (f": {c['name']}" if c["name"] else ""),
                     "outcome": outcomes[c["outcome"]],
                     "message": c.get("reason", ""),
                 }
             )
-        return evidence.junit(f"{engine}.{journey.id}", cases, seconds)
+        verdict = record.verdict
+        if verdict is not None and not any(c["outcome"] != "passed" for c in cases):
+            cases.append(
+                {
+                    "classname": suite,
+                    "name": "journey",
+                    "outcome": "failure" if verdict[0] == PRODUCT else "error",
+                    "message": f"[{verdict[0]}] {verdict[1]}",
+                }
+            )
+        return evidence.junit(suite, cases, outcome.seconds)
 
     def _manifest(
         self,
@@ -444,9 +472,16 @@ def load_journeys(
 ) -> list[Journey | tuple[Path, str]]:
     """Every journey file loaded, or ``(path, problem)`` for one that cannot be."""
     loaded: list[Journey | tuple[Path, str]] = []
+    seen: dict[str, Path] = {}
     for path in paths:
         try:
-            loaded.append(load_journey(path, graders, STEPS.__contains__))
+            journey = load_journey(path, graders, STEPS.__contains__)
         except JourneyFileError as exc:
             loaded.append((path, str(exc)))
+            continue
+        if journey.id in seen:
+            loaded.append((path, f"id {journey.id} is taken by {seen[journey.id].name}"))
+            continue
+        seen[journey.id] = path
+        loaded.append(journey)
     return loaded

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from buildmax.clock import to_rfc3339
 from buildmax.database import Database, open_database
 
 from .deployment import Deployment
@@ -24,8 +25,12 @@ AUDIT_PAGE = 200
 
 
 class StepFailed(Exception):
-    """A step met an answer the journey did not expect: the product's fault
-    unless the step says otherwise."""
+    """A step met an answer the journey did not expect: the product's fault."""
+
+
+class HarnessError(Exception):
+    """A step cannot run as the journey wrote it (a missing step module, a
+    bad argument): the harness's fault."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class Fault:
             "fault": self.fault,
             "injection_point": self.injection_point,
             "step": self.step,
-            "at": self.at,
+            "at": to_rfc3339(int(self.at * 1000)),
         }
 
 

@@ -29,7 +29,7 @@ import httpx
 import sqlalchemy as sa
 
 from .journey import render
-from .run import JourneyRun, StepFailed
+from .run import HarnessError, JourneyRun, StepFailed
 
 StepFunction = Callable[[JourneyRun, Mapping[str, Any]], Awaitable[Any]]
 
@@ -62,6 +62,8 @@ def answer_record(
         body = answer.text[:TEXT_KEPT]
     else:
         body = None
+    if isinstance(body, Mapping) and isinstance(body.get("token"), str):
+        run.secret(body["token"])  # a token minted through the API: redacted, looked for in logs
     record: dict[str, Any] = {
         "status": answer.status_code,
         "headers": {k.lower(): v for k, v in answer.headers.items()},
@@ -128,8 +130,6 @@ async def request(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     method, url, kwargs = _request_parts(run, spec)
     answer = await run.http.request(method, url, **kwargs)
     record = answer_record(answer, run, spec.get("download_to"))
-    if isinstance(record["body"], Mapping) and isinstance(record["body"].get("token"), str):
-        run.secret(record["body"]["token"])  # a token minted through the API
     if spec.get("kill_after"):
         index = int(spec.get("server", 0))
         run.deployment.kill(index)
@@ -286,7 +286,13 @@ async def cli(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out, _ = await asyncio.wait_for(process.communicate(), float(spec.get("timeout", 300)))
+    limit = float(spec.get("timeout", 300))
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), limit)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise StepFailed(f"buildmax {' '.join(argv[:2])}: no end after {limit:g} s") from None
     text = out.decode("utf-8", "replace")
     expect = spec.get("expect_exit", 0)
     if expect != "any" and process.returncode != int(expect):
@@ -353,13 +359,14 @@ async def drop_answer(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
         payload,
         float(spec.get("timeout", 30)),
     )
+    path = built.url.raw_path.decode()
     run.inject(
         "dropped-answer",
-        f"connection reset before reading the answer to {method} {spec['path']}"
+        f"connection reset before reading the answer to {method} {path}"
         + ("" if answered else " (no answer came within the timeout)"),
     )
     if not answered:
-        raise StepFailed(f"{method} {spec['path']}: no answer within the timeout")
+        raise StepFailed(f"{method} {path}: no answer within the timeout")
     return {"idempotency_key": built.headers.get("idempotency-key")}
 
 
@@ -368,18 +375,24 @@ async def python(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     with the journey run and the rendered ``args``."""
     module_name, _, function_name = str(spec["call"]).partition(":")
     if run.steps_dir is None:
-        raise StepFailed("no steps directory beside the journeys directory")
+        raise HarnessError("no steps directory beside the journeys directory")
     path = run.steps_dir / f"{module_name}.py"
     qualified = f"buildmax_qualification_steps.{module_name}"
     module = sys.modules.get(qualified)
     if module is None:
         loader = importlib.util.spec_from_file_location(qualified, path)
         if loader is None or loader.loader is None or not path.exists():
-            raise StepFailed(f"no step module {path}")
+            raise HarnessError(f"no step module {path}")
         module = importlib.util.module_from_spec(loader)
         sys.modules[qualified] = module
-        loader.loader.exec_module(module)
-    function = getattr(module, function_name)
+        try:
+            loader.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[qualified]  # a half-loaded module is not reused
+            raise
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise HarnessError(f"{path.name} has no step {function_name!r}")
     return await function(run, **run.render(spec.get("args", {})))
 
 

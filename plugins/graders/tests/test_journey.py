@@ -14,6 +14,10 @@ from buildmax_graders.steps import STEPS
 pytestmark = pytest.mark.engine_independent
 
 CHECK = '[[check]]\nstep = "response"\ngrader = "status"\nof = "x"\nstatus = 200\n'
+OTHERS = "".join(
+    f'[[check]]\nstep = "{kind}"\ngrader = "absent"\nkind = "log_pattern"\npattern = "x"\n'
+    for kind in ("durable", "audit", "forbidden")
+)
 
 
 def load(tmp_path: Path, text: str) -> Journey:
@@ -28,7 +32,8 @@ def load(tmp_path: Path, text: str) -> Journey:
         ("colour = 1\n" + CHECK, "unknown key(s) colour"),
         ('engines = ["mysql"]\n' + CHECK, "'engines' must name some of sqlite, postgres"),
         ('status = "not built"\n', "a journey that is not built says why in 'reason'"),
-        ("", "a written journey has at least one [[check]]"),
+        ("", "a written journey checks every kind of outcome; no response, durable, audit"),
+        (CHECK, "no durable, audit, forbidden check"),
         ('[[act]]\nstep = "teleport"\n' + CHECK, "act[0]: unknown step 'teleport'"),
         ("[server]\nprocesses = 9\n" + CHECK, "[server] processes must be 1 to 4"),
         ("[server]\nworkers = 2\n" + CHECK, "[server]: unknown key(s) workers"),
@@ -48,13 +53,14 @@ def test_a_good_file_loads_with_its_steps_and_checks(tmp_path: Path) -> None:
     journey = load(
         tmp_path,
         'engines = ["postgres"]\n[[act]]\nstep = "sleep"\nseconds = 0\nengines = ["sqlite"]\n'
-        + CHECK,
+        + CHECK
+        + OTHERS,
     )
     assert journey.engines == ("postgres",)
     assert not journey.applies_to("sqlite")
     (step,) = journey.steps
     assert step.label == "act[0] sleep" and not step.applies_to("postgres")
-    assert [c.grader_name for c in journey.checks] == ["status"]
+    assert [c.grader_name for c in journey.checks] == ["status", "absent", "absent", "absent"]
 
 
 def test_installed_graders_include_the_built_ins_and_plugins() -> None:

@@ -92,6 +92,12 @@ params = { name = "{ada.name}" }
 equals = 1
 
 [[check]]
+step = "audit"
+grader = "audit"
+action = "principal.created"
+target = "{ada.id}"
+
+[[check]]
 step = "forbidden"
 grader = "absent"
 kind = "secret_in_log"
@@ -104,7 +110,7 @@ async def test_a_passing_journey_leaves_a_complete_redacted_bundle(
     write(tmp_path, "J90.toml", PASSING)
     done = qualify(tmp_path, engine)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"J90      {engine}" in done.stdout and "3 checks passed" in done.stdout
+    assert f"J90      {engine}" in done.stdout and "4 checks passed" in done.stdout
 
     directory = bundle(tmp_path, engine, "J90")
     manifest = read(directory / "manifest.json")
@@ -123,10 +129,10 @@ async def test_a_passing_journey_leaves_a_complete_redacted_bundle(
         assert (directory / name).stat().st_size > 0, name
 
     result = read(directory / "result.json")
-    assert [c["outcome"] for c in result["checks"]] == ["passed"] * 3
+    assert [c["outcome"] for c in result["checks"]] == ["passed"] * 4
     assert result["checks"][1]["evidence"]["value"] == 1
     suite = ET.parse(directory / "junit.xml").getroot().find("testsuite")
-    assert suite is not None and suite.get("tests") == "3" and suite.get("failures") == "0"
+    assert suite is not None and suite.get("tests") == "4" and suite.get("failures") == "0"
 
     log = (directory / "server.log").read_text()
     assert "A first admin was created" in log and "[redacted]" in log
@@ -153,7 +159,7 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
     write(tmp_path, "J93.toml", 'id = "J93"\ntitle = "t"\nstatus = "not built"\nreason = "later"\n')
     write(tmp_path, "J94.toml", 'id = "J94"\ntitle = "t"\nsurprise = 1\n')
     # A step that crashes (no principal "ghost") and a check that fails:
-    # the product failure is the one reported.
+    # a harness failure whose reason also names the failing check.
     crashing = PASSING.replace("J90", "J97").replace('as = "ada"', 'as = "ghost"')
     write(tmp_path, "J97.toml", crashing.replace("equals = 1", "equals = 7"))
     done = qualify(tmp_path, engine)
@@ -168,12 +174,16 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
         "J92": ("not applicable", None),
         "J93": ("not built", None),
         "J94": ("failed", "harness"),
-        "J97": ("failed", "product"),
+        "J97": ("failed", "harness"),
     }
     crashed = read(bundle(tmp_path, engine, "J97") / "result.json")
-    assert crashed["reason"].startswith("check[1] db_rows: ")
+    assert crashed["reason"].startswith("act[0] request: me: KeyError: \"no value at 'ghost'\"")
+    assert "; first failing check: check[1] db_rows: " in crashed["reason"]
     assert crashed["reason"].endswith(": 1, expected 7")
-    assert crashed["steps"][1]["error"].startswith("KeyError: \"no value at 'ghost'\"")
+    # Every failure shows in JUnit, also one with no failing check.
+    for journey in ("J91", "J94", "J97"):
+        suite = ET.parse(bundle(tmp_path, engine, journey) / "junit.xml").getroot()[0]
+        assert int(suite.get("failures", 0)) + int(suite.get("errors", 0)) >= 1, journey
     failed = read(bundle(tmp_path, engine, "J91") / "manifest.json")
     assert failed["reason"] == "check[0] status: me: status 200, expected 404"
     assert "[product] check[0] status: me: status 200, expected 404" in done.stdout
@@ -200,7 +210,7 @@ async def test_a_step_failure_stops_the_steps_and_names_the_step(
     assert result["reason"].startswith("act[0] request: me: GET /v1/nowhere: status 404")
     # The checks still run: those on values the failed step never saved are
     # harness errors, the rest report what they saw.
-    assert [c["outcome"] for c in result["checks"]] == ["error", "passed", "passed"]
+    assert [c["outcome"] for c in result["checks"]] == ["error", "passed", "passed", "passed"]
     assert result["checks"][0]["reason"].startswith("KeyError: \"no value at 'me'\"")
 
 
@@ -247,6 +257,18 @@ grader = "db_rows"
 sql = "select count(*) from spaces where slug = :slug"
 params = { slug = "g-{run.id}" }
 equals = 1
+
+[[check]]
+step = "audit"
+grader = "audit"
+action = "space.created"
+target = "{replay.body.id}"
+
+[[check]]
+step = "forbidden"
+grader = "absent"
+kind = "log_pattern"
+pattern = "Traceback"
 """
 
 
@@ -310,3 +332,60 @@ def test_unknown_journey_ids_and_missing_directories_are_usage_errors(tmp_path: 
     listed = qualify(tmp_path, "sqlite", "--list")
     assert listed.returncode == 0 and listed.stdout.startswith("J90   written")
     assert not (tmp_path / "out").exists()
+
+
+CHAOS = '''
+import os
+import signal
+
+
+async def kill_quietly(run):
+    """A crash nobody asked for: no fault is recorded."""
+    server = run.deployment.servers[0]
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+'''
+
+
+async def test_a_server_that_dies_uninvited_fails_the_journey(tmp_path: Path, engine: str) -> None:
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "chaos.py").write_text(CHAOS)
+    dying = PASSING.replace("J90", "J98").replace(
+        "[[check]]", '[[act]]\nstep = "python"\ncall = "chaos:kill_quietly"\n\n[[check]]', 1
+    )
+    write(tmp_path, "J98.toml", dying)
+    done = qualify(tmp_path, engine)
+    assert done.returncode == 1
+    manifest = read(bundle(tmp_path, engine, "J98") / "manifest.json")
+    assert manifest["classification"] == "product"
+    assert manifest["reason"] == (
+        "server 0 exited with status -9 during the journey (no fault was injected)"
+    )
+    assert manifest["server"]["exit_statuses"] == [-9] and manifest["faults_injected"] == []
+
+
+async def test_a_journey_out_of_time_is_a_failure_junit_shows(tmp_path: Path, engine: str) -> None:
+    slow = PASSING.replace('id = "J90"', 'id = "J99"\ntimeout = 2').replace(
+        "[[act]]", '[[act]]\nstep = "sleep"\nseconds = 30\n\n[[act]]', 1
+    )
+    write(tmp_path, "J99.toml", slow)
+    done = qualify(tmp_path, engine)
+    assert done.returncode == 1
+    result = read(bundle(tmp_path, engine, "J99") / "result.json")
+    assert result["classification"] == "product"
+    assert result["reason"] == "act[0] sleep: no end after 2 s"
+    assert result["steps"][1] == {
+        "step": "act[0] sleep",
+        "outcome": "failed",
+        "error": "act[0] sleep: no end after 2 s",
+    }
+    suite = ET.parse(bundle(tmp_path, engine, "J99") / "junit.xml").getroot()[0]
+    assert suite.get("errors") == "1"
+
+
+@pytest.mark.engine_independent
+def test_a_second_file_with_a_taken_id_is_refused(tmp_path: Path) -> None:
+    write(tmp_path, "J90.toml", PASSING)
+    write(tmp_path, "J91.toml", PASSING)
+    listed = qualify(tmp_path, "sqlite", "--list")
+    assert "J91   UNREADABLE  id J90 is taken by J90.toml" in listed.stdout

@@ -1,0 +1,83 @@
+"""The journeys this repository ships: all of J01-J18 are there, every
+written one loads, and each declares what the product description asks of
+it. Deleting a journey, or marking a red one "not built", fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from buildmax_graders.commands import installed_graders
+from buildmax_graders.journey import NOT_BUILT, WRITTEN, Journey, discover
+from buildmax_graders.qualify import load_journeys
+
+pytestmark = pytest.mark.engine_independent
+
+ROOT = Path(__file__).parents[3]
+EXAMPLE_GRADER = ROOT / "examples" / "grader-plugin" / "buildmax_example_grader" / "__init__.py"
+
+
+def graders() -> dict[str, Any]:
+    """The installed graders, and the example plugin's (the qualify env installs it)."""
+    spec = importlib.util.spec_from_file_location("example_grader_for_tests", EXAMPLE_GRADER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {**installed_graders(), **module.buildmax_graders()}
+
+
+@pytest.fixture(scope="module")
+def journeys() -> dict[str, Journey]:
+    loaded = load_journeys(discover(ROOT / "qualification" / "journeys"), graders())
+    unreadable = [j for j in loaded if isinstance(j, tuple)]
+    assert not unreadable, unreadable
+    return {j.id: j for j in loaded if isinstance(j, Journey)}
+
+
+def test_every_critical_journey_is_there(journeys: dict[str, Journey]) -> None:
+    assert sorted(journeys) == [f"J{n:02d}" for n in range(1, 19)]
+    assert [j for j, journey in journeys.items() if journey.status == NOT_BUILT] == ["J17"]
+    assert "backup" in journeys["J17"].reason
+
+
+def test_engines_are_declared_as_the_product_asks(journeys: dict[str, Journey]) -> None:
+    assert journeys["J18"].engines == ("postgres",)
+    assert journeys["J18"].server.processes == 2
+    for journey in journeys.values():
+        if journey.id not in ("J17", "J18"):
+            assert journey.engines == ("sqlite", "postgres"), journey.id
+
+
+def test_j01_starts_on_an_empty_database_and_migrates_postgresql_first(
+    journeys: dict[str, Journey],
+) -> None:
+    j01 = journeys["J01"]
+    assert not j01.server.start and j01.server.database == "empty"
+    first, second = j01.steps[:2]
+    assert first.kind == "cli" and first.spec["argv"] == ["db", "migrate"]
+    assert first.applies_to("postgres") and not first.applies_to("sqlite")
+    assert second.kind == "start_server"
+
+
+def test_process_level_journeys_kill_and_restart_real_servers(
+    journeys: dict[str, Journey],
+) -> None:
+    kinds = [s.kind for s in journeys["J16"].steps]
+    assert "start_server" in kinds
+    assert any(s.spec.get("kill_after") for s in journeys["J16"].steps)
+
+
+def test_faults_and_the_example_grader_are_used(journeys: dict[str, Journey]) -> None:
+    steps = [s for j in journeys.values() for s in j.steps]
+    assert any(s.kind == "drop_answer" for s in steps)
+    assert any(s.kind == "fault" and s.spec["fault"] == "blob-put-after-store" for s in steps)
+    assert journeys["J08"].server.blob_faults
+    assert any(c.grader_name == "problem_details" for c in journeys["J02"].checks)
+
+
+def test_written_journeys_run_the_examples(journeys: dict[str, Journey]) -> None:
+    calls = {str(s.spec.get("call")) for j in journeys.values() for s in j.steps}
+    assert "market:agent_loop" in calls and "review:reviewer_loop" in calls
+    assert all(j.status == WRITTEN for i, j in journeys.items() if i != "J17")
