@@ -272,8 +272,9 @@ class GradingContext(Protocol):
         server's database (``:name`` parameters)."""
 
     async def audit_events(self) -> Sequence[Mapping[str, Any]]:
-        """Every audit event the server recorded, oldest first, as the audit
-        API returns them (read with the bootstrap admin's token)."""
+        """Every audit event the server recorded, by chain and sequence
+        number, as the audit API returns them (read with the bootstrap
+        admin's token)."""
 
     def server_log(self) -> str:
         """Everything the journey's server processes wrote so far."""
