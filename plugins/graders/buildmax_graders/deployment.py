@@ -113,6 +113,8 @@ class Deployment:
     config_path: Path = field(init=False)
     servers: list[ServerProcess] = field(default_factory=list)
     admin_token: str | None = None
+    #: The version the running server reports (its OpenAPI document's).
+    server_version: str | None = None
 
     def __post_init__(self) -> None:
         self.config_path = self.workdir / "buildmax.toml"
@@ -208,6 +210,9 @@ class Deployment:
                     )
                 try:
                     if (await http.get(server.url + "/readyz")).status_code == 200:
+                        if self.server_version is None:
+                            api = (await http.get(server.url + "/v1/openapi.json")).json()
+                            self.server_version = str(api["info"]["version"])
                         return
                 except httpx.TransportError:
                     pass

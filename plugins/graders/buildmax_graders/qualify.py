@@ -335,7 +335,8 @@ class Qualification:
 
     async def _server_facts(self, run: JourneyRun) -> dict[str, Any]:
         facts: dict[str, Any] = {
-            "version": evidence.kernel_version(),
+            "version": run.deployment.server_version,
+            "installed_kernel": evidence.kernel_version(),
             "processes": len(run.deployment.servers),
             "starts": [s.starts for s in run.deployment.servers],
             "config": run.deployment.config_path.name,

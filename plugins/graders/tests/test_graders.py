@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from buildmax_graders.builtin import BUILTIN_GRADERS
 from buildmax_graders.journey import render, resolve
 from buildmax_hookspecs import GradingContext
@@ -260,3 +261,26 @@ async def test_expected_values_and_patterns_take_placeholders(context: Context) 
     argv = [sys.executable, "-c", "print('first bad sequence 3')"]
     found = await grade("command", {"argv": argv, "output": "{expected.word}$"}, context)
     assert found.passed, found.reason
+
+
+async def test_db_state_redacts_secrets_before_cutting_long_values(tmp_path: Path) -> None:
+    from buildmax_graders.evidence import DB_STATE_VALUE, Bundle, database_state
+
+    from buildmax.database import open_database
+
+    secret = "bmx_" + "s" * 40
+    database = open_database(f"sqlite:///{tmp_path / 'state.db'}", sqlite_readers=1)
+    await database.connect()
+    try:
+        async with database.write() as tx:
+            await tx.execute(sa.text("create table receipts (body text, token_hash text)"))
+            # The secret straddles the cut: a cut first would leave its start behind.
+            body = "x" * (DB_STATE_VALUE - 10) + secret
+            await tx.execute(sa.text("insert into receipts values (:body, 'h')"), {"body": body})
+        state = await database_state(database, Bundle(tmp_path, secrets=[secret]).redact)
+    finally:
+        await database.close()
+    (row,) = state["tables"]["receipts"]["rows"]
+    assert "bmx_" not in row["body"] and "[redacted]" in row["body"]
+    assert row["token_hash"] == "[redacted]"
+    assert state["tables"]["receipts"]["count"] == 1

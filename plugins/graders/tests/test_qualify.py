@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import buildmax
 from buildmax.testing import TEST_DATABASE_ENV
 
 QUALIFY = (sys.executable, "-m", "buildmax", "qualify")
@@ -117,7 +118,8 @@ async def test_a_passing_journey_leaves_a_complete_redacted_bundle(
     assert manifest["status"] == "passed" and manifest["classification"] is None
     assert manifest["commit"] == "unknown" and manifest["dirty"] is None
     assert manifest["engine"] == engine
-    assert manifest["server"]["version"] and manifest["server"]["processes"] == 1
+    assert manifest["server"]["version"] == buildmax.__version__
+    assert manifest["server"]["processes"] == 1
     label = "SQLite " if engine == "sqlite" else "PostgreSQL "
     assert manifest["server"]["database"].startswith(label)
     assert manifest["environment"]["python"] == ".".join(map(str, sys.version_info[:3]))
