@@ -17,6 +17,8 @@ import buildmax
 from buildmax.testing import TEST_DATABASE_ENV
 
 QUALIFY = (sys.executable, "-m", "buildmax", "qualify")
+#: The runner's own logic does not depend on the engine: most tests run it once, on SQLite.
+SQLITE = "sqlite"
 NOWHERE = "postgresql://postgres@127.0.0.1:9/postgres"
 
 
@@ -148,10 +150,9 @@ async def test_a_passing_journey_leaves_a_complete_redacted_bundle(
     assert [o["status"] for o in summary["outcomes"]] == ["passed"]
 
 
-async def test_failures_not_applicable_and_not_built_are_told_apart(
-    tmp_path: Path, engine: str
-) -> None:
-    other = "postgres" if engine == "sqlite" else "sqlite"
+@pytest.mark.engine_independent
+def test_failures_not_applicable_and_not_built_are_told_apart(tmp_path: Path) -> None:
+    other = "postgres"
     write(
         tmp_path,
         "J91.toml",
@@ -164,7 +165,7 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
     # a harness failure whose reason also names the failing check.
     crashing = PASSING.replace("J90", "J97").replace('as = "ada"', 'as = "ghost"')
     write(tmp_path, "J97.toml", crashing.replace("equals = 1", "equals = 7"))
-    done = qualify(tmp_path, engine)
+    done = qualify(tmp_path, SQLITE)
     assert done.returncode == 1, done.stdout + done.stderr
 
     statuses = {
@@ -178,36 +179,35 @@ async def test_failures_not_applicable_and_not_built_are_told_apart(
         "J94": ("failed", "harness"),
         "J97": ("failed", "harness"),
     }
-    crashed = read(bundle(tmp_path, engine, "J97") / "result.json")
+    crashed = read(bundle(tmp_path, SQLITE, "J97") / "result.json")
     assert crashed["reason"].startswith("act[0] request: me: KeyError: \"no value at 'ghost'\"")
     assert "; first failing check: check[1] db_rows: " in crashed["reason"]
     assert crashed["reason"].endswith(": 1, expected 7")
     # Every failure shows in JUnit, also one with no failing check.
     for journey in ("J91", "J94", "J97"):
-        suite = ET.parse(bundle(tmp_path, engine, journey) / "junit.xml").getroot()[0]
+        suite = ET.parse(bundle(tmp_path, SQLITE, journey) / "junit.xml").getroot()[0]
         assert int(suite.get("failures", 0)) + int(suite.get("errors", 0)) >= 1, journey
-    failed = read(bundle(tmp_path, engine, "J91") / "manifest.json")
+    failed = read(bundle(tmp_path, SQLITE, "J91") / "manifest.json")
     assert failed["reason"] == "check[0] status: me: status 200, expected 404"
     assert "[product] check[0] status: me: status 200, expected 404" in done.stdout
-    skipped = read(bundle(tmp_path, engine, "J92") / "manifest.json")
+    skipped = read(bundle(tmp_path, SQLITE, "J92") / "manifest.json")
     assert skipped["reason"] == f"declared for {other} only"
     assert skipped["files"]["server.log"].startswith("not applicable")
-    assert not (bundle(tmp_path, engine, "J92") / "server.log").exists()
-    unreadable = read(bundle(tmp_path, engine, "J94") / "manifest.json")
+    assert not (bundle(tmp_path, SQLITE, "J92") / "server.log").exists()
+    unreadable = read(bundle(tmp_path, SQLITE, "J94") / "manifest.json")
     assert unreadable["reason"] == "J94.toml: unknown key(s) surprise"
 
 
-async def test_a_step_failure_stops_the_steps_and_names_the_step(
-    tmp_path: Path, engine: str
-) -> None:
+@pytest.mark.engine_independent
+def test_a_step_failure_stops_the_steps_and_names_the_step(tmp_path: Path) -> None:
     write(
         tmp_path,
         "J95.toml",
         PASSING.replace("J90", "J95").replace('path = "/v1/principals/me"', 'path = "/v1/nowhere"'),
     )
-    done = qualify(tmp_path, engine)
+    done = qualify(tmp_path, SQLITE)
     assert done.returncode == 1
-    result = read(bundle(tmp_path, engine, "J95") / "result.json")
+    result = read(bundle(tmp_path, SQLITE, "J95") / "result.json")
     assert result["classification"] == "product"
     assert result["reason"].startswith("act[0] request: me: GET /v1/nowhere: status 404")
     # The checks still run: those on values the failed step never saved are
@@ -274,11 +274,12 @@ pattern = "Traceback"
 """
 
 
-async def test_injected_faults_are_recorded_with_their_points(tmp_path: Path, engine: str) -> None:
+@pytest.mark.engine_independent
+def test_injected_faults_are_recorded_with_their_points(tmp_path: Path) -> None:
     write(tmp_path, "J96.toml", FAULTS)
-    done = qualify(tmp_path, engine)
+    done = qualify(tmp_path, SQLITE)
     assert done.returncode == 0, done.stdout + done.stderr
-    manifest = read(bundle(tmp_path, engine, "J96") / "manifest.json")
+    manifest = read(bundle(tmp_path, SQLITE, "J96") / "manifest.json")
     faults = [(f["fault"], f["step"]) for f in manifest["faults_injected"]]
     assert faults == [
         ("dropped-answer", "act[0] drop_answer: dropped"),
@@ -289,7 +290,7 @@ async def test_injected_faults_are_recorded_with_their_points(tmp_path: Path, en
         in (manifest["faults_injected"][1]["injection_point"])
     )
     assert manifest["server"]["starts"] == [2]
-    log = (bundle(tmp_path, engine, "J96") / "server.log").read_text()
+    log = (bundle(tmp_path, SQLITE, "J96") / "server.log").read_text()
     assert "--- server 0 killed (SIGKILL) ---" in log and "--- start 2 of server 0 ---" in log
 
 
@@ -349,16 +350,17 @@ async def kill_quietly(run):
 '''
 
 
-async def test_a_server_that_dies_uninvited_fails_the_journey(tmp_path: Path, engine: str) -> None:
+@pytest.mark.engine_independent
+def test_a_server_that_dies_uninvited_fails_the_journey(tmp_path: Path) -> None:
     (tmp_path / "steps").mkdir()
     (tmp_path / "steps" / "chaos.py").write_text(CHAOS)
     dying = PASSING.replace("J90", "J98").replace(
         "[[check]]", '[[act]]\nstep = "python"\ncall = "chaos:kill_quietly"\n\n[[check]]', 1
     )
     write(tmp_path, "J98.toml", dying)
-    done = qualify(tmp_path, engine)
+    done = qualify(tmp_path, SQLITE)
     assert done.returncode == 1
-    manifest = read(bundle(tmp_path, engine, "J98") / "manifest.json")
+    manifest = read(bundle(tmp_path, SQLITE, "J98") / "manifest.json")
     assert manifest["classification"] == "product"
     assert manifest["reason"] == (
         "server 0 exited with status -9 during the journey (no fault was injected)"
@@ -366,14 +368,15 @@ async def test_a_server_that_dies_uninvited_fails_the_journey(tmp_path: Path, en
     assert manifest["server"]["exit_statuses"] == [-9] and manifest["faults_injected"] == []
 
 
-async def test_a_journey_out_of_time_is_a_failure_junit_shows(tmp_path: Path, engine: str) -> None:
+@pytest.mark.engine_independent
+def test_a_journey_out_of_time_is_a_failure_junit_shows(tmp_path: Path) -> None:
     slow = PASSING.replace('id = "J90"', 'id = "J99"\ntimeout = 2').replace(
         "[[act]]", '[[act]]\nstep = "sleep"\nseconds = 30\n\n[[act]]', 1
     )
     write(tmp_path, "J99.toml", slow)
-    done = qualify(tmp_path, engine)
+    done = qualify(tmp_path, SQLITE)
     assert done.returncode == 1
-    result = read(bundle(tmp_path, engine, "J99") / "result.json")
+    result = read(bundle(tmp_path, SQLITE, "J99") / "result.json")
     assert result["classification"] == "product"
     assert result["reason"] == "act[0] sleep: no end after 2 s"
     assert result["steps"][1] == {
@@ -381,7 +384,7 @@ async def test_a_journey_out_of_time_is_a_failure_junit_shows(tmp_path: Path, en
         "outcome": "failed",
         "error": "act[0] sleep: no end after 2 s",
     }
-    suite = ET.parse(bundle(tmp_path, engine, "J99") / "junit.xml").getroot()[0]
+    suite = ET.parse(bundle(tmp_path, SQLITE, "J99") / "junit.xml").getroot()[0]
     assert suite.get("errors") == "1"
 
 
