@@ -373,8 +373,8 @@ class AbsentGrader:
                 True, f"no /{self.pattern.pattern}/ in the server log", {"bytes": len(log)}
             )
         secrets = [*context.secrets(), *(str(context.render(v)) for v in self.values)]
-        if not any(secrets):
-            return Grade(False, "no secret to look for: the journey minted none", {})
+        if not any(secrets):  # the journey's fault, not the product's
+            raise LookupError("no secret to look for: the journey minted none")
         leaked = [s for s in secrets if s and s in log]
         evidence = {"secrets_checked": len(secrets), "leaked": len(leaked), "bytes": len(log)}
         if leaked:

@@ -38,9 +38,10 @@ def installed_graders() -> dict[str, Any]:
     return graders
 
 
-def _until_terminated(run: Coroutine[Any, Any, list[Outcome]]) -> list[Outcome]:
+def _until_terminated(run: Coroutine[Any, Any, list[Outcome]]) -> list[Outcome] | None:
     """Run the qualification; SIGTERM (a cancelled CI job) cancels it like
-    Ctrl-C does, so its servers are stopped and its databases dropped."""
+    Ctrl-C does, so its servers are stopped and its databases dropped.
+    ``None`` when it was interrupted."""
 
     async def main() -> list[Outcome]:
         task = asyncio.ensure_future(run)
@@ -50,7 +51,7 @@ def _until_terminated(run: Coroutine[Any, Any, list[Outcome]]) -> list[Outcome]:
     try:
         return asyncio.run(main())
     except (asyncio.CancelledError, KeyboardInterrupt):
-        raise click.ClickException("interrupted: the servers were stopped") from None
+        return None
 
 
 def _summary_table(outcomes: Sequence[Outcome]) -> str:
@@ -201,9 +202,12 @@ def qualify(
 
         outcomes = _until_terminated(qualification.run(lambda name: None, finished))
 
+    interrupted = outcomes is None
+    outcomes = qualification.outcomes
     summary = {
         "commit": qualification.source.commit,
         "dirty": qualification.source.dirty,
+        "interrupted": interrupted,
         "outcomes": [o.summary() for o in outcomes],
     }
     qualification.root.mkdir(parents=True, exist_ok=True)
@@ -215,5 +219,10 @@ def qualify(
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + f"; bundles in {qualification.root}"
     )
+    if interrupted:
+        raise click.ClickException(
+            f"interrupted after {len(outcomes)} of {total} journey runs; the servers were "
+            "stopped and their databases dropped"
+        )
     if any(o.status == FAILED for o in outcomes):
         sys.exit(1)

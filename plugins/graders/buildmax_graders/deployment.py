@@ -87,6 +87,8 @@ class ServerProcess:
     starts: int = 0
     #: Killed by the journey (an injected fault) since its last start.
     killed: bool = False
+    #: Its last start answered ``/readyz`` (a start that failed is the step's failure).
+    ready: bool = False
 
     @property
     def url(self) -> str:
@@ -192,8 +194,9 @@ class Deployment:
                 start_new_session=True,
             )
         server.starts += 1
-        server.killed = False
+        server.killed = server.ready = False
         await self._wait_ready(server)
+        server.ready = True
         if self.admin_token is None:
             found = _BOOTSTRAP_TOKEN.search(server.log_path.read_text("utf-8", "replace"))
             self.admin_token = found.group(1) if found else None
@@ -235,7 +238,8 @@ class Deployment:
         server = self.servers[index]
         if server.process is None:
             return
-        server.killed = True
+        # A process that already died on its own stays an unexpected exit.
+        server.killed = server.killed or server.process.poll() is None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait()
@@ -254,12 +258,12 @@ class Deployment:
                 self.kill(server.index)
 
     def unexpected_exits(self) -> list[tuple[int, int | None]]:
-        """``(index, exit status)`` of every started server that is gone
+        """``(index, exit status)`` of every server that was up and is gone
         although the journey did not kill it."""
         return [
             (s.index, s.process.returncode if s.process else None)
             for s in self.servers
-            if s.starts and not s.running and not s.killed
+            if s.ready and not s.running and not s.killed
         ]
 
     def exit_statuses(self) -> list[int | None]:

@@ -143,9 +143,28 @@ def _server_plan(raw: Any) -> ServerPlan:
     plan = ServerPlan(**raw)
     if plan.database not in ("template", "empty"):
         raise JourneyFileError("[server] database must be 'template' or 'empty'")
-    if not isinstance(plan.processes, int) or not 1 <= plan.processes <= 4:
+    if isinstance(plan.processes, bool) or not isinstance(plan.processes, int):
         raise JourneyFileError("[server] processes must be 1 to 4")
+    if not 1 <= plan.processes <= 4:
+        raise JourneyFileError("[server] processes must be 1 to 4")
+    for flag in ("start", "blob_faults"):
+        if not isinstance(getattr(plan, flag), bool):
+            raise JourneyFileError(f"[server] {flag} must be true or false")
+    tables = {
+        "settings": plan.settings,
+        **{f"plugins.{k}": v for k, v in _table(plan.plugins, "plugins").items()},
+    }
+    for name, table in tables.items():
+        for key, value in _table(table, name).items():
+            if not isinstance(value, bool | int | float | str):
+                raise JourneyFileError(f"[server] {name}.{key} must be a string, number or boolean")
     return plan
+
+
+def _table(value: Any, name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise JourneyFileError(f"[server] {name} must be a table")
+    return value
 
 
 def load_journey(

@@ -71,6 +71,11 @@ class Record:
         return any(s == stage for s, _, _ in self.failures)
 
     @property
+    def first_stage(self) -> int | None:
+        """The stage of the failure reported first (``None``: none)."""
+        return min(self.failures, key=lambda f: f[0])[0] if self.failures else None
+
+    @property
     def verdict(self) -> tuple[str, str] | None:
         """``(classification, reason)`` of the failure reported first, or
         ``None`` for a pass. When a step crashed (a harness fault) and a

@@ -73,6 +73,8 @@ class Qualification:
         self.steps_dir = steps_dir
         self.keep = keep
         self._templates: dict[str, str | Exception] = {}
+        #: The journeys finished so far (all of them once ``run`` returns).
+        self.outcomes: list[Outcome] = []
 
     @property
     def root(self) -> Path:
@@ -84,18 +86,18 @@ class Qualification:
     ) -> list[Outcome]:
         """Run everything; ``starting`` hears each journey as it starts
         (``"sqlite J03"``), ``finished`` its outcome."""
-        outcomes = []
         try:
             for engine in self.engines:
                 for journey in self.journeys:
                     name = journey.id if isinstance(journey, Journey) else journey[0].stem
                     starting(f"{engine} {name}")
                     outcome = await self._one(journey, engine)
-                    outcomes.append(outcome)
+                    self.outcomes.append(outcome)
                     finished(outcome)
         finally:
-            await self._drop_templates()
-        return outcomes
+            with contextlib.suppress(DatabaseError):
+                await self._drop_templates()
+        return self.outcomes
 
     # -- PostgreSQL template --
 
@@ -198,7 +200,9 @@ class Qualification:
         record = Record()
         server: dict[str, Any] | None = None
         try:
-            if await self._prepare(journey, deployment, record):
+            if await self._prepare(journey, deployment, record) and await self._start(
+                journey, run, record
+            ):
                 try:
                     await asyncio.wait_for(
                         self._act_and_grade(journey, run, record), journey.timeout
@@ -212,7 +216,7 @@ class Qualification:
                         SERVER_DIED,
                         PRODUCT,
                         f"server {index} exited with status {status} during the journey "
-                        "(no fault was injected)",
+                        "without the journey stopping it",
                     )
             server = await self._server_facts(run)
             await deployment.stop()
@@ -227,6 +231,10 @@ class Qualification:
                 record.fail(
                     EVIDENCE, INFRASTRUCTURE, f"evidence: no end after {EVIDENCE_TIMEOUT:g} s"
                 )
+        except asyncio.CancelledError:
+            # Interrupted: a bundle without its manifest would mislead.
+            shutil.rmtree(self.root / engine / journey.id, ignore_errors=True)
+            raise
         finally:
             await deployment.stop()
             await run.close()
@@ -237,7 +245,7 @@ class Qualification:
         verdict = record.verdict
         if verdict is not None:
             outcome.status = FAILED
-            outcome.classification, outcome.reason = verdict
+            outcome.classification, outcome.reason = verdict[0], bundle.redact(verdict[1])
         outcome.seconds = time.time() - started
         bundle.write_json("result.json", self._result(outcome, record))
         bundle.write_text("junit.xml", self._junit(outcome, record))
@@ -257,14 +265,21 @@ class Qualification:
             return False
         return True
 
+    @staticmethod
+    async def _start(journey: Journey, run: JourneyRun, record: Record) -> bool:
+        """Start the servers unless a step will; ``False`` when they do not
+        come up (the failure is recorded). Not part of the journey's time."""
+        if not journey.server.start:
+            return True
+        run.current_step = "start"
+        try:
+            await run.deployment.start()
+        except InfrastructureError as exc:
+            record.fail(SETUP, INFRASTRUCTURE, f"start: {exc}")
+            return False
+        return True
+
     async def _act_and_grade(self, journey: Journey, run: JourneyRun, record: Record) -> None:
-        if journey.server.start:
-            run.current_step = "start"
-            try:
-                await run.deployment.start()
-            except InfrastructureError as exc:
-                record.fail(SETUP, INFRASTRUCTURE, f"start: {exc}")
-                return
         for step in journey.steps:
             run.current_step = step.label
             entry: dict[str, Any] = {"step": step.label, "outcome": "running"}
@@ -282,8 +297,8 @@ class Qualification:
                     return  # nothing to grade against
                 break
             entry["outcome"] = "ok"
-        run.current_step = "check"
         for check in journey.checks:
+            run.current_step = f"check[{check.index}] {check.grader_name}"
             entry = {
                 "check": check.index,
                 "name": check.name,
@@ -422,7 +437,8 @@ class Qualification:
                 }
             )
         verdict = record.verdict
-        if verdict is not None and not any(c["outcome"] != "passed" for c in cases):
+        shown = record.first_stage in (STEP, CHECK_FAILED, CHECK_ERROR)
+        if verdict is not None and not (shown and any(c["outcome"] != "passed" for c in cases)):
             cases.append(
                 {
                     "classname": suite,

@@ -91,10 +91,16 @@ async def test_status_checks_the_code_and_the_problem_slug(context: Context) -> 
     assert wrong_code.reason == "claim: status 409, expected 200 or 201 (why)"
 
 
-async def test_status_problem_false_refuses_any_problem(context: Context) -> None:
+async def test_status_problem_false_refuses_any_problem_and_true_needs_one(
+    context: Context,
+) -> None:
     context.values["ok"] = problem(200, "odd")
     result = await grade("status", {"of": "ok", "status": 200, "problem": False}, context)
     assert not result.passed and "a 'odd' problem, expected none" in result.reason
+    assert (await grade("status", {"of": "ok", "status": 200, "problem": True}, context)).passed
+    context.values["plain"] = {"status": 404, "body": "nothing here"}
+    plain = await grade("status", {"of": "plain", "status": 404, "problem": True}, context)
+    assert not plain.passed and plain.reason == "plain: no problem, expected one"
 
 
 # -- json_schema ------------------------------------------------------------------
@@ -197,6 +203,8 @@ async def test_absent_file_outside_finds_strays_and_links(context: Context) -> N
     (target / "skill.md").write_text("ok")
     spec = {"kind": "file_outside", "root": "out", "directory": "out/plugins"}
     assert (await grade("absent", spec, context)).passed
+    nowhere = await grade("absent", {**spec, "root": "gone"}, context)
+    assert not nowhere.passed and nowhere.reason == "gone is not a directory"
     (context.workdir / "out" / "escaped.txt").write_text("no")
     stray = await grade("absent", spec, context)
     assert not stray.passed and stray.reason == "1 path(s) outside out/plugins: escaped.txt"
@@ -215,6 +223,9 @@ async def test_absent_secret_in_log_and_log_pattern(context: Context) -> None:
     assert not traceback.passed and traceback.reason.startswith("server log line 3 matches")
     context.log = "clean"
     assert (await grade("absent", {"kind": "secret_in_log"}, context)).passed
+    context.minted = []
+    with pytest.raises(LookupError, match="no secret to look for"):
+        await grade("absent", {"kind": "secret_in_log"}, context)
 
 
 # -- specs refused at load ---------------------------------------------------------------

@@ -41,6 +41,15 @@ def load(tmp_path: Path, text: str) -> Journey:
         (CHECK.replace('"status"', '"nope"'), "check[0]: grader 'nope' is not installed"),
         (CHECK.replace("status = 200", "status = 99"), "check[0]: status: 'status' must be"),
         ("id = 2\n", "cannot read"),
+        ('version = "one"\n' + CHECK + OTHERS, "'version' must be an integer"),
+        ("timeout = 0\n" + CHECK + OTHERS, "'timeout' must be seconds"),
+        ('[[act]]\nstep = "sleep"\nengines = ["postgresql"]\n', "act[0]: 'engines' must name"),
+        ("[server]\nprocesses = 2\n" + CHECK, 'processes > 1 needs engines = ["postgres"]'),
+        ('[server]\nstart = "no"\n', "[server] start must be true or false"),
+        ("[server]\nsettings = 5\n", "[server] settings must be a table"),
+        ("[server]\nsettings = { x = [1] }\n", "[server] settings.x must be a string"),
+        ("[server]\nplugins = { tasks = { a = {} } }\n", "[server] plugins.tasks.a must be"),
+        (CHECK.replace('of = "x"\n', ""), "check[0]: status: missing required key 'of'"),
     ],
 )
 def test_a_bad_file_is_refused_naming_its_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -61,6 +70,23 @@ def test_a_good_file_loads_with_its_steps_and_checks(tmp_path: Path) -> None:
     (step,) = journey.steps
     assert step.label == "act[0] sleep" and not step.applies_to("postgres")
     assert [c.grader_name for c in journey.checks] == ["status", "absent", "absent", "absent"]
+
+
+class Fussy:
+    """A third-party grader that reads its spec carelessly."""
+
+    def __init__(self, spec: dict[str, object]) -> None:
+        self.of = spec["of"]
+
+
+def test_a_grader_crashing_on_its_spec_is_a_file_error(tmp_path: Path) -> None:
+    path = tmp_path / "J99.toml"
+    path.write_text(
+        'id = "J99"\ntitle = "t"\n'
+        + CHECK.replace('"status"', '"fussy"', 1).replace('of = "x"\n', "")
+    )
+    with pytest.raises(JourneyFileError, match="check\\[0\\]: 'of'"):
+        load_journey(path, {**BUILTIN_GRADERS, "fussy": Fussy}, STEPS.__contains__)
 
 
 def test_installed_graders_include_the_built_ins_and_plugins() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -363,26 +365,50 @@ def test_a_server_that_dies_uninvited_fails_the_journey(tmp_path: Path) -> None:
     manifest = read(bundle(tmp_path, SQLITE, "J98") / "manifest.json")
     assert manifest["classification"] == "product"
     assert manifest["reason"] == (
-        "server 0 exited with status -9 during the journey (no fault was injected)"
+        "server 0 exited with status -9 during the journey without the journey stopping it"
     )
     assert manifest["server"]["exit_statuses"] == [-9] and manifest["faults_injected"] == []
+    # Every check passed; JUnit still shows the journey failed.
+    suite = ET.parse(bundle(tmp_path, SQLITE, "J98") / "junit.xml").getroot()[0]
+    assert suite.get("failures") == "1"
+    assert suite.findall("testcase")[-1].get("name") == "journey"
+
+
+@pytest.mark.engine_independent
+def test_a_server_that_will_not_start_in_a_step_is_infrastructure(tmp_path: Path) -> None:
+    broken = (
+        PASSING.replace('id = "J90"', 'id = "J89"')
+        .replace(
+            'title = "a principal reads itself"\n',
+            'title = "t"\n\n[server]\nstart = false\nsettings = { log_level = "loudest" }\n',
+        )
+        .replace("[[arrange]]", '[[arrange]]\nstep = "start_server"\n\n[[arrange]]', 1)
+    )
+    write(tmp_path, "J89.toml", broken)
+    done = qualify(tmp_path, SQLITE)
+    assert done.returncode == 1
+    manifest = read(bundle(tmp_path, SQLITE, "J89") / "manifest.json")
+    assert manifest["classification"] == "infrastructure"
+    assert manifest["reason"].startswith(
+        "arrange[0] start_server: server 0 exited with status 1 before it was ready"
+    )
 
 
 @pytest.mark.engine_independent
 def test_a_journey_out_of_time_is_a_failure_junit_shows(tmp_path: Path) -> None:
-    slow = PASSING.replace('id = "J90"', 'id = "J99"\ntimeout = 2').replace(
-        "[[act]]", '[[act]]\nstep = "sleep"\nseconds = 30\n\n[[act]]', 1
+    slow = PASSING.replace('id = "J90"', 'id = "J99"\ntimeout = 3').replace(
+        "[[act]]", '[[act]]\nstep = "sleep"\nseconds = 60\n\n[[act]]', 1
     )
     write(tmp_path, "J99.toml", slow)
     done = qualify(tmp_path, SQLITE)
     assert done.returncode == 1
     result = read(bundle(tmp_path, SQLITE, "J99") / "result.json")
     assert result["classification"] == "product"
-    assert result["reason"] == "act[0] sleep: no end after 2 s"
+    assert result["reason"] == "act[0] sleep: no end after 3 s"
     assert result["steps"][1] == {
         "step": "act[0] sleep",
         "outcome": "failed",
-        "error": "act[0] sleep: no end after 2 s",
+        "error": "act[0] sleep: no end after 3 s",
     }
     suite = ET.parse(bundle(tmp_path, SQLITE, "J99") / "junit.xml").getroot()[0]
     assert suite.get("errors") == "1"
@@ -394,3 +420,44 @@ def test_a_second_file_with_a_taken_id_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "J91.toml", PASSING)
     listed = qualify(tmp_path, "sqlite", "--list")
     assert "J91   UNREADABLE  id J90 is taken by J90.toml" in listed.stdout
+
+
+@pytest.mark.engine_independent
+def test_sigterm_stops_the_servers_and_keeps_the_finished_summary(tmp_path: Path) -> None:
+    slow = PASSING.replace('id = "J90"', 'id = "J88"').replace(
+        "[[act]]", '[[act]]\nstep = "sleep"\nseconds = 120\n\n[[act]]', 1
+    )
+    write(tmp_path, "J88.toml", slow)
+    write(tmp_path, "J87.toml", PASSING.replace('id = "J90"', 'id = "J87"'))
+    runner = subprocess.Popen(
+        [*QUALIFY, "--journeys", "journeys", "--output", "out", "--engine", SQLITE],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    servers = ["pgrep", "-f", "bmq-J88-sqlite"]
+    deadline = time.monotonic() + 120
+    while subprocess.run(servers, capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "the journey's server never started"
+        time.sleep(0.2)
+    time.sleep(2)  # inside the sleep step
+    runner.send_signal(signal.SIGTERM)
+    out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 1, out + err
+    assert "interrupted after 1 of 2 journey runs" in err
+    assert subprocess.run(servers, capture_output=True).returncode == 1, "a server outlived the run"
+    summary = read(tmp_path / "out" / "unknown" / "summary.json")
+    assert summary["interrupted"] is True
+    assert [o["journey"] for o in summary["outcomes"]] == ["J87"]
+    assert not bundle(tmp_path, SQLITE, "J88").exists()
+
+
+@pytest.mark.postgres_only
+async def test_a_refused_create_database_is_a_database_error() -> None:
+    from buildmax.database import DatabaseError, servers
+
+    with pytest.raises(DatabaseError, match=r"CREATE DATABASE .* TEMPLATE .*bmq_no_such"):
+        await servers.create_database(
+            os.environ[TEST_DATABASE_ENV], "bmq_never_made", template="bmq_no_such_template"
+        )
