@@ -9,7 +9,6 @@ steps only do what a journey file cannot say.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import json
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from buildmax_graders.run import JourneyRun, StepFailed
+from buildmax_graders.steps import command_step
 
 #: The example, from the repository root (``qualification/steps/`` is two levels down).
 AGENT_LOOP = Path(__file__).resolve().parents[2] / "examples" / "agent_loop.py"
@@ -187,30 +187,17 @@ async def agent_loop(
         "--json",
         *(flags if flags is not None else ["--until-empty"]),
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *argv,
-        cwd=run.workdir,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    done = await command_step(
+        "agent_loop.py",
+        [sys.executable, *argv],
+        run,
+        env={k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")},
+        seconds=seconds,
+        expect_exit=expect_exit,
+        merge_output=False,
     )
     try:
-        out, err = await asyncio.wait_for(process.communicate(), seconds)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise StepFailed(f"agent_loop.py still running after {seconds:g} s") from None
-    stdout = out.decode("utf-8", "replace")
-    stderr = err.decode("utf-8", "replace")
-    try:
-        report = json.loads(stdout) if stdout.strip() else None
+        report = json.loads(done.stdout) if done.stdout.strip() else None
     except ValueError:
         report = None
-    if expect_exit != "any" and process.returncode != int(expect_exit):
-        last = ((stderr or stdout).strip().splitlines() or [""])[-1]
-        raise StepFailed(
-            f"agent_loop.py: exit {process.returncode}, expected {expect_exit}: {last}"
-        )
-    return {"exit": process.returncode, "output": stderr, "report": report}
+    return {"exit": done.status, "output": done.stderr, "report": report}

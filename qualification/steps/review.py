@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from buildmax_graders.run import JourneyRun, StepFailed
+from buildmax_graders.steps import command_step
 
 #: The example, from the repository root (``qualification/steps/`` is two levels down).
 REVIEWER_LOOP = Path(__file__).resolve().parents[2] / "examples" / "reviewer_loop.py"
@@ -45,25 +45,12 @@ async def reviewer_loop(
         space,
         *(flags if flags is not None else ["--until-empty"]),
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *argv,
-        cwd=run.workdir,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    done = await command_step(
+        "reviewer_loop.py",
+        [sys.executable, *argv],
+        run,
+        env={k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")},
+        seconds=timeout_seconds,
+        expect_exit=expect_exit,
     )
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), timeout_seconds)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise StepFailed(f"reviewer_loop.py still running after {timeout_seconds:g} s") from None
-    text = out.decode("utf-8", "replace")
-    if expect_exit != "any" and process.returncode != int(expect_exit):
-        last = (text.strip().splitlines() or [""])[-1]
-        raise StepFailed(
-            f"reviewer_loop.py: exit {process.returncode}, expected {expect_exit}: {last}"
-        )
-    return {"exit": process.returncode, "output": text}
+    return {"exit": done.status, "output": done.stdout}

@@ -10,18 +10,18 @@ values at grading time.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 from buildmax_hookspecs import Grade, GradingContext
+
+from .process import BUILDMAX, run_command
 
 #: ``type`` of a problem answer is this prefix and the problem's slug.
 PROBLEM_TYPE_PREFIX = "urn:buildmax:problem:"
@@ -218,30 +218,24 @@ class CommandGrader:
 
     async def grade(self, context: GradingContext) -> Grade:
         argv = [str(context.render(a)) for a in self.argv]
-        # ``buildmax`` is this interpreter's, whether or not its scripts are on PATH.
-        command = [sys.executable, "-m", "buildmax", *argv[1:]] if argv[0] == "buildmax" else argv
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            cwd=context.workdir,
-            env={**os.environ, **context.environment()},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+        command = [*BUILDMAX, *argv[1:]] if argv[0] == "buildmax" else argv
         try:
-            out, _ = await asyncio.wait_for(process.communicate(), self.timeout)
+            done = await run_command(
+                command,
+                cwd=context.workdir,
+                env={**os.environ, **context.environment()},
+                seconds=self.timeout,
+            )
         except TimeoutError:
-            process.kill()
-            await process.wait()
             return Grade(
                 False, f"{argv[0]}: still running after {self.timeout:g} s", {"argv": argv}
             )
-        text = out.decode("utf-8", "replace")
-        evidence = {"argv": argv, "exit": process.returncode, "output": text[-OUTPUT_TAIL:]}
-        last = text.strip().splitlines()[-1:] or [""]
-        if process.returncode != self.exit:
+        text = done.stdout
+        evidence = {"argv": argv, "exit": done.status, "output": text[-OUTPUT_TAIL:]}
+        if done.status != self.exit:
             return Grade(
                 False,
-                f"{' '.join(argv[:3])}: exit {process.returncode}, expected {self.exit}: {last[0]}",
+                f"{' '.join(argv[:3])}: exit {done.status}, expected {self.exit}: {done.last_line}",
                 evidence,
             )
         output = re.compile(str(context.render(self.output))) if self.output else None
@@ -250,7 +244,7 @@ class CommandGrader:
             return Grade(False, f"{argv[0]}: output lacks /{output.pattern}/", evidence)
         if not_output and (found := not_output.search(text)):
             return Grade(False, f"{argv[0]}: output has {found.group(0)!r}", evidence)
-        return Grade(True, f"{' '.join(argv[:3])}: exit {process.returncode}", evidence)
+        return Grade(True, f"{' '.join(argv[:3])}: exit {done.status}", evidence)
 
 
 class DbRowsGrader:

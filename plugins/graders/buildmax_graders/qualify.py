@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -44,6 +43,7 @@ from .outcome import (
     Outcome,
     Record,
 )
+from .process import BUILDMAX, run_command
 from .run import JourneyRun, StepFailed, describe
 from .steps import STEPS
 
@@ -115,20 +115,11 @@ class Qualification:
             self._templates["postgres"] = InfrastructureError(f"PostgreSQL: {exc}")
             raise InfrastructureError(f"PostgreSQL: {exc}") from exc
         self._templates["postgres"] = name
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "buildmax",
-            "db",
-            "migrate",
-            "--database-url",
-            url,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        done = await run_command(
+            [*BUILDMAX, "db", "migrate", "--database-url", url], cwd=Path.cwd()
         )
-        out, _ = await process.communicate()
-        if process.returncode != 0:
-            failure = InfrastructureError(f"migrating the template failed: {out.decode()[-300:]}")
+        if done.status != 0:
+            failure = InfrastructureError(f"migrating the template failed: {done.stdout[-300:]}")
             self._templates["postgres"] = failure
             await servers.drop_database(self.pg_server_url, name)
             raise failure
@@ -380,31 +371,21 @@ class Qualification:
         await self._audit_export(bundle, run, record)
 
     async def _audit_export(self, bundle: evidence.Bundle, run: JourneyRun, record: Record) -> None:
-        target = run.workdir / "audit-export.jsonl"
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "buildmax",
-            "audit",
-            "export",
-            "--config",
-            str(run.deployment.config_path),
-            "--output",
-            str(target),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        target, config = run.workdir / "audit-export.jsonl", run.deployment.config_path
+        done = await run_command(
+            [*BUILDMAX, "audit", "export", "--config", str(config), "--output", str(target)],
+            cwd=run.workdir,
             env={**os.environ, **run.deployment.environment()},
         )
-        out, _ = await process.communicate()
-        if process.returncode == 0 and target.exists():
+        if done.status == 0 and target.exists():
             bundle.write_text("audit.jsonl", target.read_text("utf-8"))
             return
-        last = (out.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+        last = done.last_line
         if not any(server.starts for server in run.deployment.servers):
             bundle.not_applicable("audit.jsonl", f"no server ever ran on the database: {last}")
             return
         bundle.not_applicable("audit.jsonl", f"buildmax audit export failed: {last}")
-        record.fail(EVIDENCE, HARNESS, f"evidence: audit export: exit {process.returncode}: {last}")
+        record.fail(EVIDENCE, HARNESS, f"evidence: audit export: exit {done.status}: {last}")
 
     def _result(self, outcome: Outcome, record: Record) -> dict[str, Any]:
         return {**outcome.summary(), "bundle": None, "steps": record.steps, "checks": record.checks}

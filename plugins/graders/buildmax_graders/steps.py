@@ -21,7 +21,7 @@ import struct
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import httpx
 import sqlalchemy as sa
 
 from .journey import render
+from .process import BUILDMAX, Finished, run_command
 from .run import HarnessError, JourneyRun, StepFailed
 
 StepFunction = Callable[[JourneyRun, Mapping[str, Any]], Awaitable[Any]]
@@ -276,31 +277,40 @@ async def cli(run: JourneyRun, spec: Mapping[str, Any]) -> Any:
     token = run.token(run.render(spec.get("as")))
     if token:
         env["BUILDMAX_TOKEN"] = token
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "buildmax",
-        *argv,
-        cwd=run.workdir,
+    label = f"buildmax {' '.join(argv[:2])}"
+    done = await command_step(
+        label,
+        [*BUILDMAX, *argv],
+        run,
         env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        seconds=float(spec.get("timeout", 300)),
+        expect_exit=spec.get("expect_exit", 0),
     )
-    limit = float(spec.get("timeout", 300))
+    return {"exit": done.status, "output": done.stdout}
+
+
+async def command_step(
+    label: str,
+    argv: Sequence[str],
+    run: JourneyRun,
+    *,
+    env: Mapping[str, str],
+    seconds: float,
+    expect_exit: int | str = 0,
+    merge_output: bool = True,
+) -> Finished:
+    """Run a command as a step does, in the journey's directory: a command
+    still running after ``seconds``, or one ending with a status other
+    than ``expect_exit`` (``"any"``: no check), fails the step naming it."""
     try:
-        out, _ = await asyncio.wait_for(process.communicate(), limit)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise StepFailed(f"buildmax {' '.join(argv[:2])}: no end after {limit:g} s") from None
-    text = out.decode("utf-8", "replace")
-    expect = spec.get("expect_exit", 0)
-    if expect != "any" and process.returncode != int(expect):
-        last = (text.strip().splitlines() or [""])[-1]
-        raise StepFailed(
-            f"buildmax {' '.join(argv[:2])}: exit {process.returncode}, expected {expect}: {last}"
+        done = await run_command(
+            argv, cwd=run.workdir, env=env, seconds=seconds, merge_output=merge_output
         )
-    return {"exit": process.returncode, "output": text}
+    except TimeoutError:
+        raise StepFailed(f"{label}: no end after {seconds:g} s") from None
+    if expect_exit != "any" and done.status != int(expect_exit):
+        raise StepFailed(f"{label}: exit {done.status}, expected {expect_exit}: {done.last_line}")
+    return done
 
 
 async def write_file(run: JourneyRun, spec: Mapping[str, Any]) -> Any:

@@ -5,6 +5,7 @@ problem; a spec it cannot use is refused when the journey loads."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sqlite3
 import sys
@@ -295,3 +296,20 @@ async def test_db_state_redacts_secrets_before_cutting_long_values(tmp_path: Pat
     assert "bmx_" not in row["body"] and "[redacted]" in row["body"]
     assert row["token_hash"] == "[redacted]"
     assert state["tables"]["receipts"]["count"] == 1
+
+
+SLEEPER = "import os, time; open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
+
+
+async def test_a_command_overstaying_its_time_is_killed(context: Context) -> None:
+    from buildmax_graders.process import run_command
+
+    with pytest.raises(TimeoutError):
+        await run_command([sys.executable, "-c", SLEEPER], cwd=context.workdir, seconds=1.5)
+    pid = int((context.workdir / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped, not left running
+    slow = await grade(
+        "command", {"argv": [sys.executable, "-c", SLEEPER], "timeout": 1.5}, context
+    )
+    assert not slow.passed and slow.reason.endswith("still running after 1.5 s")

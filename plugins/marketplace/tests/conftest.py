@@ -62,6 +62,20 @@ class Market:
             assert body["type"] == PROBLEM + problem, body
         return body
 
+    async def claim_new(self, base: str, title: str, agent: str) -> Any:
+        """Create a task of project ``main`` for ``agent`` in the space at
+        ``base`` and claim it as the agent principal; the claim's answer."""
+        task = await self.call(
+            "POST",
+            f"{base}/tasks",
+            self.owner,
+            json={"project": "main", "title": title, "agent": agent},
+            expect=201,
+        )
+        return await self.call(
+            "POST", f"{base}/tasks/{task['id']}/claim", self.agent, json={}, expect=201
+        )
+
     async def publish(self, archive: Path, name: str, who: Any = None, **kw: Any) -> Any:
         """Publish the archive at ``archive`` as a release of ``name``."""
         kw.setdefault("expect", 201)

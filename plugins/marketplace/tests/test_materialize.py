@@ -47,16 +47,7 @@ async def run(market, tmp_path):
     await market.call("POST", f"{base}/projects", market.owner, json={"name": "main"}, expect=201)
     body = {"name": "worker", "instructions": "", "plugins": [HOOKED, SKILLS]}
     await market.call("POST", f"{base}/agents", market.owner, json=body, expect=201)
-    task = await market.call(
-        "POST",
-        f"{base}/tasks",
-        market.owner,
-        json={"project": "main", "title": "work", "agent": "worker"},
-        expect=201,
-    )
-    claim = await market.call(
-        "POST", f"{base}/tasks/{task['id']}/claim", market.agent, json={}, expect=201
-    )
+    claim = await market.claim_new(base, "work", "worker")
     return claim, {HOOKED: hooked, SKILLS: skills}
 
 
@@ -202,16 +193,7 @@ async def test_j09_a_space_activates_a_skill_only_release_and_a_claimed_attempt_
     await market.call("POST", f"{base}/projects", market.owner, json={"name": "main"}, expect=201)
     body = {"name": "scribe", "instructions": "", "plugins": [SKILLS]}
     await market.call("POST", f"{base}/agents", market.owner, json=body, expect=201)
-    task = await market.call(
-        "POST",
-        f"{base}/tasks",
-        market.owner,
-        json={"project": "main", "title": "write", "agent": "scribe"},
-        expect=201,
-    )
-    claim = await market.call(
-        "POST", f"{base}/tasks/{task['id']}/claim", market.agent, json={}, expect=201
-    )
+    claim = await market.claim_new(base, "write", "scribe")
     (pin,) = claim["attempt"]["run_environment"]["plugins"]["pins"]
     assert (pin["name"], pin["version"], pin["sha256"], pin["origin"], pin["activated_by"]) == (
         SKILLS,
@@ -254,16 +236,7 @@ async def test_a_package_refused_by_inspection_on_the_worker_leaves_nothing(
 async def test_a_run_token_reads_its_own_attempts_packages_only(market, run, live_server, tmp_path):
     claim, _ = run
     base = f"/v1/spaces/{market.space.id}"
-    task = await market.call(
-        "POST",
-        f"{base}/tasks",
-        market.owner,
-        json={"project": "main", "title": "another", "agent": "worker"},
-        expect=201,
-    )
-    other = await market.call(
-        "POST", f"{base}/tasks/{task['id']}/claim", market.agent, json={}, expect=201
-    )
+    other = await market.claim_new(base, "another", "worker")
     mine, theirs = claim["attempt"]["id"], other["attempt"]["id"]
     await market.call("GET", f"/v1/attempts/{theirs}/packages", claim["token"], expect=404)
     await market.call("GET", f"/v1/attempts/{theirs}/packages/{SKILLS}", claim["token"], expect=404)
