@@ -18,7 +18,7 @@ from .auth import TokenToucher
 from .bodies import json_response
 from .clock import Clock, SystemClock
 from .config import Config, load_config
-from .database import Database, open_database
+from .database import Database, DatabaseLogFull, open_database
 from .events import EventHub
 from .idempotency import Idempotency
 from .ids import new_id
@@ -29,6 +29,7 @@ from .problems import (
     PROBLEM_CONTENT_TYPE,
     BadRequest,
     BlobStoreDown,
+    DatabaseLogAtLimit,
     NotFound,
     Problem,
     problem_for_status,
@@ -113,6 +114,10 @@ def create_app(
     app.db = open_database(
         settings.effective_database_url,
         sqlite_readers=settings.sqlite_readers,
+        sqlite_wal_limits=(
+            settings.sqlite_wal_soft_limit_bytes,
+            settings.sqlite_wal_hard_limit_bytes,
+        ),
         pg_pool=(settings.pg_pool_min, settings.pg_pool_max),
     )
     app.services = Services()
@@ -202,6 +207,13 @@ def _install_conventions(app: BuildMax) -> None:
         # The cause (hosts, codes) goes to the log, not to the client.
         response = problem_response(BlobStoreDown("the blob store did not answer; retry later"))
         response.headers["Retry-After"] = "5"
+        return response
+
+    @app.errorhandler(DatabaseLogFull)
+    async def on_database_log_full(exc: DatabaseLogFull) -> Response:
+        # Already logged, once per relief attempt, by the engine.
+        response = problem_response(DatabaseLogAtLimit(str(exc)))
+        response.headers["Retry-After"] = str(exc.retry_after)
         return response
 
     @app.errorhandler(Exception)

@@ -53,6 +53,11 @@ class Config:
     #: Reader threads of the SQLite engine for long (background) reads; short
     #: reads run on the event loop's connection and the writer is always one.
     sqlite_readers: int = 2
+    #: The SQLite write-ahead log is cut back to this size each time it starts over.
+    sqlite_wal_soft_limit_bytes: int = 64 * 1024 * 1024
+    #: Past this size of SQLite write-ahead log, writes are refused (503) until
+    #: the reader that holds an old snapshot lets go.
+    sqlite_wal_hard_limit_bytes: int = 1024 * 1024 * 1024
     #: Pool bounds of the PostgreSQL engine.
     pg_pool_min: int = 2
     pg_pool_max: int = 10
@@ -217,6 +222,13 @@ def _validate(config: Config) -> None:
         raise ConfigError("events_keepalive_seconds must be at least 1")
     if config.sqlite_readers < 1:
         raise ConfigError("sqlite_readers must be at least 1")
+    if config.sqlite_wal_soft_limit_bytes < 0:
+        raise ConfigError("sqlite_wal_soft_limit_bytes must be at least 0")
+    if config.sqlite_wal_hard_limit_bytes < 2 * max(config.sqlite_wal_soft_limit_bytes, 1 << 20):
+        raise ConfigError(
+            "sqlite_wal_hard_limit_bytes must be at least twice sqlite_wal_soft_limit_bytes "
+            "and at least 2 MiB"
+        )
     url = config.database_url
     if url and config.engine == "sqlite" and not url.startswith("sqlite:///"):
         raise ConfigError(f"database_url must be postgresql://... or sqlite:///<path>, got {url!r}")

@@ -127,6 +127,10 @@ class BlobStoreDown(ServiceUnavailable):
     slug, title = "blob-store-unavailable", "The blob store is unavailable; retry later"
 
 
+class DatabaseLogAtLimit(ServiceUnavailable):
+    slug, title = "database-log-full", "The database cannot take writes for now; retry later"
+
+
 _BY_STATUS: dict[int, type[Problem]] = {
     400: BadRequest,
     401: Unauthenticated,

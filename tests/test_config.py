@@ -222,6 +222,12 @@ def test_a_plugin_entry_that_is_not_a_table_is_refused(tmp_path):
         ({"page_size_default": "300"}, "page_size_default"),
         ({"page_size_default": "0"}, "page_size_default"),
         ({"sqlite_readers": "0"}, "sqlite_readers"),
+        ({"sqlite_wal_soft_limit_bytes": "-1"}, "sqlite_wal_soft_limit_bytes"),
+        ({"sqlite_wal_hard_limit_bytes": str(100 * 2**20)}, "sqlite_wal_hard_limit_bytes"),
+        (
+            {"sqlite_wal_soft_limit_bytes": "0", "sqlite_wal_hard_limit_bytes": str(2**20)},
+            "at least 2 MiB",
+        ),
     ],
 )
 def test_values_out_of_range_are_refused(changes, message):

@@ -8,6 +8,18 @@ SQLite, a pooled row-locking transaction on PostgreSQL) or
 
 from __future__ import annotations
 
-from .base import Database, DatabaseError, NestedTransactionError, open_database
+from .base import (
+    Database,
+    DatabaseError,
+    DatabaseLogFull,
+    NestedTransactionError,
+    open_database,
+)
 
-__all__ = ["Database", "DatabaseError", "NestedTransactionError", "open_database"]
+__all__ = [
+    "Database",
+    "DatabaseError",
+    "DatabaseLogFull",
+    "NestedTransactionError",
+    "open_database",
+]

@@ -29,6 +29,16 @@ class DatabaseError(Exception):
     """The database refused or failed an operation."""
 
 
+class DatabaseLogFull(DatabaseError):
+    """A write was refused: the database's log is at its limit and cannot be
+    emptied yet (a reader holds an old snapshot). ``retry_after`` says in how
+    many seconds to try again."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class NestedTransactionError(RuntimeError):
     """A task opened a write transaction inside its own write transaction."""
 
@@ -227,9 +237,14 @@ async def transaction(
 
 
 def open_database(
-    url: str, *, sqlite_readers: int = 2, pg_pool: tuple[int, int] = (2, 10)
+    url: str,
+    *,
+    sqlite_readers: int = 2,
+    sqlite_wal_limits: tuple[int, int] | None = None,
+    pg_pool: tuple[int, int] = (2, 10),
 ) -> Database:
-    """The engine for ``url``: ``sqlite:///path`` or ``postgresql://...``."""
+    """The engine for ``url``: ``sqlite:///path`` or ``postgresql://...``.
+    ``sqlite_wal_limits`` is the write-ahead log's (soft, hard) limit in bytes."""
     if url.startswith(("postgresql:", "postgres:")):
         from .postgres import PostgresDatabase
 
@@ -237,5 +252,11 @@ def open_database(
     if url.startswith("sqlite:///"):
         from .sqlite import SQLiteDatabase
 
-        return SQLiteDatabase(url.removeprefix("sqlite:///"), readers=sqlite_readers)
+        limits = {}
+        if sqlite_wal_limits is not None:
+            limits = {
+                "wal_soft_limit": sqlite_wal_limits[0],
+                "wal_hard_limit": sqlite_wal_limits[1],
+            }
+        return SQLiteDatabase(url.removeprefix("sqlite:///"), readers=sqlite_readers, **limits)
     raise DatabaseError(f"unsupported database URL {url!r}: use sqlite:///<path> or postgresql://")

@@ -11,9 +11,24 @@ several times that (measured on the claim path: a third of the server's
 CPU went to aiosqlite's thread hand-offs). It never waits for SQLite's lock
 on the loop: ``BEGIN IMMEDIATE`` is retried with ``asyncio.sleep`` while
 another process holds the database, for up to ``BUSY_TIMEOUT_MS``; and it
-never checkpoints on the loop: WAL checkpoints run in an aiosqlite thread
-every ``CHECKPOINT_INTERVAL_S``. A write transaction must stay short (no
+never checkpoints on the loop. A write transaction must stay short (no
 statement scanning a large table), exactly as before.
+
+The write-ahead log is bounded. SQLite can only start the log over when a
+checkpoint has copied every frame back into the database file and no
+reader still reads from the log; a checkpoint running beside a writer that
+commits all the time never gets there, and the log then grows without end
+(measured: 1.8 GB in two minutes at 150 writes/s). So every
+``checkpoint_interval`` seconds :meth:`SQLiteDatabase.checkpoint` copies the
+bulk of the log in a thread while writes go on, then takes the write lock for
+the short rest, after which the next write starts the log over and cuts the
+file back to ``wal_soft_limit`` bytes (``journal_size_limit``); once no write
+has come for a whole interval the file is truncated to nothing. A reader
+that holds an old snapshot (another process's open transaction; this
+server's own reads are single statements, on the loop bounded in time) stops
+the log from starting over: past ``wal_hard_limit`` bytes a write is refused
+with :class:`DatabaseLogFull` until that reader lets go, so the log never
+outgrows its limit by more than one transaction.
 
 Reads run in WAL mode, so they never wait for the writer. A request's short
 reads (an indexed lookup, a page of at most 200 rows) run on the event
@@ -42,7 +57,7 @@ import aiosqlite
 from buildmax_hookspecs import Row
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from .base import DatabaseError, Params, Tx, refuse_nested, transaction
+from .base import DatabaseError, DatabaseLogFull, Params, Tx, refuse_nested, transaction
 from .statements import StatementCompiler
 
 log = logging.getLogger("buildmax.database")
@@ -54,6 +69,16 @@ LOOP_BUSY_TIMEOUT_MS = 100
 PROGRESS_STEPS = 1000
 #: Seconds between WAL checkpoints (run off the event loop).
 CHECKPOINT_INTERVAL_S = 1.0
+#: The log is cut back to this many bytes each time it starts over.
+WAL_SOFT_LIMIT = 64 * 1024 * 1024
+#: Past this many bytes of log, writes are refused until a checkpoint completes.
+WAL_HARD_LIMIT = 1024 * 1024 * 1024
+#: How long the relief checkpoint of a log past its hard limit waits for
+#: readers to leave it, holding the write lock.
+RELIEF_BUSY_MS = 100
+#: After a relief checkpoint failed, writes are refused without trying again
+#: for this long (a pinned log stays pinned for a while).
+RELIEF_RETRY_S = 1.0
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
@@ -159,9 +184,30 @@ class SQLiteDatabase:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str, *, readers: int = 2, loop_read_limit_ms: int = 250) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        readers: int = 2,
+        loop_read_limit_ms: int = 250,
+        wal_soft_limit: int = WAL_SOFT_LIMIT,
+        wal_hard_limit: int = WAL_HARD_LIMIT,
+        checkpoint_interval: float = CHECKPOINT_INTERVAL_S,
+    ) -> None:
+        if not 0 <= wal_soft_limit < wal_hard_limit:
+            raise DatabaseError("the WAL soft limit must be below its hard limit")
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
+        self.wal_path = self.path.with_name(self.path.name + "-wal")
+        self.wal_soft_limit = wal_soft_limit
+        self.wal_hard_limit = wal_hard_limit
+        self._checkpoint_interval = checkpoint_interval
+        self._checkpoint_conn: aiosqlite.Connection | None = None
+        #: Commits so far, and as the last checkpoint saw them (idle detection).
+        self._commits = 0
+        self._commits_checkpointed = 0
+        #: Monotonic time before which a log past its hard limit is not relieved again.
+        self._relief_after = 0.0
         self._reader_count = readers
         self._compiler = StatementCompiler(sqlite_dialect.dialect(paramstyle="named"))
         self._writer: _LoopWriter | None = None
@@ -197,15 +243,19 @@ class SQLiteDatabase:
                 "PRAGMA foreign_keys = ON",
                 "PRAGMA synchronous = NORMAL",
                 "PRAGMA journal_mode = WAL",
-                # Checkpoints run in a thread (see _checkpoint_forever).
+                # Checkpoints run in a thread (see checkpoint()).
                 "PRAGMA wal_autocheckpoint = 0",
+                # The writer starts the log over: it then cuts the file back.
+                f"PRAGMA journal_size_limit = {self.wal_soft_limit}",
             ):
                 self._writer_conn.execute(pragma).fetchall()
             self._writer_conn.row_factory = _dict_row
             self._writer = _LoopWriter(self._writer_conn, self._compiler)
-            checkpoint_conn = await self._open(reader=False)
+            self._checkpoint_conn = await self._open(reader=False)
+            # A checkpoint never waits for readers (it would hold the write lock).
+            await self._checkpoint_conn.execute_fetchall("PRAGMA busy_timeout = 0")
             self._checkpointer = asyncio.get_running_loop().create_task(
-                self._checkpoint_forever(checkpoint_conn), name="buildmax-sqlite-checkpoint"
+                self._checkpoint_forever(), name="buildmax-sqlite-checkpoint"
             )
             for _ in range(self._reader_count):
                 self._readers.put_nowait(await self._open(reader=True))
@@ -231,6 +281,7 @@ class SQLiteDatabase:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._checkpointer
             self._checkpointer = None
+        self._checkpoint_conn = None
         conns, self._all = self._all, []
         self._writer = None
         if self._writer_conn is not None:
@@ -253,19 +304,79 @@ class SQLiteDatabase:
         refuse_nested()
         tx = Tx(self.dialect, writer)
         try:
-            async with self._lock, transaction(writer.begin, writer.commit, writer.rollback, tx):
-                yield tx
+            async with self._lock:
+                if self.wal_bytes() > self.wal_hard_limit:
+                    await self._relieve_log()
+                async with transaction(writer.begin, writer.commit, writer.rollback, tx):
+                    yield tx
+                self._commits += 1
         finally:
             await tx.run_after_commit()
 
-    async def _checkpoint_forever(self, conn: aiosqlite.Connection) -> None:
-        """Move committed WAL pages into the database file, in a thread."""
-        while True:
-            await asyncio.sleep(CHECKPOINT_INTERVAL_S)
-            try:
+    def wal_bytes(self) -> int:
+        """The size of the write-ahead log file now (0 when there is none)."""
+        try:
+            return self.wal_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    async def checkpoint(self) -> None:
+        """One checkpoint: copy the log back into the database so that the
+        next write starts it over, or truncate it when no write came since
+        the last checkpoint. Called every ``checkpoint_interval`` seconds."""
+        conn = self._checkpoint_conn
+        if conn is None or self.wal_bytes() == 0:
+            return
+        idle = self._commits == self._commits_checkpointed
+        self._commits_checkpointed = self._commits
+        try:
+            if not idle:
+                # The bulk, while writes go on (it cannot finish beside them).
                 await conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+            async with self._lock:
+                # The rest, with no writer: the log is then wholly copied, so
+                # the next write starts it over (unless a reader is still in it).
+                mode = "TRUNCATE" if idle else "PASSIVE"
+                await conn.execute_fetchall(f"PRAGMA wal_checkpoint({mode})")
+        except sqlite3.Error as exc:
+            log.warning("WAL checkpoint failed: %s", exc)
+
+    async def _relieve_log(self) -> None:
+        """Under the write lock, with the log past its hard limit: truncate
+        it if the readers in it leave within ``RELIEF_BUSY_MS``, else refuse
+        the write (without trying again for ``RELIEF_RETRY_S``)."""
+        conn = self._checkpoint_conn
+        if conn is not None and time.monotonic() >= self._relief_after:
+            try:
+                await conn.execute_fetchall(f"PRAGMA busy_timeout = {RELIEF_BUSY_MS}")
+                await conn.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:
                 log.warning("WAL checkpoint failed: %s", exc)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    await conn.execute_fetchall("PRAGMA busy_timeout = 0")
+            if self.wal_bytes() <= self.wal_hard_limit:
+                return
+            self._relief_after = time.monotonic() + RELIEF_RETRY_S
+            log.warning(
+                "the SQLite write-ahead log %s holds %d bytes, past its hard limit of %d: "
+                "a reader keeps an old snapshot open (another process's transaction?); "
+                "writes are refused until it ends",
+                self.wal_path,
+                self.wal_bytes(),
+                self.wal_hard_limit,
+            )
+        raise DatabaseLogFull(
+            f"the database's write-ahead log reached its limit of {self.wal_hard_limit} bytes "
+            "because a reader holds an old snapshot; writes resume once it ends",
+            retry_after=max(1, round(RELIEF_RETRY_S)),
+        )
+
+    async def _checkpoint_forever(self) -> None:
+        """Run :meth:`checkpoint` every ``checkpoint_interval`` seconds."""
+        while True:
+            await asyncio.sleep(self._checkpoint_interval)
+            await self.checkpoint()
 
     @asynccontextmanager
     async def read(self, *, background: bool = False) -> AsyncIterator[Tx]:
