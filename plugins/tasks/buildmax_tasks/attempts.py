@@ -50,21 +50,7 @@ async def fenced(
 
     Sets ``ch.admin_override`` when an admin or owner acts on someone
     else's attempt."""
-    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
-    if attempt is None:
-        raise NotFound("no such attempt in this space")
-    # Rows are locked in one order everywhere: subject task, task, attempt.
-    # The task row's lock serialises every change to its attempts.
-    if attempt["subject_task_id"] is not None:
-        await ch.tx.fetch_all(
-            sa.select(tasks.c.id).where(tasks.c.id == attempt["subject_task_id"]).with_for_update()
-        )
-    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
-    assert task is not None
-    if ch.tx.dialect == "postgresql" and _maybe_stale(attempt, task, ch.now):
-        # Changed while we waited for the lock: read what committed.
-        attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
-        assert attempt is not None
+    attempt, task = await locked(ch, attempt_id)
     if authority.scope_id is not None and authority.scope_id != attempt_id:
         raise NotAttemptOwner("this token is scoped to another attempt")
     if attempt["claimant_id"] != authority.principal_pk:
@@ -91,6 +77,28 @@ async def fenced(
             f"the lease lapsed at {to_rfc3339(attempt['lease_expires_at'])}",
             lease_expires_at=to_rfc3339(attempt["lease_expires_at"]),
         )
+    return attempt, task
+
+
+async def locked(ch: Change, attempt_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The attempt of ``ch``'s space and its task, their rows locked until
+    the transaction ends, as committed once the locks are held; 404 when
+    there is no such attempt in the space."""
+    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
+    if attempt is None:
+        raise NotFound("no such attempt in this space")
+    # Rows are locked in one order everywhere: subject task, task, attempt.
+    # The task row's lock serialises every change to its attempts.
+    if attempt["subject_task_id"] is not None:
+        await ch.tx.fetch_all(
+            sa.select(tasks.c.id).where(tasks.c.id == attempt["subject_task_id"]).with_for_update()
+        )
+    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
+    assert task is not None
+    if ch.tx.dialect == "postgresql" and _maybe_stale(attempt, task, ch.now):
+        # Changed while we waited for the lock: read what committed.
+        attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
+        assert attempt is not None
     return attempt, task
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from buildmax_hookspecs import AuditAction, Migration, TaskQueue, hookimpl
+from buildmax_hookspecs import Actor, AuditAction, Migration, TaskQueue, Transaction, hookimpl
 
+from buildmax.app import current_buildmax
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
+from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
 from .schema import TABLES
@@ -65,6 +67,13 @@ def buildmax_startup(app: Any) -> None:
 @hookimpl
 async def buildmax_shutdown(app: Any) -> None:
     await stop_background(app, _REAPER)
+
+
+@hookimpl
+async def buildmax_member_changed(
+    tx: Transaction, space_id: str, principal_id: str, role: str | None, actor: Actor
+) -> None:
+    await member_changed(current_buildmax(), tx, space_id, principal_id, role, actor)
 
 
 @hookimpl
