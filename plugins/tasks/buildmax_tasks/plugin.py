@@ -14,7 +14,7 @@ from buildmax.migrations import create_tables
 from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
-from .schema import TABLES
+from .schema import TABLES, TABLES_2
 from .settings import task_settings
 
 _REAPER = "buildmax_tasks.reaper"
@@ -29,7 +29,8 @@ def buildmax_migrations() -> list[Migration]:
             "projects, policies, agents, tasks, dependencies, attempts, submissions, "
             "reservations, holds, decisions",
             create_tables(*TABLES),
-        )
+        ),
+        Migration("tasks", 2, "the artifacts a submission names", create_tables(*TABLES_2)),
     ]
 
 
