@@ -18,8 +18,10 @@ Each round:
    before it is read, and a package that fails leaves no ``plugins/``;
 3. does the (trivial) work: writes ``WORKDIR/<attempt>/result.txt`` naming
    the task, the attempt and every materialized plugin;
-4. uploads ``result.txt`` as an artifact of the attempt, with its sha256;
-5. submits the attempt, the artifact as its evidence.
+4. uploads ``result.txt`` as an artifact of the attempt (at its
+   generation), with its sha256;
+5. submits the attempt, naming the artifact in the submission's
+   ``artifacts`` (the server refuses an artifact that is not this task's).
 
 ``--until-empty`` stops when no task is left for the agent; ``--max-tasks N``
 stops after N tasks (waiting ``--poll-seconds`` for work when there is none,
@@ -226,14 +228,19 @@ def do_task(url: str | None, space: str, claim: dict[str, Any], workdir: Path) -
             result = home / RESULT_NAME
             result.write_text(result_text(task, attempt, pins), encoding="utf-8")
             artifact = ArtifactsClient(run).upload(
-                space, result, attempt=attempt["id"], media_type="text/plain"
+                space,
+                result,
+                attempt=attempt["id"],
+                generation=attempt["generation"],
+                media_type="text/plain",
             )
             handed_in = tasks.submit(
                 space,
                 attempt["id"],
                 attempt["generation"],
                 f"{RESULT_NAME} for {task['title']!r} with {len(pins)} plugin(s)",
-                evidence={"artifacts": [artifact["id"]], "plugins": pins},
+                evidence={"plugins": pins},
+                artifacts=[artifact["id"]],
             )
         except (MaterializationFailed, BuildMaxError, OSError) as exc:
             reason = str(exc)

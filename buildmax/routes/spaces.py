@@ -224,6 +224,7 @@ async def put(space: str, principal: str) -> Response:
         now = app.clock.now_ms()
         previous = await put_member(tx, access.pk, target["id"], role, now)
         if previous != role:
+            await _announce(tx, access, caller, target, role, previous)
             action = "space.member.added" if previous is None else "space.member.role_changed"
             await app.audit.record(
                 tx,
@@ -259,6 +260,28 @@ async def put(space: str, principal: str) -> Response:
     return json_response(body)
 
 
+async def _announce(
+    tx: Transaction,
+    access: SpaceAccess,
+    caller: Caller,
+    target: dict[str, Any],
+    role: str | None,
+    previous: str | None,
+) -> None:
+    """Tell the plugins that ``target``'s membership changed
+    (``buildmax_member_changed``), in the change's transaction and before
+    its event is published, which locks the space row until commit."""
+    await current_buildmax().plugins.acall(
+        "buildmax_member_changed",
+        tx=tx,
+        space_id=access.public_id,
+        principal_id=target["public_id"],
+        role=role,
+        previous_role=previous,
+        actor=caller.actor,
+    )
+
+
 def _require_owner_for_owners(
     access: SpaceAccess, caller: Caller, role: str | None, target_role: str | None
 ) -> None:
@@ -287,6 +310,7 @@ async def delete(space: str, principal: str) -> Response:
         previous = await remove_member(tx, access.pk, target["id"])
         if previous is None:
             raise NotFound("the principal is not a member of this space")
+        await _announce(tx, access, caller, target, None, previous)
         await app.audit.record(
             tx,
             caller.actor,

@@ -208,6 +208,37 @@ class TaskQueue(Protocol):
     async def linked_work(self, conn: Transaction, submission_id: str) -> Sequence[TaskRef]:
         """The stage work items created for a submission, by stage order and slot."""
 
+    async def fence(
+        self,
+        tx: Transaction,
+        attempt_id: str,
+        generation: int,
+        *,
+        actor: Actor,
+        space_id: str,
+        override_reason: str | None = None,
+    ) -> AttemptRef:
+        """The attempt ``attempt_id`` of space ``space_id``, if ``actor`` may
+        write on its behalf now; else the tasks plugin's problem, exactly as
+        its own attempt routes answer a stale write: 404 ``not-found`` (no
+        such attempt in that space), 403 ``not-attempt-owner`` (another
+        principal's attempt, or a token scoped to another attempt), 409
+        ``stale-generation``, ``attempt-ended`` or ``lease-lapsed``.
+
+        ``actor`` may write when it is the attempt's claimant (its own token
+        or the attempt's token). A space admin or owner of the attempt's
+        space, or a system admin, may write on someone else's attempt by
+        giving ``override_reason``; the caller then records the reason, as
+        an admin override, in the audit event of its write (the returned
+        attempt's ``claimant_id`` is not ``actor``'s). Nobody else may.
+
+        Call it in the write transaction that records what depends on the
+        attempt: the attempt's task row stays locked until that transaction
+        ends, so the attempt cannot end between this check and the write.
+        On a read connection it answers the same but holds nothing (an early
+        refusal before costly work, to be repeated in the write).
+        """
+
     async def hand_in(
         self,
         tx: Transaction,

@@ -223,7 +223,10 @@ class AttemptRef:
 
 @dataclass(frozen=True)
 class SubmissionRef:
-    """The immutable candidate an attempt handed in."""
+    """The immutable candidate an attempt handed in. ``artifacts`` are the
+    public ids of the artifacts it names, in the order given (the artifacts
+    plugin checks them through ``buildmax_submission_check``); ``evidence``
+    is free-form and checked by nobody."""
 
     id: str
     task_id: str
@@ -234,6 +237,7 @@ class SubmissionRef:
     summary: str
     candidate: Mapping[str, Any] = field(default_factory=dict)
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    artifacts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

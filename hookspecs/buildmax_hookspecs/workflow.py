@@ -68,6 +68,25 @@ def buildmax_claim_check(
 
 
 @hookspec
+def buildmax_submission_check(
+    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef, actor: Actor
+) -> Verdict | Awaitable[Verdict | None] | None:
+    """Refuse a submission before it is recorded (e.g. one naming artifacts
+    that are not evidence of its task).
+
+    Called by the tasks plugin inside the submit's write transaction, for
+    every submission, after the attempt was fenced (owner, generation,
+    lease) and before anything is written; ``submission`` carries the
+    public id it will have and what was handed in (``artifacts``,
+    ``candidate``, ``evidence``); ``actor`` is who hands it in. Return
+    ``Verdict("deny", reason)`` to refuse: the submit answers 422
+    ``submission-refused`` with the reasons of every refusing plugin, and
+    nothing is recorded (the attempt stays active). ``None`` has no opinion.
+    Do not write in ``tx``.
+    """
+
+
+@hookspec
 def buildmax_attempt_submitted(
     tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef, actor: Actor
 ) -> Verdict | Awaitable[Verdict | None] | None:

@@ -5,7 +5,7 @@
 
     with Client() as bmx:
         artifacts = ArtifactsClient(bmx)
-        made = artifacts.upload("web", "build/report.xml", attempt=attempt_id)
+        made = artifacts.upload("web", "build/report.xml", attempt=attempt_id, generation=1)
         artifacts.download("web", made["id"], "/tmp/report.xml")
 
 An upload streams the file from disk with its sha256, so the server refuses
@@ -86,12 +86,23 @@ _Done = TypeVar("_Done")
 Source = str | os.PathLike[str] | bytes
 
 
+def _links(
+    task: str | None, attempt: str | None, generation: int | None, override_reason: str | None
+) -> dict[str, str]:
+    """The query naming what an upload belongs to; ``ValueError`` for an
+    attempt without its generation (the server would refuse it)."""
+    if attempt is not None and generation is None:
+        raise ValueError("an upload naming an attempt names its generation too")
+    return present(
+        task=task,
+        attempt=attempt,
+        generation=None if generation is None else str(generation),
+        override_reason=override_reason,
+    )
+
+
 def _upload_request(
-    source: Source,
-    name: str | None,
-    media_type: str | None,
-    task: str | None,
-    attempt: str | None,
+    source: Source, name: str | None, media_type: str | None, links: dict[str, str]
 ) -> tuple[dict[str, str], dict[str, str], int, str]:
     """Query, headers, size and digest of an upload (a file is hashed first)."""
     if isinstance(source, bytes):
@@ -105,7 +116,7 @@ def _upload_request(
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
             size = os.fstat(fh.fileno()).st_size
     media_type = media_type or _TYPES.guess_type(name)[0] or "application/octet-stream"
-    query = present(name=name, sha256=digest, task=task, attempt=attempt)
+    query = {**present(name=name, sha256=digest), **links}
     headers = {"Content-Type": media_type, "Content-Length": str(size)}
     return query, headers, size, digest
 
@@ -175,12 +186,18 @@ class ArtifactsClient(OverClient, _ArtifactRoutes[dict[str, Any], list[dict[str,
         media_type: str | None = None,
         task: str | None = None,
         attempt: str | None = None,
+        generation: int | None = None,
+        override_reason: str | None = None,
     ) -> dict[str, Any]:
         """Upload a file (streamed from disk) or bytes; the new artifact.
 
         ``name`` defaults to the file's name, ``media_type`` to a guess from
-        the name (else ``application/octet-stream``)."""
-        query, headers, size, _ = _upload_request(source, name, media_type, task, attempt)
+        the name (else ``application/octet-stream``). ``attempt`` (with its
+        ``generation``) attaches it to an attempt you own; a space admin
+        attaches to someone else's with ``override_reason`` (audited). An
+        attempt's token that names no attempt attaches to its own."""
+        links = _links(task, attempt, generation, override_reason)
+        query, headers, size, _ = _upload_request(source, name, media_type, links)
         with contextlib.ExitStack() as stack:
             if isinstance(source, bytes):
                 content: bytes | Iterator[bytes] = source
@@ -238,10 +255,13 @@ class AsyncArtifactsClient(
         media_type: str | None = None,
         task: str | None = None,
         attempt: str | None = None,
+        generation: int | None = None,
+        override_reason: str | None = None,
     ) -> dict[str, Any]:
         """Like :meth:`ArtifactsClient.upload`, awaited (disk reads run in a thread)."""
+        links = _links(task, attempt, generation, override_reason)
         query, headers, size, _ = await asyncio.to_thread(
-            _upload_request, source, name, media_type, task, attempt
+            _upload_request, source, name, media_type, links
         )
         async with contextlib.AsyncExitStack() as stack:
             content: bytes | AsyncIterator[bytes]

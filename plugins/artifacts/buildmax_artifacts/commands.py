@@ -52,7 +52,21 @@ def _local_failures() -> Iterator[None]:
 @click.option("--name", help="The artifact's name [default: the file's name].")
 @click.option("--media-type", help="Its media type [default: guessed from the name].")
 @click.option("--task", metavar="TASK", help="The task it belongs to.")
-@click.option("--attempt", metavar="ATTEMPT", help="The attempt it belongs to.")
+@click.option(
+    "--attempt",
+    metavar="ATTEMPT",
+    help="The attempt it belongs to (yours, at --generation).",
+)
+@click.option(
+    "--generation",
+    type=click.IntRange(min=1),
+    help="The attempt's generation (required with --attempt).",
+)
+@click.option(
+    "--override-reason",
+    metavar="TEXT",
+    help="Attach to someone else's attempt as a space admin, with this reason (audited).",
+)
 @space_option
 @connected
 def upload_command(
@@ -63,17 +77,29 @@ def upload_command(
     media_type: str | None,
     task: str | None,
     attempt: str | None,
+    generation: int | None,
+    override_reason: str | None,
 ) -> None:
     """Upload FILE (streamed, with its sha256: bytes changed on the way are refused).
 
     \b
     Examples:
       buildmax artifacts upload --space web build/report.xml --task tk_3F...
+      buildmax artifacts upload --space web run.log --attempt at_9x... --generation 2
       BUILDMAX_TOKEN=$ATTEMPT_TOKEN buildmax artifacts upload --space web run.log
     """
+    if attempt is not None and generation is None:
+        raise click.UsageError("--attempt needs --generation (the attempt's generation)")
     with _local_failures():
         made = _artifacts(remote).upload(
-            space, file, name=name, media_type=media_type, task=task, attempt=attempt
+            space,
+            file,
+            name=name,
+            media_type=media_type,
+            task=task,
+            attempt=attempt,
+            generation=generation,
+            override_reason=override_reason,
         )
     remote.show(made, ARTIFACT_COLUMNS)
 

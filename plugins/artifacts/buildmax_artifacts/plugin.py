@@ -5,11 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from buildmax_hookspecs import AuditAction, Migration, hookimpl
+from buildmax_hookspecs import (
+    AttemptRef,
+    AuditAction,
+    Migration,
+    SubmissionRef,
+    TaskRef,
+    Transaction,
+    Verdict,
+    hookimpl,
+)
 
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
+from .evidence import submission_check
 from .schema import TABLES
 from .settings import artifact_settings
 
@@ -35,7 +45,18 @@ def buildmax_audit_actions() -> list[AuditAction]:
         AuditAction(
             "artifact.uploaded",
             "An artifact was uploaded (its name, type, size and digest; never its bytes)",
-            frozenset({"name", "media_type", "size", "sha256", "task_id", "attempt_id"}),
+            frozenset(
+                {
+                    "name",
+                    "media_type",
+                    "size",
+                    "sha256",
+                    "task_id",
+                    "attempt_id",
+                    "generation",
+                    "override_reason",
+                }
+            ),
             "artifact",
         ),
         AuditAction(
@@ -67,6 +88,13 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "artifact",
         ),
     ]
+
+
+@hookimpl
+async def buildmax_submission_check(
+    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef
+) -> Verdict | None:
+    return await submission_check(tx, task, attempt, submission)
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -23,7 +23,6 @@ from buildmax_hookspecs import (
     BlobNotFound,
     BlobStore,
     BlobTooLarge,
-    TaskQueue,
 )
 from marshmallow import Schema, fields
 from quart import Blueprint, Response, request
@@ -38,7 +37,6 @@ from buildmax.database.base import uncancellable
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
-    Forbidden,
     NotFound,
     PayloadTooLarge,
     Problem,
@@ -46,9 +44,9 @@ from buildmax.problems import (
 )
 from buildmax.schema import principals
 from buildmax.schemas import Timestamp
-from buildmax.services import ServiceMissing
 from buildmax.streaming import allow_body
 
+from .links import Link, requested_link, task_queue
 from .quota import Reservation, release, reserve, settle, tombstoned
 from .schema import artifacts
 from .settings import artifact_settings
@@ -140,36 +138,6 @@ def _media_type(raw: str, field: str) -> str:
     return media_type
 
 
-async def _check_links(
-    app: BuildMax, caller: Caller, access: SpaceAccess, task: str | None, attempt: str | None
-) -> tuple[str | None, str | None]:
-    """The task and attempt the artifact belongs to, checked with the tasks
-    plugin (an attempt-scoped token may only name its own attempt)."""
-    if caller.actor.scope_type == "attempt":
-        if attempt is None:
-            attempt = caller.actor.scope_id
-        if attempt != caller.actor.scope_id:
-            raise Forbidden("an attempt's token uploads for its own attempt only")
-    if task is None and attempt is None:
-        return None, None
-    try:
-        queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
-    except ServiceMissing:
-        raise ValidationFailed("task and attempt need the tasks plugin") from None
-    async with app.db.read() as conn:
-        found = await queue.attempt(conn, attempt) if attempt else None
-        if attempt and (found is None or found.space_id != access.public_id):
-            raise NotFound("no such attempt in this space")
-        if found is not None:
-            if task is not None and task != found.task_id:
-                raise ValidationFailed("the attempt belongs to another task")
-            return found.task_id, found.id
-        ref = await queue.task(conn, str(task))
-        if ref is None or ref.space_id != access.public_id:
-            raise NotFound("no such task in this space")
-        return ref.id, None
-
-
 @blueprint.post("/v1/spaces/<space>/artifacts")
 @api(
     "Upload an artifact: the body is its bytes (members; an attempt's token for its attempt)",
@@ -181,8 +149,12 @@ async def _check_links(
 )
 async def upload(space: str) -> Response:
     """Query: ``name`` (required), ``sha256`` (the digest the bytes must
-    have), ``task``, ``attempt``. 413 past the size limit, 409
-    ``quota-exceeded``, 422 ``digest-mismatch``."""
+    have), ``task``, ``attempt`` with its ``generation``, and
+    ``override_reason`` (a space admin attaching to someone else's attempt).
+    An attempt takes its current owner at its current generation: 403
+    ``not-attempt-owner``, 409 ``stale-generation``, ``attempt-ended`` or
+    ``lease-lapsed`` otherwise, checked before and after the bytes stream.
+    413 past the size limit, 409 ``quota-exceeded``, 422 ``digest-mismatch``."""
     app = current_buildmax()
     caller = await authenticate(accept_scopes=("attempt",))
     access = await require_space(space, "member", caller, "artifacts.upload")
@@ -194,8 +166,14 @@ async def upload(space: str) -> Response:
     media_type = _media_type(
         request.headers.get("Content-Type") or "application/octet-stream", "Content-Type"
     )
-    task_id, attempt_id = await _check_links(
-        app, caller, access, _text_arg("task", max_length=64), _text_arg("attempt", max_length=64)
+    link = await requested_link(
+        app,
+        caller,
+        access,
+        task=_text_arg("task", max_length=64),
+        attempt=_text_arg("attempt", max_length=64),
+        generation=request.args.get("generation"),
+        override_reason=request.args.get("override_reason"),
     )
     declared = request.content_length
     if declared is not None and declared > settings.max_bytes:
@@ -224,7 +202,7 @@ async def upload(space: str) -> Response:
         raise
     try:
         row = await uncancellable(
-            _finalize(app, caller, access, reservation, ref, name, media_type, task_id, attempt_id)
+            _finalize(app, caller, access, reservation, ref, name, media_type, link)
         )
     except BaseException:
         # No row: the blob is an orphan for the collector; the quota comes back now.
@@ -241,12 +219,27 @@ async def _finalize(
     ref: Any,
     name: str | None,
     media_type: str,
-    task_id: str | None,
-    attempt_id: str | None,
+    link: Link,
 ) -> Any:
-    """Write the artifact row and settle its reservation in one transaction."""
+    """Write the artifact row and settle its reservation in one transaction,
+    fencing its attempt again first: the attempt cannot end, or change
+    hands, between that check and the commit."""
     public_id = new_id("af")
     async with app.db.write() as tx:
+        override = access.admin_override
+        details: dict[str, Any] = {}  # the attempt's generation, an override's reason
+        if link.attempt_id is not None and link.generation is not None:
+            attempt = await task_queue(app).fence(
+                tx,
+                link.attempt_id,
+                link.generation,
+                actor=caller.actor,
+                space_id=access.public_id,
+                override_reason=link.override_reason,
+            )
+            details["generation"] = link.generation
+            if attempt.claimant_id != caller.actor.principal_id:
+                override, details["override_reason"] = True, link.override_reason
         await tx.execute(
             artifacts.insert().values(
                 public_id=public_id,
@@ -256,8 +249,8 @@ async def _finalize(
                 size=ref.size,
                 sha256=ref.sha256,
                 blob_key=ref.key,
-                task_id=task_id,
-                attempt_id=attempt_id,
+                task_id=link.task_id,
+                attempt_id=link.attempt_id,
                 created_at=app.clock.now_ms(),
                 created_by=caller.principal_pk,
             )
@@ -270,14 +263,15 @@ async def _finalize(
             space_id=access.public_id,
             target_type="artifact",
             target_id=public_id,
-            admin_override=access.admin_override,
+            admin_override=override,
             details={
                 "name": name,
                 "media_type": media_type,
                 "size": ref.size,
                 "sha256": ref.sha256,
-                "task_id": task_id,
-                "attempt_id": attempt_id,
+                "task_id": link.task_id,
+                "attempt_id": link.attempt_id,
+                **details,
             },
         )
         return await tx.fetch_one(_SELECT.where(artifacts.c.public_id == public_id))
@@ -288,7 +282,7 @@ async def _readable(app: BuildMax, caller: Caller, access: SpaceAccess, row: Any
     own space; 404 otherwise, as if they did not exist."""
     if caller.actor.scope_type != "attempt":
         return
-    queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+    queue = task_queue(app)
     async with app.db.read() as conn:
         attempt = await queue.attempt(conn, str(caller.actor.scope_id))
     if attempt is None or attempt.space_id != access.public_id or row["task_id"] != attempt.task_id:

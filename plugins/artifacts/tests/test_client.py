@@ -19,8 +19,16 @@ from buildmax_artifacts.client import (
     CorruptDownload,
     QuotaExceeded,
 )
+from buildmax_artifacts.schema import artifacts as artifacts_table
 
-from buildmax.client import AsyncClient, Client, NotFound, PayloadTooLarge, Unreachable
+from buildmax.client import (
+    AsyncClient,
+    Client,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    Unreachable,
+)
 
 from .conftest import MAX_BYTES, QUOTA_BYTES, sha
 
@@ -202,3 +210,49 @@ async def test_a_download_cut_off_mid_body_leaves_no_file(shelf, live_server, tm
         with pytest.raises(Unreachable):
             await AsyncArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "async")
     assert list(out.iterdir()) == []
+
+
+async def test_the_clients_and_the_cli_attach_to_an_attempt_at_its_generation(
+    shelf, live_server, tmp_path
+):
+    """``attempt`` goes with ``generation`` (the clients refuse one alone
+    before sending anything; the CLI says so as a usage error); a stale
+    generation comes back as the server's 409 ``stale-generation``."""
+    base, owner = f"/v1/spaces/{shelf.space.id}", shelf.owner.headers
+    await shelf.client.post(f"{base}/projects", headers=owner, json={"name": "main"})
+    made = await shelf.client.post(
+        f"{base}/tasks", headers=owner, json={"project": "main", "title": "t"}
+    )
+    task = await made.get_json()
+    claimed = await shelf.client.post(
+        f"{base}/tasks/{task['id']}/claim", headers=shelf.member.headers, json={}
+    )
+    attempt = (await claimed.get_json())["attempt"]["id"]
+    source = tmp_path / "run.log"
+    source.write_bytes(b"ran\n")
+
+    def scenario(artifacts: ArtifactsClient):
+        with pytest.raises(ValueError, match="generation"):
+            artifacts.upload(shelf.space.id, source, attempt=attempt)
+        with pytest.raises(Conflict) as stale:
+            artifacts.upload(shelf.space.id, source, attempt=attempt, generation=2)
+        return artifacts.upload(shelf.space.id, source, attempt=attempt, generation=1), stale
+
+    linked, stale = await _sync(live_server, shelf.member.token, scenario)
+    assert (linked["attempt_id"], linked["task_id"]) == (attempt, task["id"])
+    assert stale.value.slug == "stale-generation"
+    async with AsyncClient(live_server, shelf.member.token, retries=0) as bmx:
+        with pytest.raises(ValueError, match="generation"):
+            await AsyncArtifactsClient(bmx).upload(
+                shelf.space.id, b"x", name="x.txt", attempt=attempt
+            )
+
+    def run(*args: str):
+        return _cli(live_server, shelf.member.token, shelf.space.id, "upload", str(source), *args)
+
+    alone = await run("--attempt", attempt)
+    assert alone.exit_code == 2 and "--generation" in alone.output
+    cli_linked = await run("--attempt", attempt, "--generation", "1", "--json")
+    assert cli_linked.exit_code == 0, cli_linked.output
+    assert json.loads(cli_linked.output)["attempt_id"] == attempt
+    assert len([a for a in await shelf.rows(artifacts_table) if a["attempt_id"] == attempt]) == 2

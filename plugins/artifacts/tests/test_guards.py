@@ -74,7 +74,7 @@ async def test_a_task_or_attempt_of_another_space_cannot_be_linked(shelf):
     )
     attempt = (await claim.get_json())["attempt"]["id"]
     before = await shelf.leftovers()
-    for query in ({"task": elsewhere["id"]}, {"attempt": attempt}):
+    for query in ({"task": elsewhere["id"]}, {"attempt": attempt, "generation": "1"}):
         refused = await shelf.upload(DATA, **query, expect=404)
         assert refused["type"] == PROBLEM + "not-found"
     assert await shelf.leftovers() == before

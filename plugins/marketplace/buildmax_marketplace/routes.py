@@ -21,6 +21,7 @@ from marshmallow import RAISE, Schema, fields, validate
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from buildmax.access import require_space
 from buildmax.apidoc import api
 from buildmax.app import BuildMax, blob_store, current_buildmax
 from buildmax.auth import Caller, authenticate
@@ -428,7 +429,12 @@ async def _audit(
 
 
 async def _run_pins(app: BuildMax, attempt_id: str) -> tuple[Any, list[dict[str, Any]]]:
-    """The attempt a run token (or its claimant) may read, and its pins."""
+    """The attempt a run token (or its claimant) may read, and its pins.
+
+    These routes are not under ``/v1/spaces/{space}``, so the attempt's
+    space is asked here, as every space route asks it: only a current member
+    who may run work there (``member`` role) reads, whichever token it
+    shows; a stranger gets the 404 of an attempt that does not exist."""
     caller = await authenticate(accept_scopes=("attempt",))
     scoped = caller.actor.scope_type == "attempt"
     if scoped and caller.actor.scope_id != attempt_id:
@@ -438,6 +444,10 @@ async def _run_pins(app: BuildMax, attempt_id: str) -> tuple[Any, list[dict[str,
         attempt = await queue.attempt(conn, attempt_id)
     if attempt is None or (not scoped and attempt.claimant_id != caller.actor.principal_id):
         raise NotFound("no such attempt")
+    try:
+        await require_space(attempt.space_id, "member", caller, "catalog.run.read")
+    except NotFound:
+        raise NotFound("no such attempt") from None
     if attempt.state != "active":
         raise Conflict(f"the attempt is {attempt.state}", state=attempt.state)
     environment = attempt.run_environment.get("plugins") or {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from buildmax_hookspecs import SubmissionRef, Verdict
 
 from buildmax.clock import to_rfc3339
 from buildmax.ids import new_id
@@ -23,9 +24,16 @@ from .change import Change
 from .engine import StageEngine
 from .holds import describe_hold, holds_covering
 from .lifecycle import after_attempt, end_attempt, finish
-from .problems import AttemptEnded, LeaseLapsed, NotAttemptOwner, StaleGeneration, TaskHeld
-from .records import load_attempt, load_task_by_pk
-from .schema import attempts, checkpoints, submissions, tasks
+from .problems import (
+    AttemptEnded,
+    LeaseLapsed,
+    NotAttemptOwner,
+    StaleGeneration,
+    SubmissionRefused,
+    TaskHeld,
+)
+from .records import attempt_ref, load_attempt, load_task_by_pk, task_ref
+from .schema import attempts, checkpoints, submission_artifacts, submissions, tasks
 
 
 @dataclass(frozen=True)
@@ -50,21 +58,7 @@ async def fenced(
 
     Sets ``ch.admin_override`` when an admin or owner acts on someone
     else's attempt."""
-    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
-    if attempt is None:
-        raise NotFound("no such attempt in this space")
-    # Rows are locked in one order everywhere: subject task, task, attempt.
-    # The task row's lock serialises every change to its attempts.
-    if attempt["subject_task_id"] is not None:
-        await ch.tx.fetch_all(
-            sa.select(tasks.c.id).where(tasks.c.id == attempt["subject_task_id"]).with_for_update()
-        )
-    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
-    assert task is not None
-    if ch.tx.dialect == "postgresql" and _maybe_stale(attempt, task, ch.now):
-        # Changed while we waited for the lock: read what committed.
-        attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
-        assert attempt is not None
+    attempt, task = await locked(ch, attempt_id)
     if authority.scope_id is not None and authority.scope_id != attempt_id:
         raise NotAttemptOwner("this token is scoped to another attempt")
     if attempt["claimant_id"] != authority.principal_pk:
@@ -91,6 +85,28 @@ async def fenced(
             f"the lease lapsed at {to_rfc3339(attempt['lease_expires_at'])}",
             lease_expires_at=to_rfc3339(attempt["lease_expires_at"]),
         )
+    return attempt, task
+
+
+async def locked(ch: Change, attempt_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The attempt of ``ch``'s space and its task, their rows locked until
+    the transaction ends, as committed once the locks are held; 404 when
+    there is no such attempt in the space."""
+    attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
+    if attempt is None:
+        raise NotFound("no such attempt in this space")
+    # Rows are locked in one order everywhere: subject task, task, attempt.
+    # The task row's lock serialises every change to its attempts.
+    if attempt["subject_task_id"] is not None:
+        await ch.tx.fetch_all(
+            sa.select(tasks.c.id).where(tasks.c.id == attempt["subject_task_id"]).with_for_update()
+        )
+    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
+    assert task is not None
+    if ch.tx.dialect == "postgresql" and _maybe_stale(attempt, task, ch.now):
+        # Changed while we waited for the lock: read what committed.
+        attempt = await load_attempt(ch.tx, attempt_id, space_pk=ch.space_pk)
+        assert attempt is not None
     return attempt, task
 
 
@@ -229,8 +245,12 @@ async def submit(
     body: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Record the submission, end the attempt, and let the stage engine move
-    the task on. The submission row and what the engine did."""
+    the task on. The submission row and what the engine did.
+
+    Every ``buildmax_submission_check`` is asked first; a refusal is 422
+    ``submission-refused`` with nothing written."""
     public_id = new_id("sb")
+    await _check_submission(ch, attempt, task, public_id, body)
     pk = await ch.tx.fetch_val(
         submissions.insert()
         .values(
@@ -247,6 +267,13 @@ async def submit(
         )
         .returning(submissions.c.id)
     )
+    artifact_ids = (
+        json.dumps(body["artifacts"], separators=(",", ":")) if body["artifacts"] else None
+    )
+    if artifact_ids is not None:
+        await ch.tx.execute(
+            submission_artifacts.insert().values(submission_id=pk, artifact_ids=artifact_ids)
+        )
     await end_attempt(ch, attempt, "submitted", None, charge=False)
     await ch.audit(
         "attempt.submitted",
@@ -273,6 +300,7 @@ async def submit(
         "summary": body["summary"],
         "candidate": json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True),
         "evidence": json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True),
+        "artifact_ids": artifact_ids,
         "verdict": None,
         "created_at": ch.now,
         "task_public_id": task["public_id"],
@@ -288,6 +316,44 @@ async def submit(
         {"current_submission_id": pk, "finding_ids": "[]"},
     )
     return submission, outcome
+
+
+async def _check_submission(
+    ch: Change,
+    attempt: dict[str, Any],
+    task: dict[str, Any],
+    public_id: str,
+    body: dict[str, Any],
+) -> None:
+    """Ask every ``buildmax_submission_check`` about the submission about to
+    be written; :class:`SubmissionRefused` with every refusal's reason."""
+    submission = SubmissionRef(
+        id=public_id,
+        task_id=task["public_id"],
+        attempt_id=attempt["public_id"],
+        generation=attempt["generation"],
+        task_revision=task["revision"],
+        submitted_by=attempt["claimant_public_id"],
+        summary=body["summary"],
+        candidate=body["candidate"],
+        evidence=body["evidence"],
+        artifacts=tuple(body["artifacts"]),
+    )
+    verdicts = await ch.app.plugins.acall(
+        "buildmax_submission_check",
+        tx=ch.tx,
+        task=task_ref(task),
+        attempt=attempt_ref(attempt),
+        submission=submission,
+        actor=ch.actor,
+    )
+    refusals = [
+        v.reason or "a submission check refused it"
+        for v in verdicts
+        if isinstance(v, Verdict) and v.outcome == "deny"
+    ]
+    if refusals:
+        raise SubmissionRefused("; ".join(refusals))
 
 
 async def cancel_task(ch: Change, task: dict[str, Any], reason: str) -> None:

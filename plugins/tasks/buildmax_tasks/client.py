@@ -137,6 +137,11 @@ class InvalidState(Conflict):
     """409 ``invalid-state``: the record's state does not allow this."""
 
 
+class SubmissionRefused(ValidationError):
+    """422 ``submission-refused``: a plugin refused the submission (for
+    example an artifact it names is not evidence of its task)."""
+
+
 class AgentRevisionRefused(ValidationError):
     """422 ``agent-revision-refused``: a plugin refused the agent revision."""
 
@@ -161,6 +166,7 @@ ERROR_CLASSES: dict[str, type[BuildMaxError]] = {
     "dependency-cycle": DependencyCycle,
     "revision-conflict": RevisionConflict,
     "invalid-state": InvalidState,
+    "submission-refused": SubmissionRefused,
     "agent-revision-refused": AgentRevisionRefused,
     "name-taken": NameTaken,
 }
@@ -458,11 +464,19 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
         *,
         candidate: dict[str, Any] | None = None,
         evidence: dict[str, Any] | None = None,
+        artifacts: Sequence[str] | None = None,
     ) -> _One:
         """Hand in the attempt's work (the owner): ``submission``, ``task``
-        and the workflow ``stage`` it entered (``None`` when it is done)."""
+        and the workflow ``stage`` it entered (``None`` when it is done).
+        ``artifacts`` are the ids of the artifacts handed in as evidence (of
+        this attempt or its task; others are refused with
+        :class:`SubmissionRefused`)."""
         body = present(
-            generation=generation, summary=summary, candidate=candidate, evidence=evidence
+            generation=generation,
+            summary=summary,
+            candidate=candidate,
+            evidence=evidence,
+            artifacts=_listed(artifacts),
         )
         return self._one("POST", space_path(space, "attempts", attempt, "submit"), json=body)
 

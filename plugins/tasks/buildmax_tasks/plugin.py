@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from buildmax_hookspecs import AuditAction, Migration, TaskQueue, hookimpl
+from buildmax_hookspecs import Actor, AuditAction, Migration, TaskQueue, Transaction, hookimpl
 
+from buildmax.app import current_buildmax
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
+from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
-from .schema import TABLES
+from .schema import TABLES, TABLES_2
 from .settings import task_settings
 
 _REAPER = "buildmax_tasks.reaper"
@@ -27,7 +29,8 @@ def buildmax_migrations() -> list[Migration]:
             "projects, policies, agents, tasks, dependencies, attempts, submissions, "
             "reservations, holds, decisions",
             create_tables(*TABLES),
-        )
+        ),
+        Migration("tasks", 2, "the artifacts a submission names", create_tables(*TABLES_2)),
     ]
 
 
@@ -65,6 +68,13 @@ def buildmax_startup(app: Any) -> None:
 @hookimpl
 async def buildmax_shutdown(app: Any) -> None:
     await stop_background(app, _REAPER)
+
+
+@hookimpl
+async def buildmax_member_changed(
+    tx: Transaction, space_id: str, principal_id: str, role: str | None, actor: Actor
+) -> None:
+    await member_changed(current_buildmax(), tx, space_id, principal_id, role, actor)
 
 
 @hookimpl

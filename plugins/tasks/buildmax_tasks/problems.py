@@ -65,6 +65,10 @@ class InvalidState(Conflict):
     slug, title = "invalid-state", "The record is not in a state that allows this"
 
 
+class SubmissionRefused(ValidationFailed):
+    slug, title = "submission-refused", "A plugin refused the submission"
+
+
 class AgentRevisionRefused(ValidationFailed):
     slug, title = "agent-revision-refused", "A plugin refused the agent revision"
 

@@ -17,6 +17,7 @@ from buildmax_hookspecs import (
 
 from buildmax.problems import NotFound
 from buildmax.schema import principals, spaces
+from buildmax.spaces import member_role
 
 from .attempts import Authority, fenced, submit
 from .change import Change
@@ -116,6 +117,37 @@ class SqlTaskQueue:
         )
         return [attempt_ref(dict(r)) for r in rows]
 
+    async def fence(
+        self,
+        tx: Transaction,
+        attempt_id: str,
+        generation: int,
+        *,
+        actor: Actor,
+        space_id: str,
+        override_reason: str | None = None,
+    ) -> AttemptRef:
+        space = await tx.fetch_one(
+            sa.select(spaces.c.id, spaces.c.public_id).where(spaces.c.public_id == space_id)
+        )
+        if space is None:
+            raise NotFound("no such attempt in this space")
+        principal_pk = await tx.fetch_val(
+            sa.select(principals.c.id).where(principals.c.public_id == actor.principal_id)
+        )
+        if principal_pk is None:
+            raise NotAttemptOwner("only a principal acts on an attempt")
+        role = await member_role(tx, space["id"], principal_pk)
+        authority = Authority(
+            principal_pk=principal_pk,
+            scope_id=actor.scope_id if actor.scope_type == "attempt" else None,
+            may_override=role in ("admin", "owner") or actor.system_role == "admin",
+            override_reason=override_reason,
+        )
+        ch = Change(self._app, tx, actor, space["id"], space["public_id"], self._app.clock.now_ms())
+        row, _ = await fenced(ch, attempt_id, generation, authority)
+        return attempt_ref(row)
+
     async def hand_in(
         self,
         tx: Transaction,
@@ -162,7 +194,7 @@ class SqlTaskQueue:
                 state=task["state"],
             )
         row, locked = await fenced(ch, attempt_id, at, authority)
-        body = {"summary": summary, "candidate": dict(candidate), "evidence": {}}
+        body = {"summary": summary, "candidate": dict(candidate), "evidence": {}, "artifacts": []}
         submission, _ = await submit(ch, stage_engine(self._app), row, locked, body)
         after = await load_task(tx, task_id)
         assert after is not None

@@ -20,6 +20,7 @@ from .schema import (
     agents,
     attempts,
     projects,
+    submission_artifacts,
     submissions,
     task_revisions,
     tasks,
@@ -183,17 +184,24 @@ def attempt_ref(attempt: dict[str, Any]) -> AttemptRef:
     )
 
 
-#: A submission with the public ids it points at.
+#: A submission with the public ids it points at and the artifacts it names.
 SUBMISSION_SELECT = sa.select(
     submissions,
     tasks.c.public_id.label("task_public_id"),
     attempts.c.public_id.label("attempt_public_id"),
     principals.c.public_id.label("submitted_by_public_id"),
+    submission_artifacts.c.artifact_ids,
 ).select_from(
     submissions.join(tasks, tasks.c.id == submissions.c.task_id)
     .join(attempts, attempts.c.id == submissions.c.attempt_id)
     .join(principals, principals.c.id == submissions.c.submitted_by)
+    .outerjoin(submission_artifacts, submission_artifacts.c.submission_id == submissions.c.id)
 )
+
+
+def submission_artifact_ids(row: dict[str, Any]) -> list[str]:
+    """The artifact ids a submission row names (none without a row of them)."""
+    return list(json.loads(row["artifact_ids"])) if row.get("artifact_ids") else []
 
 
 def submission_ref(row: dict[str, Any]) -> SubmissionRef:
@@ -208,6 +216,7 @@ def submission_ref(row: dict[str, Any]) -> SubmissionRef:
         summary=row["summary"],
         candidate=json.loads(row["candidate"]),
         evidence=json.loads(row["evidence"]),
+        artifacts=tuple(submission_artifact_ids(row)),
     )
 
 

@@ -337,6 +337,15 @@ sa.Index(
 )
 sa.Index("task_decisions_task", decisions.c.task_id)
 
+#: The artifacts a submission names (only for submissions naming any).
+submission_artifacts = sa.Table(
+    "task_submission_artifacts",
+    metadata,
+    sa.Column("submission_id", Id, sa.ForeignKey("task_submissions.id"), primary_key=True),
+    # JSON array of artifact public ids, in the order handed in.
+    sa.Column("artifact_ids", sa.Text, nullable=False),
+)
+
 #: Created by migration 1, in dependency order.
 TABLES = [
     projects,
@@ -354,3 +363,5 @@ TABLES = [
     holds,
     decisions,
 ]
+#: Created by migration 2.
+TABLES_2 = [submission_artifacts]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from buildmax.schemas import NAME_PATTERN, Timestamp
 
@@ -265,10 +265,25 @@ class CancelAttemptBody(Generation):
     reason = fields.String(required=True, validate=REASON)
 
 
+#: The most artifacts one submission names.
+MAX_SUBMISSION_ARTIFACTS = 100
+
+
+def _distinct(values: list[str]) -> None:
+    if len(set(values)) != len(values):
+        raise ValidationError("Each artifact is named once.")
+
+
 class SubmitBody(Generation):
     summary = fields.String(required=True, validate=validate.Length(min=1, max=20_000))
     candidate = fields.Dict(load_default=dict)
     evidence = fields.Dict(load_default=dict)
+    artifacts = fields.List(
+        fields.String(validate=validate.Length(min=1, max=64)),
+        load_default=list,
+        validate=[validate.Length(max=MAX_SUBMISSION_ARTIFACTS), _distinct],
+        metadata={"description": "Public ids of the artifacts handed in as evidence"},
+    )
 
 
 class SubmissionOut(Schema):
@@ -281,6 +296,7 @@ class SubmissionOut(Schema):
     summary = fields.String()
     candidate = fields.Dict()
     evidence = fields.Dict()
+    artifacts = fields.List(fields.String())
     verdict = fields.String(allow_none=True)
     created_at = Timestamp()
 

@@ -16,6 +16,7 @@ from buildmax_hookspecs import Transaction
 
 from .engine import StageEngine, stranded
 from .holds import describe_hold, literal
+from .records import submission_artifact_ids
 from .schema import decisions, holds
 from .schemas import AttemptOut, SubmissionOut, TaskOut
 
@@ -151,6 +152,7 @@ def submission_body(row: dict[str, Any]) -> dict[str, Any]:
             "summary": row["summary"],
             "candidate": json.loads(row["candidate"]),
             "evidence": json.loads(row["evidence"]),
+            "artifacts": submission_artifact_ids(row),
             "verdict": row["verdict"],
             "created_at": row["created_at"],
         }

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_tasks.schema import TABLES, attempts, reservations, tasks
+from buildmax_tasks.schema import TABLES, TABLES_2, attempts, reservations, tasks
 
 from buildmax.schema import events, space_members, spaces, tokens
 from buildmax.spaces import put_member
@@ -127,7 +127,7 @@ class Work:
         and tokens: what a refused request must leave as it was."""
         found = {}
         async with self.app.db.read() as conn:
-            for table in [*TABLES, events, spaces, space_members, tokens]:
+            for table in [*TABLES, *TABLES_2, events, spaces, space_members, tokens]:
                 rows = [dict(r) for r in await conn.fetch_all(sa.select(table))]
                 if table is tokens:
                     for row in rows:

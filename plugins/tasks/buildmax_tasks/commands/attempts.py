@@ -140,7 +140,14 @@ attempt_fail = _ending_command(
     "--evidence",
     callback=json_object,
     metavar="JSON",
-    help="Proof: a JSON object such as artifact ids and check results.",
+    help="Proof: a JSON object such as check results.",
+)
+@click.option(
+    "--artifact",
+    "artifacts",
+    multiple=True,
+    metavar="ARTIFACT",
+    help="An artifact handed in as evidence (of this attempt or its task); repeatable.",
 )
 @in_space
 def attempt_submit(
@@ -150,6 +157,7 @@ def attempt_submit(
     summary: str,
     candidate: dict[str, Any] | None,
     evidence: dict[str, Any] | None,
+    artifacts: tuple[str, ...],
 ) -> None:
     """Hand in ATTEMPT's work (the owner).
 
@@ -158,10 +166,16 @@ def attempt_submit(
     \b
     Example:
       buildmax attempt submit at_... --generation 1 --summary "Fixed the form" \\
-          --candidate '{"commit": "3f2a9c1", "branch": "fix-login"}'
+          --candidate '{"commit": "3f2a9c1", "branch": "fix-login"}' --artifact af_...
     """
     submitted = r.tasks.submit(
-        r.space, attempt, generation, summary, candidate=candidate, evidence=evidence
+        r.space,
+        attempt,
+        generation,
+        summary,
+        candidate=candidate,
+        evidence=evidence,
+        artifacts=artifacts or None,
     )
     r.show(submitted, SUBMIT_FIELDS)
 
