@@ -117,6 +117,11 @@ class TooManyRequests(BuildMaxError):
     """429: slow down."""
 
 
+class BlobCorrupted(BuildMaxError):
+    """410 ``blob-corrupted``: the server's stored bytes of what was asked
+    for no longer match their recorded size or sha256 (it sent none)."""
+
+
 class ServerError(BuildMaxError):
     """5xx: the server (or a proxy in front of it) failed."""
 
@@ -130,11 +135,27 @@ class Unreachable(Exception):
         super().__init__(f"cannot reach BuildMax at {url}: {str(reason) or type(reason).__name__}")
 
 
+class IncompleteDownload(Exception):
+    """A streamed answer broke off before its declared length: the server
+    cut it short (it found the stored bytes corrupted while sending them,
+    and logged why) or the connection broke mid-body."""
+
+    def __init__(self, url: str, reason: Exception) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(
+            f"incomplete download from {url}: the answer ended before its declared length "
+            f"({str(reason) or type(reason).__name__}); the server cut it short (its stored "
+            "bytes may be corrupted: see its log) or the connection broke"
+        )
+
+
 class LoginFileError(ValueError):
     """The login file exists but cannot be used."""
 
 
 _BY_SLUG: dict[str, type[BuildMaxError]] = {
+    "blob-corrupted": BlobCorrupted,
     "token-scope-refused": TokenScopeRefused,
     "idempotency-in-progress": IdempotencyInProgress,
     "idempotency-key-reused": IdempotencyKeyReused,
@@ -286,6 +307,11 @@ def present(**fields: Any) -> dict[str, Any]:
 def space_path(space: str, *parts: str) -> str:
     """``/v1/spaces/<space>/<parts...>``, each segment quoted."""
     return "/".join(["/v1/spaces", *(_segment(p) for p in (space, *parts))])
+
+
+def _where(request: httpx.Request) -> str:
+    """The request's URL without its query, to name it in an error."""
+    return str(request.url.copy_with(query=None))
 
 
 def _page_params(params: dict[str, Any] | None, cursor: str | None) -> dict[str, Any]:
@@ -529,7 +555,7 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
 
         Not retried: a streamed body cannot be sent twice. Raises like
         :meth:`request` for an error answer or an unreachable server, and
-        :class:`Unreachable` when the connection breaks mid-body."""
+        :class:`IncompleteDownload` when the answer breaks off mid-body."""
         request = self._http.build_request(
             method,
             path,
@@ -546,8 +572,8 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
                 response.read()
                 raise error_from_response(response)
             yield response
-        except httpx.TransportError as exc:  # the connection broke mid-body
-            raise Unreachable(self.url, exc) from exc
+        except httpx.TransportError as exc:  # the answer broke off mid-body
+            raise IncompleteDownload(_where(request), exc) from exc
         finally:
             response.close()
 
@@ -657,8 +683,8 @@ class AsyncClient(
                 await response.aread()
                 raise error_from_response(response)
             yield response
-        except httpx.TransportError as exc:  # the connection broke mid-body
-            raise Unreachable(self.url, exc) from exc
+        except httpx.TransportError as exc:  # the answer broke off mid-body
+            raise IncompleteDownload(_where(request), exc) from exc
         finally:
             await response.aclose()
 

@@ -16,6 +16,7 @@ from ..client import (
     URL_ENV,
     BuildMaxError,
     Client,
+    IncompleteDownload,
     LoginFileError,
     Unreachable,
     save_login,
@@ -48,7 +49,7 @@ def reporting_errors() -> Iterator[None]:
         raise CommandError(str(exc)) from None
     except Unreachable as exc:
         raise CommandError(f"{exc} (is the server running? set --url or {URL_ENV})") from None
-    except LoginFileError as exc:
+    except (IncompleteDownload, LoginFileError) as exc:
         raise CommandError(str(exc)) from None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from buildmax.client import Client
+from buildmax.client import BuildMaxError, Client, IncompleteDownload
 
 from .package import CHUNK, DEFAULT_LIMITS, Limits, PackageRefused, extract
 
@@ -77,11 +77,11 @@ def materialize(
 def _fetch(client: Client, pin: dict[str, Any], staging: Path, limits: Limits) -> Any:
     archive = staging / f".{pin['name']}.download"
     digest = hashlib.sha256()
-    with client.stream("GET", pin["package_url"]) as response, open(archive, "wb") as out:
-        for chunk in response.iter_bytes(CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
     try:
+        with client.stream("GET", pin["package_url"]) as response, open(archive, "wb") as out:
+            for chunk in response.iter_bytes(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
         if digest.hexdigest() != pin["sha256"]:
             raise MaterializationFailed(
                 f"{pin['name']} {pin['version']}: the bytes' sha256 is {digest.hexdigest()}, "
@@ -99,5 +99,7 @@ def _fetch(client: Client, pin: dict[str, Any], staging: Path, limits: Limits) -
                 f"{package.name} {package.version}"
             )
         return package
+    except (BuildMaxError, IncompleteDownload) as exc:
+        raise MaterializationFailed(f"{pin['name']} {pin['version']}: {exc}") from None
     finally:
         archive.unlink(missing_ok=True)
