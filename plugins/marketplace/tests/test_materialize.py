@@ -347,3 +347,41 @@ async def test_a_corrupted_package_blob_is_never_sent_and_the_run_names_it_and_f
     (record,) = [r for r in caplog.records if r.name == "buildmax.downloads"]
     assert "notes 0.1" in record.getMessage() and logged in record.getMessage()
     _quiet_server(caplog)
+
+
+async def test_a_package_the_workers_reader_cannot_read_fails_the_run_in_one_line(
+    market, live_server, tmp_path, monkeypatch
+):
+    """Item 3: a package an older, laxer server accepted (here: its reader
+    replaced at publish) whose manifest nests 3000 levels deep. The worker's
+    reader used to raise RecursionError: a traceback, and the attempt left
+    active. Now it is the reader's refusal, one line, the attempt failed."""
+    import buildmax_marketplace.catalog as catalog
+
+    base = f"/v1/spaces/{market.space.id}"
+    deep = "x = " + "[" * 3000 + "]" * 3000 + "\n"
+    hostile = {**SKILL_ONLY, "buildmax-plugin.toml": deep + SKILL_ONLY["buildmax-plugin.toml"]}
+    lenient = catalog.inspect(tar_gz(tmp_path / "good.tar.gz", SKILL_ONLY))
+    monkeypatch.setattr(catalog, "inspect", lambda path, limits: lenient)
+    await market.publish(tar_gz(tmp_path / "deep.tar.gz", hostile), SKILLS)
+    monkeypatch.undo()
+    await market.call(
+        "PUT", f"{base}/plugins/{SKILLS}", market.owner, json={"version": "0.1"}, expect=201
+    )
+    await market.call("POST", f"{base}/projects", market.owner, json={"name": "main"}, expect=201)
+    body = {"name": "scribe", "instructions": "", "plugins": [SKILLS]}
+    await market.call("POST", f"{base}/agents", market.owner, json=body, expect=201)
+    claim = await market.claim_new(base, "write", "scribe")
+    home = tmp_path / "run-home"
+    argv = _cli_materialize(live_server, claim["token"], claim["attempt"]["id"], home)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+
+    assert result.exit_code == 1
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "error: materialization failed: notes 0.1 was refused: "
+        "buildmax-plugin.toml: nested deeper than 16 levels"
+    )
+    assert list(home.iterdir()) == []
+    (row,) = await market.rows(attempts)
+    assert row["state"] == "failed" and "nested deeper than 16 levels" in row["end_reason"]
