@@ -135,18 +135,20 @@ class Unreachable(Exception):
         super().__init__(f"cannot reach BuildMax at {url}: {str(reason) or type(reason).__name__}")
 
 
-class IncompleteDownload(Exception):
+class IncompleteDownload(Unreachable):
     """A streamed answer broke off before its declared length: the server
     cut it short (it found the stored bytes corrupted while sending them,
-    and logged why) or the connection broke mid-body."""
+    and logged why) or the connection broke mid-body. (An
+    :class:`Unreachable`, so code that handles a lost server handles it.)"""
 
     def __init__(self, url: str, reason: Exception) -> None:
         self.url = url
         self.reason = reason
-        super().__init__(
+        Exception.__init__(
+            self,
             f"incomplete download from {url}: the answer ended before its declared length "
             f"({str(reason) or type(reason).__name__}); the server cut it short (its stored "
-            "bytes may be corrupted: see its log) or the connection broke"
+            "bytes may be corrupted: see its log) or the connection broke",
         )
 
 

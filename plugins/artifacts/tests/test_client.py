@@ -156,8 +156,10 @@ async def test_a_corrupted_artifact_is_never_sent_whole_and_the_clients_name_it(
     declared length with an h11 traceback, and the clients say "cannot
     reach": now it is a 410 ``blob-corrupted``, and bytes of the same size
     found wrong while sending end the body before its last piece, which the
-    clients report as an incomplete download. Neither leaves a file, and the
-    server logs why without a traceback."""
+    clients and the command report as an incomplete download (mutation:
+    report it as an unreachable server and the command adds "is the server
+    running?"). Neither leaves a file, and the server logs why without a
+    traceback."""
     data = os.urandom(4000)
     made = await shelf.upload(data)
     [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
@@ -185,9 +187,22 @@ async def test_a_corrupted_artifact_is_never_sent_whole_and_the_clients_name_it(
         with pytest.raises(expected) as caught:
             await AsyncArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "async")
     assert "cannot reach" not in str(caught.value)
+    command = await _cli(
+        live_server,
+        shelf.member.token,
+        shelf.space.id,
+        "download",
+        made["id"],
+        "-o",
+        str(out / "cli"),
+    )
+    assert command.exit_code == 1
+    (line,) = command.stderr.splitlines()
+    said = "410 blob-corrupted" if damage == "larger" else "error: incomplete download from"
+    assert said in line and "is the server running" not in line, line
     assert list(out.iterdir()) == []
     logged = [r.getMessage() for r in caplog.records if r.name == "buildmax.downloads"]
-    assert len(logged) == 2 and all(made["id"] in message for message in logged)
+    assert len(logged) == 3 and all(made["id"] in message for message in logged)
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
     assert [r.getMessage() for r in caplog.records if r.name.startswith("hypercorn")] == []
 
