@@ -14,7 +14,8 @@ blob whose size and sha256 it recorded opens it with :func:`open_verified`:
   the connection closes before the declared ``Content-Length`` is reached, so
   the client sees an incomplete answer rather than wrong bytes.
 
-Every mismatch is logged (an error, without a traceback) naming the blob.
+Every mismatch is logged (an error, without a traceback) naming the blob,
+and so is a store that fails mid-body (the answer ends short the same way).
 A byte range is counted but not hashed: its digest is not recorded.
 """
 
@@ -24,7 +25,7 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 
-from buildmax_hookspecs import BlobNotFound, BlobStore
+from buildmax_hookspecs import BlobNotFound, BlobStore, BlobStoreUnavailable
 
 from .problems import Problem
 from .streaming import ResponseAborted
@@ -69,7 +70,7 @@ class VerifiedBlob:
     async def __anext__(self) -> bytes:
         if self._finished:
             raise StopAsyncIteration
-        chunk = self._next if self._next is not None else await anext(self._chunks, b"")
+        chunk = self._next if self._next is not None else await self._read()
         self._next = None
         if not chunk:
             self._finished = True
@@ -83,11 +84,20 @@ class VerifiedBlob:
             return chunk
         # The chunk that completes the answer: sent only if everything matches.
         self._finished = True
-        more = self._seen > self._expected or bool(await anext(self._chunks, b""))
+        more = self._seen > self._expected or bool(await self._read())
         reason = self._mismatch(self._seen, more, self._digest.hexdigest())
         if reason is not None:
             raise ResponseAborted(self._logged(reason))
         return chunk
+
+    async def _read(self) -> bytes:
+        """The next chunk (empty at the end); a store that fails meanwhile
+        ends the answer short, logged, rather than with a traceback."""
+        try:
+            return await anext(self._chunks, b"")
+        except BlobStoreUnavailable as exc:
+            log.error("the blob store failed while %s was sent: %s", self._what, exc)
+            raise ResponseAborted(f"the blob store failed while {self._what} was sent") from None
 
     async def check_whole(self) -> None:
         """Read and check the whole blob now, before anything is sent (it is

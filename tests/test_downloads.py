@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from buildmax_hookspecs import BlobNotFound, BlobRef
+from buildmax_hookspecs import BlobNotFound, BlobRef, BlobStoreUnavailable
 
 from buildmax.blobstore import FileBlobStore
 from buildmax.downloads import BlobCorrupted, open_verified
@@ -149,3 +149,26 @@ async def test_a_missing_blob_is_not_found_and_logged(stored, caplog):
     with pytest.raises(BlobNotFound):
         await _download(store, key)
     assert any("missing" in message for message in _errors(caplog))
+
+
+class _FailingMidway(_StaleHead):
+    """A store that stops answering after its first chunk (an outage)."""
+
+    async def _chunks(self, key: str) -> AsyncIterator[bytes]:
+        async for chunk in self.store.open(key):
+            yield chunk
+            raise BlobStoreUnavailable("the bucket stopped answering")
+
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> AsyncIterator[bytes]:
+        return self._chunks(key)
+
+
+async def test_a_store_that_fails_mid_body_ends_the_answer_short_and_logged(stored, caplog):
+    """Mutation: let ``BlobStoreUnavailable`` escape the body (the server
+    would log it with a traceback as an error of the ASGI framework) and it
+    reaches this test instead of ``ResponseAborted``."""
+    store, key = stored
+    received, aborted = await _download(_FailingMidway(store, len(DATA)), key)
+    assert isinstance(aborted, ResponseAborted) and received == DATA[:PIECE]
+    (logged,) = _errors(caplog)
+    assert "blob b1" in logged and "the bucket stopped answering" in logged
