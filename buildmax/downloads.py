@@ -84,7 +84,7 @@ class VerifiedBlob:
             return chunk
         # The chunk that completes the answer: sent only if everything matches.
         self._finished = True
-        more = self._seen > self._expected or bool(await self._read())
+        more = self._seen <= self._expected and bool(await self._read())
         reason = self._mismatch(self._seen, more, self._digest.hexdigest())
         if reason is not None:
             raise ResponseAborted(self._logged(reason))
@@ -116,7 +116,7 @@ class VerifiedBlob:
     def _mismatch(self, seen: int, more: bool, actual: str) -> str | None:
         """Why ``seen`` bytes (``more`` when the store had more) of digest
         ``actual`` are not the recorded ones, or ``None``."""
-        if more:
+        if more or seen > self._expected:
             return f"it holds more than its {self._expected} recorded bytes"
         if seen != self._expected:
             return f"it ended after {seen} of its {self._expected} recorded bytes"

@@ -108,11 +108,14 @@ async def test_a_blob_of_one_piece_is_checked_whole_before_anything_is_sent(tmp_
     _damage(store, key, b"the evidencE")
     with pytest.raises(BlobCorrupted, match="its sha256 is"):
         await _download(store, key, size=12, sha256=key.rsplit("/", 1)[-1])
+    _damage(store, key, b"the evidence, and more")  # grown since its size was read
+    with pytest.raises(BlobCorrupted, match="it holds more than its 12 recorded bytes"):
+        await _download(_StaleHead(store, 12), key, size=12, sha256=key.rsplit("/", 1)[-1])
     empty = (await store.put("p", _one(b""))).key
     assert await _download(store, empty, size=0, sha256=empty.rsplit("/", 1)[-1]) == (b"", None)
     with pytest.raises(BlobCorrupted, match="its sha256 is"):
         await _download(store, empty, size=0, sha256="0" * 64)
-    assert len(_errors(caplog)) == 2
+    assert len(_errors(caplog)) == 3
 
 
 async def test_other_bytes_of_the_same_size_are_cut_short_before_the_last_piece(stored, caplog):
