@@ -21,15 +21,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from buildmax_marketplace.package import Limits, PackageRefused, extract
+from buildmax_marketplace.package import Limits, PackageRefused, extract, inspect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .archives import FILES, SKILL_ONLY
 
-pytestmark = pytest.mark.engine_independent
-
 EXAMPLES = int(os.environ.get("BUILDMAX_FUZZ_EXAMPLES", "200"))
+# About 25 ms a case on a busy machine: the fuzz env's 5,000 take minutes.
+pytestmark = [pytest.mark.engine_independent, pytest.mark.timeout(max(120, EXAMPLES // 20))]
 LIMITS = Limits(max_entries=50, max_total_bytes=64 * 1024, max_ratio=1000)
 
 segment = st.one_of(
@@ -282,40 +282,35 @@ toml_text = {
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(
-    data=st.data(),
-    path=st.sampled_from(sorted(toml_text)),
+    generated=st.one_of(*(st.tuples(st.just(path), text) for path, text in toml_text.items())),
     depth=st.one_of(st.just(0), st.integers(min_value=1, max_value=3000)),
     inline_tables=st.booleans(),
     padding=st.sampled_from([0, 0, 0, 200 * 1024, 300 * 1024]),
     form=st.sampled_from(["tar", "zip"]),
 )
 def test_generated_manifests_hooks_and_server_files_are_read_or_refused_cleanly(
-    data, path, depth, inline_tables, padding, form
+    generated, depth, inline_tables, padding, form
 ):
     """One of the three TOML files of a full release is generated (wrong
     types, hostile URLs, huge numbers), nested ``depth`` levels deep and
     padded past the size limit; the reader reports it or refuses it with
-    a reason, nothing else."""
-    text = data.draw(toml_text[path], label=path)
+    a reason, nothing else. (What extraction writes is the archive test's
+    concern: here the archive is only inspected.)"""
+    path, text = generated
     if depth:
         text = f"deep = {_nested(depth, inline_tables)}\n" + text
     if padding:
         text = "# " + "x" * padding + "\n" + text
     entries = [(p, "file", (text if p == path else c).encode(), 0) for p, c in FILES.items()]
-    data_bytes = _tar(entries) if form == "tar" else _zip(entries)
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        source = root / "release"
-        source.write_bytes(data_bytes)
-        dest = root / "home" / "plugins" / "x"
+    with tempfile.NamedTemporaryFile() as source:
+        source.write(_tar(entries) if form == "tar" else _zip(entries))
+        source.flush()
         try:
-            package = extract(source, dest)
+            package = inspect(Path(source.name))
         except PackageRefused as refused:
             assert refused.reason
-            assert not dest.exists()
-        else:
-            report = json.loads(json.dumps(package.report))
-            assert report == package.report
-            assert all(server["host"] or server["executable"] for server in report["mcp_servers"])
-            assert "\x00" not in json.dumps(report, ensure_ascii=False) + package.description
-        assert _outside(root, dest) == []
+            return
+    report = json.loads(json.dumps(package.report))
+    assert report == package.report
+    assert all(server["host"] or server["executable"] for server in report["mcp_servers"])
+    assert "\x00" not in json.dumps(report, ensure_ascii=False) + package.description
