@@ -117,6 +117,11 @@ class TooManyRequests(BuildMaxError):
     """429: slow down."""
 
 
+class BlobCorrupted(BuildMaxError):
+    """410 ``blob-corrupted``: the server's stored bytes of what was asked
+    for no longer match their recorded size or sha256 (it sent none)."""
+
+
 class ServerError(BuildMaxError):
     """5xx: the server (or a proxy in front of it) failed."""
 
@@ -130,11 +135,43 @@ class Unreachable(Exception):
         super().__init__(f"cannot reach BuildMax at {url}: {str(reason) or type(reason).__name__}")
 
 
+class IncompleteDownload(Unreachable):
+    """A streamed answer broke off before its declared length: the server
+    cut it short (it found the stored bytes corrupted while sending them,
+    and logged why) or the connection broke mid-body. (An
+    :class:`Unreachable`, so code that handles a lost server handles it.)"""
+
+    def __init__(self, url: str, reason: Exception) -> None:
+        self.url = url
+        self.reason = reason
+        Exception.__init__(
+            self,
+            f"incomplete download from {url}: the answer ended before its declared length "
+            f"({str(reason) or type(reason).__name__}); the server cut it short (its stored "
+            "bytes may be corrupted: see its log) or the connection broke",
+        )
+
+
+class ForeignOrigin(ValueError):
+    """A request for a URL on another server than the client's own (another
+    scheme, host or port), or for no URL at all: nothing is sent, so the
+    client's token never reaches another server."""
+
+    def __init__(self, url: str, server: str, reason: str = "") -> None:
+        self.url = url
+        self.server = server
+        super().__init__(
+            f"refused to send a request to {url!r}: "
+            + (reason or f"it is not on the server this client talks to ({server})")
+        )
+
+
 class LoginFileError(ValueError):
     """The login file exists but cannot be used."""
 
 
 _BY_SLUG: dict[str, type[BuildMaxError]] = {
+    "blob-corrupted": BlobCorrupted,
     "token-scope-refused": TokenScopeRefused,
     "idempotency-in-progress": IdempotencyInProgress,
     "idempotency-key-reused": IdempotencyKeyReused,
@@ -190,13 +227,14 @@ def error_from_response(response: httpx.Response) -> BuildMaxError:
 
 
 def _decode(response: httpx.Response) -> Any:
-    """The answer's JSON (``None`` when empty), or its text when it is not JSON."""
+    """The answer's JSON (``None`` when empty), or its text when it is not
+    JSON (or nested too deeply to decode)."""
     if not response.content:
         return None
     if "json" in response.headers.get("content-type", ""):
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     return response.text
 
@@ -288,6 +326,19 @@ def space_path(space: str, *parts: str) -> str:
     return "/".join(["/v1/spaces", *(_segment(p) for p in (space, *parts))])
 
 
+def _where(request: httpx.Request) -> str:
+    """The request's URL without its query, to name it in an error."""
+    return str(request.url.copy_with(query=None))
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the scheme's default when none is given)."""
+    return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
+
+
 def _page_params(params: dict[str, Any] | None, cursor: str | None) -> dict[str, Any]:
     merged = dict(params or {})
     if cursor:
@@ -318,10 +369,30 @@ class Calls(ABC, Generic[_One, _Many, _Done]):
 class _KernelRoutes(Calls[_One, _Many, _Done]):
     """Typed calls for the kernel's routes, shared by both clients."""
 
+    _http: httpx.Client | httpx.AsyncClient
+
     def __init__(self, url: str | None, token: str | None, retries: int, backoff: float) -> None:
         self.url, self.token = resolve(url, token)
         self.retries = retries
         self.backoff = backoff
+
+    def url_for(self, path: str) -> str:
+        """The absolute URL a request for ``path`` (a path, or a full URL)
+        goes to; :class:`ForeignOrigin` when it is not on this client's
+        server, which no request of this client is ever sent to."""
+        try:
+            request = self._http.build_request("GET", path)
+        except httpx.InvalidURL as exc:
+            raise ForeignOrigin(path, self.url, f"not a URL ({exc})") from None
+        return str(self._own(request).url)
+
+    def _own(self, request: httpx.Request) -> httpx.Request:
+        """``request`` if it goes to this client's server (its scheme, host
+        and port); else :class:`ForeignOrigin`: the request carries the
+        token, whichever path or URL it was built from."""
+        if _origin(request.url) != _origin(self._http.base_url):
+            raise ForeignOrigin(str(request.url.copy_with(query=None)), self.url)
+        return request
 
     def _headers(self, method: str, idempotency_key: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": f"buildmax-client/{__version__}"}
@@ -465,6 +536,8 @@ class _KernelRoutes(Calls[_One, _Many, _Done]):
 class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
     """A synchronous client; use it as a context manager or call :meth:`close`."""
 
+    _http: httpx.Client
+
     def __init__(
         self,
         url: str | None = None,
@@ -492,11 +565,15 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
         Mutations carry ``idempotency_key`` (a fresh UUID when not given),
         the same on every retry. Connection failures, timeouts and 502/503/504
         are retried ``retries`` times with exponential backoff. Raises a
-        :class:`BuildMaxError` subclass for an error answer and
-        :class:`Unreachable` when the server never answers.
+        :class:`BuildMaxError` subclass for an error answer,
+        :class:`Unreachable` when the server never answers and
+        :class:`ForeignOrigin` (sending nothing) when ``path`` is a URL on
+        another server.
         """
         headers = self._headers(method, idempotency_key)
-        request = self._http.build_request(method, path, json=json, params=params, headers=headers)
+        request = self._own(
+            self._http.build_request(method, path, json=json, params=params, headers=headers)
+        )
         limit = self.retries if retries is None else retries
         attempt = 0
         while True:
@@ -529,13 +606,15 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
 
         Not retried: a streamed body cannot be sent twice. Raises like
         :meth:`request` for an error answer or an unreachable server, and
-        :class:`Unreachable` when the connection breaks mid-body."""
-        request = self._http.build_request(
-            method,
-            path,
-            params=params,
-            content=content,
-            headers=self._stream_headers(method, idempotency_key, headers),
+        :class:`IncompleteDownload` when the answer breaks off mid-body."""
+        request = self._own(
+            self._http.build_request(
+                method,
+                path,
+                params=params,
+                content=content,
+                headers=self._stream_headers(method, idempotency_key, headers),
+            )
         )
         try:
             response = self._http.send(request, stream=True)
@@ -546,8 +625,8 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
                 response.read()
                 raise error_from_response(response)
             yield response
-        except httpx.TransportError as exc:  # the connection broke mid-body
-            raise Unreachable(self.url, exc) from exc
+        except httpx.TransportError as exc:  # the answer broke off mid-body
+            raise IncompleteDownload(_where(request), exc) from exc
         finally:
             response.close()
 
@@ -588,6 +667,8 @@ class AsyncClient(
 ):
     """The asynchronous twin of :class:`Client`: the same calls, awaited."""
 
+    _http: httpx.AsyncClient
+
     def __init__(
         self,
         url: str | None = None,
@@ -612,7 +693,9 @@ class AsyncClient(
     ) -> Any:
         """Like :meth:`Client.request`, awaited."""
         headers = self._headers(method, idempotency_key)
-        request = self._http.build_request(method, path, json=json, params=params, headers=headers)
+        request = self._own(
+            self._http.build_request(method, path, json=json, params=params, headers=headers)
+        )
         limit = self.retries if retries is None else retries
         attempt = 0
         while True:
@@ -641,12 +724,14 @@ class AsyncClient(
         idempotency_key: str | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """Like :meth:`Client.stream`, awaited."""
-        request = self._http.build_request(
-            method,
-            path,
-            params=params,
-            content=content,
-            headers=self._stream_headers(method, idempotency_key, headers),
+        request = self._own(
+            self._http.build_request(
+                method,
+                path,
+                params=params,
+                content=content,
+                headers=self._stream_headers(method, idempotency_key, headers),
+            )
         )
         try:
             response = await self._http.send(request, stream=True)
@@ -657,8 +742,8 @@ class AsyncClient(
                 await response.aread()
                 raise error_from_response(response)
             yield response
-        except httpx.TransportError as exc:  # the connection broke mid-body
-            raise Unreachable(self.url, exc) from exc
+        except httpx.TransportError as exc:  # the answer broke off mid-body
+            raise IncompleteDownload(_where(request), exc) from exc
         finally:
             await response.aclose()
 

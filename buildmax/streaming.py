@@ -14,6 +14,12 @@ A handler that streams a large body raises its own limit first with
 :func:`allow_body`. A client that disconnects while its body is being read
 cancels the handler, as Quart does; after the body is complete, a watcher
 task reads ``receive`` for the disconnect.
+
+A response body that finds it cannot send what its headers promised (a
+stored blob that changed) raises :class:`ResponseAborted`: the answer ends
+there, without its last message, and the server closes the connection, so
+the client sees a body shorter than its ``Content-Length``. No traceback is
+logged; whoever raised it logs why.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, RequestTimeou
 
 class ClientGone(Exception):
     """The client disconnected before its body was complete."""
+
+
+class ResponseAborted(Exception):
+    """Raised by a response body to end the answer before its declared
+    length (see the module); the message says why."""
 
 
 class PulledBody(Body):
@@ -216,11 +227,19 @@ class PullingHTTPConnection(ASGIHTTPConnection):
                 drains.append(asyncio.ensure_future(body.discard_rest()))
             await send(message)
 
-        handler = asyncio.ensure_future(self.handle_request(request, sending))
+        handler = asyncio.ensure_future(self._answer(request, sending))
         watcher = asyncio.ensure_future(self._watch(body, receive))
         done, pending = await asyncio.wait([handler, watcher], return_when=asyncio.FIRST_COMPLETED)
         await cancel_tasks({*pending, *drains})
         raise_task_exceptions(done)
+
+    async def _answer(self, request: Request, send: Any) -> None:
+        """Handle the request; a body that raises :class:`ResponseAborted`
+        ends the answer short, and the server closes the connection."""
+        try:
+            await self.handle_request(request, send)
+        except ResponseAborted:
+            return
 
     async def _watch(self, body: PulledBody, receive: Any) -> None:
         """Return when the client disconnects: while the body is being read

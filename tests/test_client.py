@@ -24,6 +24,7 @@ from buildmax.client import (
     Client,
     Conflict,
     Forbidden,
+    ForeignOrigin,
     IdempotencyInProgress,
     IdempotencyKeyReused,
     NotFound,
@@ -250,6 +251,54 @@ def test_the_saved_token_never_goes_to_another_server(monkeypatch: pytest.Monkey
     assert resolve("http://other.test") == ("http://other.test", None)
     monkeypatch.setenv(URL_ENV, "http://other.test")
     assert resolve() == ("http://other.test", None)
+
+
+ELSEWHERE = [
+    "http://elsewhere.test/v1/principals/me",  # another host
+    "https://bmx.test/v1/principals/me",  # another scheme
+    "http://bmx.test:8080/v1/principals/me",  # another port
+    "http://bmx.test@elsewhere.test/v1/principals/me",  # a host behind user info
+]
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize("url", ELSEWHERE)
+def test_a_request_for_another_origin_is_refused_and_nothing_is_sent(url: str) -> None:
+    """The token goes to the client's own server only, whatever URL a caller
+    passes (one a server handed it, say). Mutation: drop the origin check in
+    ``_own`` and the token reaches the other server."""
+    server = Recorder(httpx.Response(200, json={}))
+    with server.client() as bmx:
+        with pytest.raises(ForeignOrigin, match="not on the server this client talks to"):
+            bmx.request("GET", url)
+        with pytest.raises(ForeignOrigin), bmx.stream("GET", url):
+            pass
+        with pytest.raises(ForeignOrigin):
+            bmx.url_for(url)
+        assert bmx.url_for("http://bmx.test:80/v1/x") == "http://bmx.test/v1/x"
+        assert bmx.url_for("//elsewhere.test/x").startswith("http://bmx.test/")
+        bmx.request("GET", "http://BMX.test/v1/principals/me")  # the same origin, spelled so
+    assert [str(r.url) for r in server.requests] == ["http://bmx.test/v1/principals/me"]
+    assert server.requests[0].headers["Authorization"] == "Bearer bmx_fake"
+
+
+@pytest.mark.engine_independent
+async def test_the_async_client_refuses_another_origin_too() -> None:
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    transport = httpx.MockTransport(record)
+    async with AsyncClient(FAKE_URL, "bmx_fake", transport=transport) as bmx:
+        for url in ELSEWHERE:
+            with pytest.raises(ForeignOrigin):
+                await bmx.request("GET", url)
+            with pytest.raises(ForeignOrigin):
+                async with bmx.stream("GET", url):
+                    pass
+    assert seen == []
 
 
 # -- the kernel's routes over real HTTP -------------------------------------------

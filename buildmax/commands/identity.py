@@ -16,6 +16,7 @@ from ..client import (
     URL_ENV,
     BuildMaxError,
     Client,
+    IncompleteDownload,
     LoginFileError,
     Unreachable,
     save_login,
@@ -44,12 +45,10 @@ def reporting_errors() -> Iterator[None]:
     """Turn client failures into :class:`CommandError`."""
     try:
         yield
-    except BuildMaxError as exc:
+    except (BuildMaxError, IncompleteDownload, LoginFileError) as exc:
         raise CommandError(str(exc)) from None
     except Unreachable as exc:
         raise CommandError(f"{exc} (is the server running? set --url or {URL_ENV})") from None
-    except LoginFileError as exc:
-        raise CommandError(str(exc)) from None
 
 
 # -- output --------------------------------------------------------------------

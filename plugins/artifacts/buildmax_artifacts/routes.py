@@ -13,7 +13,6 @@ no reservation, and the store removes its temporary bytes.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -21,7 +20,6 @@ import sqlalchemy as sa
 from buildmax_hookspecs import (
     BlobDigestMismatch,
     BlobNotFound,
-    BlobStore,
     BlobTooLarge,
 )
 from marshmallow import Schema, fields
@@ -34,6 +32,7 @@ from buildmax.app import BuildMax, blob_store, current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
 from buildmax.database.base import uncancellable
+from buildmax.downloads import open_verified
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
@@ -380,46 +379,6 @@ def _disposition(name: str) -> dict[str, str]:
     return options
 
 
-class _OpenedBlob:
-    """A blob's bytes whose first chunk was read before the answer started.
-
-    Closing it (Quart does, when the answer ends or the client goes away)
-    closes the blob even if nothing more was read; an async generator that
-    never started would not run its ``finally``."""
-
-    def __init__(self, first: bytes, chunks: AsyncIterator[bytes]) -> None:
-        self._first: bytes | None = first or None
-        self._chunks = chunks
-
-    def __aiter__(self) -> _OpenedBlob:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        return await anext(self._chunks)
-
-    async def aclose(self) -> None:
-        """Close the blob."""
-        close = getattr(self._chunks, "aclose", None)
-        if close is not None:
-            await close()
-
-
-async def _opened(store: BlobStore, key: str, span: tuple[int, int] | None) -> _OpenedBlob:
-    """The blob's bytes, opened before any header is sent: a blob missing
-    from the store is a 410 problem, never a 200 with a cut body."""
-    chunks = store.open(key, span)
-    try:
-        first = await anext(chunks)
-    except BlobNotFound:
-        raise BlobMissing("the artifact's bytes are missing from the blob store") from None
-    except StopAsyncIteration:
-        first = b""
-    return _OpenedBlob(first, chunks)
-
-
 @blueprint.get("/v1/spaces/<space>/artifacts/<artifact>/content")
 @api(
     "Download an artifact's bytes (viewers; an attempt's token); one byte range is supported",
@@ -437,7 +396,17 @@ async def download(space: str, artifact: str) -> Response:
     await _readable(app, caller, access, row)
     etag = f'"{row["sha256"]}"'
     span = _range(row["size"], row["sha256"])
-    chunks = await _opened(blob_store(app), row["blob_key"], span)
+    try:
+        chunks = await open_verified(
+            blob_store(app),
+            row["blob_key"],
+            size=row["size"],
+            sha256=row["sha256"],
+            span=span,
+            what=f"artifact {row['public_id']}",
+        )
+    except BlobNotFound:
+        raise BlobMissing("the artifact's bytes are missing from the blob store") from None
     response = Response(chunks, status=206 if span else 200, mimetype=row["media_type"])
     length = row["size"] if span is None else span[1] - span[0] + 1
     response.headers["Content-Length"] = str(length)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 
+import httpx
 import pytest
 from buildmax_artifacts.client import (
     ArtifactsClient,
@@ -23,11 +24,12 @@ from buildmax_artifacts.schema import artifacts as artifacts_table
 
 from buildmax.client import (
     AsyncClient,
+    BlobCorrupted,
     Client,
     Conflict,
+    IncompleteDownload,
     NotFound,
     PayloadTooLarge,
-    Unreachable,
 )
 
 from .conftest import MAX_BYTES, QUOTA_BYTES, sha
@@ -120,14 +122,91 @@ async def test_a_download_whose_bytes_vanished_or_changed_writes_nothing(
         with pytest.raises(BlobMissing):
             await artifacts.download(shelf.space.id, made["id"], out / "gone")
         assert list(out.iterdir()) == []
-        # Other bytes behind the same key: the digest check catches them.
+        # Other bytes behind the same key: the server refuses to send them.
         await shelf.upload(b"the evidence")  # the blob is back...
         [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
         shelf.backend.remove(key)
         shelf.backend.put(key, b"the evidencE")  # ...and then replaced, same length
-        with pytest.raises(CorruptDownload):
+        with pytest.raises(BlobCorrupted, match="its sha256 is"):
             await artifacts.download(shelf.space.id, made["id"], out / "bad")
         assert list(out.iterdir()) == []
+
+
+@pytest.mark.engine_independent
+def test_bytes_a_server_sends_that_are_not_the_artifacts_are_never_kept(tmp_path):
+    """The client's own check, for a server that sends other bytes anyway
+    (mutation: drop ``_check`` and the wrong bytes land at the destination)."""
+
+    def lying(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/content"):
+            return httpx.Response(200, content=b"other bytes", headers={"ETag": f'"{"0" * 64}"'})
+        return httpx.Response(200, json={"id": "af_1"})
+
+    with (
+        Client("http://buildmax.test", "bmx_x", transport=httpx.MockTransport(lying)) as bmx,
+        pytest.raises(CorruptDownload),
+    ):
+        ArtifactsClient(bmx).download("s", "af_1", tmp_path / "kept")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["larger", "same size, sent in pieces"])
+async def test_a_corrupted_artifact_is_never_sent_whole_and_the_clients_name_it(
+    shelf, live_server, tmp_path, caplog, monkeypatch, damage
+):
+    """A blob that grew used to make the server break the connection at the
+    declared length with an h11 traceback, and the clients say "cannot
+    reach": now it is a 410 ``blob-corrupted``, and bytes of the same size
+    found wrong while sending end the body before its last piece, which the
+    clients and the command report as an incomplete download (mutation:
+    report it as an unreachable server and the command adds "is the server
+    running?"). Neither leaves a file, and the server logs why without a
+    traceback."""
+    data = os.urandom(4000)
+    made = await shelf.upload(data)
+    [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
+    shelf.backend.remove(key)
+    if damage == "larger":
+        shelf.backend.put(key, data + b"and then some" * 10000)
+        expected: type[Exception] = BlobCorrupted
+    else:
+        shelf.backend.put(key, data[:-1] + bytes([data[-1] ^ 1]))
+        monkeypatch.setattr("buildmax.blobstore.CHUNK", 512)
+        monkeypatch.setattr("buildmax_s3.store.CHUNK", 512)
+        expected = IncompleteDownload
+    out = tmp_path / "downloads"
+    out.mkdir()
+
+    def sync_download():
+        with (
+            Client(live_server, shelf.member.token, retries=0) as bmx,
+            pytest.raises(expected),
+        ):
+            ArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "sync")
+
+    await asyncio.to_thread(sync_download)
+    async with AsyncClient(live_server, shelf.member.token, retries=0) as bmx:
+        with pytest.raises(expected) as caught:
+            await AsyncArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "async")
+    assert "cannot reach" not in str(caught.value)
+    command = await _cli(
+        live_server,
+        shelf.member.token,
+        shelf.space.id,
+        "download",
+        made["id"],
+        "-o",
+        str(out / "cli"),
+    )
+    assert command.exit_code == 1
+    (line,) = command.stderr.splitlines()
+    said = "410 blob-corrupted" if damage == "larger" else "error: incomplete download from"
+    assert said in line and "is the server running" not in line, line
+    assert list(out.iterdir()) == []
+    logged = [r.getMessage() for r in caplog.records if r.name == "buildmax.downloads"]
+    assert len(logged) == 3 and all(made["id"] in message for message in logged)
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("hypercorn")] == []
 
 
 def _cli(url: str, token: str, space: str, *args: str):
@@ -182,34 +261,9 @@ async def test_the_cli_uploads_lists_downloads_pins_and_deletes(
     shelf.backend.remove(key)
     shelf.backend.put(key, b"line one\nline 2wo\n")  # same length, other bytes
     corrupt = await run("download", kept_id, "-o", str(tmp_path / "corrupt.log"))
-    assert corrupt.exit_code == 1 and "sha256" in corrupt.output
+    assert corrupt.exit_code == 1 and "410 blob-corrupted" in corrupt.output
     assert "Traceback" not in nowhere.output + corrupt.output
     assert not (tmp_path / "corrupt.log").exists()
-
-
-async def test_a_download_cut_off_mid_body_leaves_no_file(shelf, live_server, tmp_path):
-    """The store holds more bytes than the artifact (so the server breaks
-    the connection at the declared length): the clients raise Unreachable
-    and leave neither the destination nor a temporary file."""
-    made = await shelf.upload(b"the evidence")
-    [key] = [k for k in shelf.blob_files() if "/sha256/" in k]
-    shelf.backend.remove(key)
-    shelf.backend.put(key, b"the evidence and then some" * 10000)
-    out = tmp_path / "downloads"
-    out.mkdir()
-
-    def sync_download():
-        with (
-            Client(live_server, shelf.member.token, retries=0) as bmx,
-            pytest.raises(Unreachable),
-        ):
-            ArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "sync")
-
-    await asyncio.to_thread(sync_download)
-    async with AsyncClient(live_server, shelf.member.token, retries=0) as bmx:
-        with pytest.raises(Unreachable):
-            await AsyncArtifactsClient(bmx).download(shelf.space.id, made["id"], out / "async")
-    assert list(out.iterdir()) == []
 
 
 async def test_the_clients_and_the_cli_attach_to_an_attempt_at_its_generation(

@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
-from buildmax.client import BuildMaxError
+from buildmax.client import BuildMaxError, Unreachable, space_path
 from buildmax.commands.identity import CommandError, Remote, connected
 
-from .materialize import MaterializationFailed, materialize
+from .materialize import MaterializationFailed, listing_path, materialize
 from .package import CHUNK
 
 RELEASE_FIELDS = (
@@ -161,8 +161,9 @@ def materialize_command(remote: Remote, attempt_id: str, home: Path) -> None:
     """Download, verify and extract the attempt's pinned plugin packages.
 
     Use the attempt's token (BUILDMAX_TOKEN=<the claim's token>). A package
-    that fails its digest or inspection fails the whole materialization,
-    leaves no HOME/plugins, and marks the attempt failed.
+    that fails its digest or inspection, or an answer of the server that is
+    not one to trust, fails the whole materialization, leaves no
+    HOME/plugins, and marks the attempt failed.
     """
     try:
         placed = materialize(remote.client, attempt_id, home)
@@ -191,11 +192,15 @@ def materialize_command(remote: Remote, attempt_id: str, home: Path) -> None:
 def _fail_attempt(remote: Remote, attempt_id: str, reason: str) -> None:
     """Mark the attempt failed (best effort: the error is reported either way)."""
     try:
-        listing = remote.client.request("GET", f"/v1/attempts/{attempt_id}/packages")
+        listing = remote.client.request("GET", listing_path(attempt_id))
+        space = listing.get("space_id") if isinstance(listing, dict) else None
+        generation = listing.get("generation") if isinstance(listing, dict) else None
+        if not isinstance(space, str) or type(generation) is not int:
+            raise ValueError("the server's listing names no space and generation")
         remote.client.request(
             "POST",
-            f"/v1/spaces/{listing['space_id']}/attempts/{attempt_id}/fail",
-            json={"generation": listing["generation"], "reason": reason[:1000]},
+            space_path(space, "attempts", attempt_id, "fail"),
+            json={"generation": generation, "reason": reason[:1000]},
         )
-    except BuildMaxError as exc:
+    except (BuildMaxError, Unreachable, ValueError) as exc:
         click.echo(f"warning: could not mark the attempt failed: {exc}", err=True)

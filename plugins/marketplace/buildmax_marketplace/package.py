@@ -28,6 +28,7 @@ checked out.
 from __future__ import annotations
 
 import io
+import ipaddress
 import os
 import posixpath
 import re
@@ -45,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeGuard
 from urllib.parse import urlsplit
 
 from packaging.version import InvalidVersion, Version
@@ -55,10 +56,27 @@ HOOKS_FILE = "hooks/hooks.toml"
 SERVERS_FILE = "mcp/servers.toml"
 #: Largest manifest, hooks or servers file read.
 MAX_TOML_BYTES = 256 * 1024
+#: Deepest nesting of tables and arrays in those files (a file's own table is level 0).
+MAX_TOML_DEPTH = 16
+#: Most names in one ``contributes`` list, hooks in the hooks file and
+#: servers in the servers file.
+MAX_NAMES = 1000
+MAX_HOOKS = 100
+MAX_SERVERS = 100
+#: Longest version, description, hook or server command and server url.
+MAX_VERSION = 100
+MAX_DESCRIPTION = 2000
+MAX_COMMAND = 4096
+MAX_URL = 2048
 CHUNK = 64 * 1024
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
 _ITEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
 _ENV = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}\Z")
+#: Control characters refused in text (tab, line feed and carriage return pass).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+#: Control characters refused in a command or a url (tab passes in a command).
+_CONTROL_IN_LINE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_HOST_NAME = re.compile(r"^(?=.{1,253}\Z)[a-z0-9_][a-z0-9_-]{0,62}(\.[a-z0-9_-]{1,63})*\.?\Z")
 _TOP_FILES = frozenset({MANIFEST, "README.md", "LICENSE"})
 _GZIP = b"\x1f\x8b"
 _ZIP = b"PK\x03\x04"
@@ -76,6 +94,13 @@ class Limits:
 
 #: The limits a reader applies when it is given none.
 DEFAULT_LIMITS = Limits()
+
+
+def is_plugin_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a plugin name: 1-64 of ``a-z``, ``0-9`` and
+    ``-``, starting with a letter or digit (so also one path segment, never
+    ``.``, ``..``, absolute or of another case)."""
+    return isinstance(value, str) and _NAME.match(value) is not None
 
 
 class PackageRefused(Exception):
@@ -237,13 +262,29 @@ def _read(source: Path, limits: Limits, target: Path | None) -> Package:
         head = fh.read(4)
         fh.seek(0)
         reader = _Reader(limits, size, target)
-        if head.startswith(_GZIP):
-            _read_tar(fh, reader)
-        elif head == _ZIP:
-            _read_zip(fh, size, reader)
-        else:
-            raise PackageRefused("not a .tar.gz or .zip archive")
-    return _package(reader)
+        with _refusing_the_unforeseen():
+            if head.startswith(_GZIP):
+                _read_tar(fh, reader)
+            elif head == _ZIP:
+                _read_zip(fh, size, reader)
+            else:
+                raise PackageRefused("not a .tar.gz or .zip archive")
+    with _refusing_the_unforeseen():
+        return _package(reader)
+
+
+@contextmanager
+def _refusing_the_unforeseen() -> Iterator[None]:
+    """The reader is total: whatever else the parsers of untrusted bytes
+    raise (a library's ``ValueError``, ``RecursionError``, ``IndexError``)
+    is a :class:`PackageRefused` naming it. Errors of the local machine
+    (``OSError`` of its disk, ``MemoryError``) pass unchanged."""
+    try:
+        yield
+    except (PackageRefused, OSError, MemoryError):
+        raise
+    except Exception as exc:
+        raise PackageRefused(f"could not be read ({type(exc).__name__}: {exc})"[:500]) from None
 
 
 class _Bounded(io.RawIOBase):
@@ -421,16 +462,45 @@ def _parents(path: str) -> list[str]:
 
 def _toml(reader: _Reader, path: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(reader.toml[path].decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        table = tomllib.loads(reader.toml[path].decode("utf-8"))
+    except RecursionError:
+        raise PackageRefused(f"nested deeper than {MAX_TOML_DEPTH} levels", path) from None
+    # ValueError: an integer of more digits than Python converts.
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as exc:
         raise PackageRefused(f"not valid TOML ({exc})", path) from None
+    if _depth(table) > MAX_TOML_DEPTH:
+        raise PackageRefused(f"nested deeper than {MAX_TOML_DEPTH} levels", path)
+    return table
+
+
+def _depth(table: dict[str, Any]) -> int:
+    """How deep tables and arrays nest below ``table`` (walked without recursion)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(table, 0)]
+    while pending:
+        value, level = pending.pop()
+        deepest = max(deepest, level)
+        if isinstance(value, dict):
+            pending.extend((v, level + 1) for v in value.values())
+        elif isinstance(value, list):
+            pending.extend((v, level + 1) for v in value)
+    return deepest
+
+
+def _text(value: Any, limit: int, control: re.Pattern[str] = _CONTROL) -> TypeGuard[str]:
+    """Whether ``value`` is text of at most ``limit`` characters without control characters."""
+    return isinstance(value, str) and len(value) <= limit and not control.search(value)
 
 
 def _names(value: Any, what: str, pattern: re.Pattern[str]) -> list[str]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, str) and pattern.match(v) for v in value
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_NAMES
+        or not all(isinstance(v, str) and pattern.match(v) for v in value)
     ):
-        raise PackageRefused(f"contributes.{what} must be a list of valid names", MANIFEST)
+        raise PackageRefused(
+            f"contributes.{what} must be a list of at most {MAX_NAMES} valid names", MANIFEST
+        )
     if len(set(value)) != len(value):
         raise PackageRefused(f"contributes.{what} names one twice", MANIFEST)
     return sorted(value)
@@ -441,16 +511,22 @@ def _package(reader: _Reader) -> Package:
         raise PackageRefused(f"no {MANIFEST} at the archive's root")
     manifest = _toml(reader, MANIFEST)
     name = manifest.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not is_plugin_name(name):
         raise PackageRefused("name must be 1-64 of a-z, 0-9 and '-'", MANIFEST)
     version = manifest.get("version")
+    if not _text(version, MAX_VERSION):
+        raise PackageRefused(f"version must be text of at most {MAX_VERSION} characters", MANIFEST)
     try:
-        Version(str(version))
+        Version(version)
     except InvalidVersion:
         raise PackageRefused(f"version {version!r} is not a PEP 440 version", MANIFEST) from None
     description = manifest.get("description", "")
-    if not isinstance(description, str) or len(description) > 2000:
-        raise PackageRefused("description must be text of at most 2000 characters", MANIFEST)
+    if not _text(description, MAX_DESCRIPTION):
+        raise PackageRefused(
+            f"description must be text of at most {MAX_DESCRIPTION} characters, "
+            "without control characters",
+            MANIFEST,
+        )
     contributes = manifest.get("contributes", {})
     if not isinstance(contributes, dict):
         raise PackageRefused("contributes must be a table", MANIFEST)
@@ -477,7 +553,7 @@ def _package(reader: _Reader) -> Package:
         "environment": environment,
     }
     files = tuple(sorted((e.path, e.size) for e in reader.entries.values() if e.kind == "file"))
-    return Package(name, str(version), description, report, files)
+    return Package(name, version, description, report, files)
 
 
 def _match_files(
@@ -518,8 +594,12 @@ def _match_files(
 
 
 def _executable(command: Any, where: str) -> str:
-    if not isinstance(command, str) or not command.strip():
-        raise PackageRefused("a command must be non-empty text", where)
+    if not _text(command, MAX_COMMAND, _CONTROL_IN_LINE) or not command.strip():
+        raise PackageRefused(
+            f"a command must be non-empty text of at most {MAX_COMMAND} characters "
+            "on one line, without control characters",
+            where,
+        )
     try:
         return shlex.split(command)[0]
     except ValueError as exc:
@@ -531,10 +611,17 @@ def _hooks(reader: _Reader) -> list[dict[str, str]]:
     hooks = table.get("hooks")
     if not isinstance(hooks, list) or not hooks:
         raise PackageRefused("must hold at least one [[hooks]] entry", HOOKS_FILE)
+    if len(hooks) > MAX_HOOKS:
+        raise PackageRefused(f"may hold at most {MAX_HOOKS} hooks", HOOKS_FILE)
     found = []
     for hook in hooks:
-        if not isinstance(hook, dict) or not isinstance(hook.get("event"), str):
-            raise PackageRefused("every [[hooks]] entry names an event and a command", HOOKS_FILE)
+        event = hook.get("event") if isinstance(hook, dict) else None
+        if not isinstance(event, str) or not _ITEM.match(event):
+            raise PackageRefused(
+                "every [[hooks]] entry names an event (1-100 of A-Z, a-z, 0-9, '.', '_' "
+                "and '-') and a command",
+                HOOKS_FILE,
+            )
         found.append(
             {"event": hook["event"], "executable": _executable(hook.get("command"), HOOKS_FILE)}
         )
@@ -546,8 +633,14 @@ def _servers(reader: _Reader) -> list[dict[str, str | None]]:
     servers = table.get("servers")
     if not isinstance(servers, dict) or not servers:
         raise PackageRefused("must hold at least one [servers.<name>] table", SERVERS_FILE)
+    if len(servers) > MAX_SERVERS:
+        raise PackageRefused(f"may hold at most {MAX_SERVERS} servers", SERVERS_FILE)
     found: list[dict[str, str | None]] = []
     for name, server in sorted(servers.items()):
+        if not _ITEM.match(name):
+            raise PackageRefused(
+                "server names are 1-100 of A-Z, a-z, 0-9, '.', '_' and '-'", SERVERS_FILE
+            )
         if not isinstance(server, dict) or ("command" in server) == ("url" in server):
             raise PackageRefused(f"server {name!r} has a command or a url, not both", SERVERS_FILE)
         if "command" in server:
@@ -559,9 +652,33 @@ def _servers(reader: _Reader) -> list[dict[str, str | None]]:
                 }
             )
             continue
-        url = server["url"]
-        host = urlsplit(url).hostname if isinstance(url, str) else None
-        if not host:
-            raise PackageRefused(f"server {name!r} has no host in its url", SERVERS_FILE)
-        found.append({"name": name, "executable": None, "host": host})
+        found.append({"name": name, "executable": None, "host": _host(name, server["url"])})
     return found
+
+
+def _host(name: str, url: Any) -> str:
+    """The host an MCP server's ``url`` reaches: an http(s) URL with a valid
+    host name or IP address and, if any, a port in range."""
+    if not _text(url, MAX_URL, _CONTROL_IN_LINE):
+        raise PackageRefused(
+            f"server {name!r} needs a url of at most {MAX_URL} characters, as text "
+            "without control characters",
+            SERVERS_FILE,
+        )
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port
+    except ValueError as exc:
+        raise PackageRefused(f"server {name!r} has a malformed url ({exc})", SERVERS_FILE) from None
+    if parts.scheme not in ("http", "https"):
+        raise PackageRefused(f"server {name!r}: its url must be http or https", SERVERS_FILE)
+    if not host:
+        raise PackageRefused(f"server {name!r} has no host in its url", SERVERS_FILE)
+    if not _HOST_NAME.match(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise PackageRefused(
+                f"server {name!r}: {host!r} is not a valid host", SERVERS_FILE
+            ) from None
+    return host

@@ -27,6 +27,7 @@ from buildmax.app import BuildMax, blob_store, current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
+from buildmax.downloads import open_verified
 from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import Conflict, Forbidden, NotFound, PayloadTooLarge, Problem
@@ -263,27 +264,19 @@ async def download_package(name: str, version: str) -> Response:
 
 
 async def package_response(app: BuildMax, row: dict[str, Any]) -> Response:
-    """A release's bytes as a download (410 when the store lost them)."""
-    store = blob_store(app)
-    if await store.head(row["blob_key"]) is None:
-        raise BlobGone(f"the bytes of {row['name']} {row['version']} are missing from the store")
-    chunks = store.open(row["blob_key"])
+    """A release's bytes as a download: 410 when the store lost them or they
+    no longer match the release's size and sha256 (a mismatch found while
+    sending cuts the answer short; see :mod:`buildmax.downloads`)."""
+    what = f"{row['name']} {row['version']}"
     try:
-        first = await anext(chunks, b"")
+        body = await open_verified(
+            blob_store(app), row["blob_key"], size=row["size"], sha256=row["sha256"], what=what
+        )
     except BlobNotFound:
-        raise BlobGone(f"the bytes of {row['name']} {row['version']} are missing") from None
-
-    async def body() -> Any:
-        try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
+        raise BlobGone(f"the bytes of {what} are missing from the store") from None
+    first = body.first
     extension = "zip" if first.startswith(b"PK") else "tar.gz"
-    response = Response(body(), content_type="application/octet-stream")
+    response = Response(body, content_type="application/octet-stream")
     response.headers["Content-Length"] = str(row["size"])
     response.headers["ETag"] = f'"{row["sha256"]}"'
     response.headers["Content-Disposition"] = (

@@ -3,8 +3,10 @@ browse, download, yank, archive and eligibility."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 
+import pytest
 from buildmax_marketplace.schema import plugins, releases
 
 from .archives import FILES, SKILL_ONLY, tar_gz, zip_file
@@ -195,3 +197,60 @@ async def test_a_run_token_cannot_read_the_catalog(market, tmp_path):
         f"/v1/catalog/{NAME}/releases/1.2.0/package",
     ):
         await market.call("GET", path, scoped.secret, expect=403, problem="token-scope-refused")
+
+
+DEEP = "x = " + "[" * 3000 + "]" * 3000 + "\n"
+#: Archives whose reading once escaped the reader: (the file, its text, a word of the reason).
+UNREADABLE = {
+    "nested manifest": ("buildmax-plugin.toml", DEEP + FILES["buildmax-plugin.toml"], "nested"),
+    "nested servers": ("mcp/servers.toml", DEEP + FILES["mcp/servers.toml"], "nested"),
+    "nested hooks": ("hooks/hooks.toml", DEEP + FILES["hooks/hooks.toml"], "nested"),
+    "malformed url": ("mcp/servers.toml", '[servers.d]\nurl = "http://[::1/x"\n', "malformed"),
+    "NUL in the description": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"].replace("for linting", "for\\u0000linting"),
+        "description",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+async def test_any_archive_the_reader_cannot_read_is_a_422_that_stores_nothing(
+    market, tmp_path, case
+):
+    """Publish answered 500 for these (RecursionError, ValueError, and on
+    PostgreSQL a NUL the column cannot hold); every one is now the reader's
+    refusal (mutation: drop the reader's guards and this answers 500)."""
+    path, text, word = UNREADABLE[case]
+    archive = tar_gz(tmp_path / "x.tar.gz", {**FILES, path: text})
+    refused = await market.publish(archive, NAME, expect=422, problem="package-invalid")
+    assert refused["path"] == path and word in refused["reason"]
+    assert await market.rows(plugins) == [] and await market.rows(releases) == []
+    assert await stored_keys(market) == []
+    assert await market.audited("catalog.release.published") == []
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["inspected here", "named"])
+async def test_catalog_publish_reports_an_unreadable_archive_in_one_line(
+    market, live_server, tmp_path, monkeypatch, named
+):
+    """The command inspects the archive itself unless ``--name`` is given;
+    either way an unreadable archive is one ``error:`` line, no traceback."""
+    from click.testing import CliRunner
+
+    from buildmax.cli import _register_commands, cli
+    from buildmax.client import TOKEN_ENV, URL_ENV
+
+    for variable in (URL_ENV, TOKEN_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    archive = tar_gz(tmp_path / "x.tar.gz", {**FILES, "mcp/servers.toml": DEEP})
+    _register_commands()
+    argv = ["catalog", "publish", str(archive), "--url", live_server, "--token", market.admin.token]
+    argv += ["--name", NAME] if named else []
+    result = await asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+    assert result.exit_code == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and "mcp/servers.toml: nested deeper than" in line
+    assert "422 package-invalid" in line if named else str(archive) in line
+    assert await market.rows(releases) == []

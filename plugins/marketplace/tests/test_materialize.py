@@ -273,3 +273,115 @@ async def test_publishing_to_an_archived_plugin_stores_nothing(market, tmp_path)
     )
     blobs = market.app.settings.data_path / "blobs" / "marketplace" / "sha256"
     assert len(list(blobs.iterdir())) == 1
+
+
+def _cli_materialize(url: str, token: str, attempt: str, home) -> list[str]:
+    _register_commands()
+    argv = ["run", "materialize", "--attempt", attempt, "--home", str(home)]
+    argv += ["--url", url, "--token", token]
+    return argv
+
+
+def _quiet_server(caplog) -> None:
+    """Nothing was logged with a traceback, and nothing by the HTTP server
+    (an h11 protocol error, an error in the ASGI framework)."""
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("hypercorn")] == []
+    assert "h11" not in caplog.text and "LocalProtocolError" not in caplog.text
+
+
+#: A damage done to the stored package behind the server's back, and what
+#: the one error line says: (a word of it, what the server logs).
+DAMAGE = {
+    "same size": ("410 blob-corrupted", "its sha256 is"),
+    "same size, sent in pieces": ("incomplete download", "its sha256 is"),
+    "larger": ("410 blob-corrupted", "bytes, not the recorded"),
+    "smaller": ("410 blob-corrupted", "bytes, not the recorded"),
+    "deleted": ("410 package-missing", "missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+async def test_a_corrupted_package_blob_is_never_sent_and_the_run_names_it_and_fails(
+    market, run, live_server, tmp_path, caplog, monkeypatch, damage
+):
+    """Item 7: a stored package whose size changed made the server abort
+    the body with an h11 traceback, the client say "cannot reach" and the
+    attempt stay active. The size is checked before sending (mutation: drop
+    the size check and "larger"/"smaller" abort mid-body again), a blob of
+    one chunk is checked whole before sending (drop it: "same size" is cut
+    short instead of a 410), and one sent in pieces holds back its last
+    piece until its digest matches (drop that: the wrong bytes arrive whole
+    and only the client's own sha256 check refuses them)."""
+    claim, published = run
+    blob = (
+        market.app.settings.data_path
+        / "blobs"
+        / "marketplace"
+        / "sha256"
+        / published[SKILLS]["sha256"]
+    )
+    data = blob.read_bytes()
+    if damage.startswith("same size"):
+        blob.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+        if damage.endswith("pieces"):
+            monkeypatch.setattr("buildmax.blobstore.CHUNK", 64)
+    elif damage == "larger":
+        blob.write_bytes(data + b"\0" * 4096)
+    elif damage == "smaller":
+        blob.write_bytes(data[:-10])
+    else:
+        blob.unlink()
+    home = tmp_path / "run-home"
+    argv = _cli_materialize(live_server, claim["token"], claim["attempt"]["id"], home)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+
+    said, logged = DAMAGE[damage]
+    assert result.exit_code == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: materialization failed: notes 0.1") and said in line, line
+    assert "cannot reach" not in line
+    assert list(home.iterdir()) == []
+    (row,) = await market.rows(attempts)
+    assert row["state"] == "failed" and said in row["end_reason"]
+    (record,) = [r for r in caplog.records if r.name == "buildmax.downloads"]
+    assert "notes 0.1" in record.getMessage() and logged in record.getMessage()
+    _quiet_server(caplog)
+
+
+async def test_a_package_the_workers_reader_cannot_read_fails_the_run_in_one_line(
+    market, live_server, tmp_path, monkeypatch
+):
+    """Item 3: a package an older, laxer server accepted (here: its reader
+    replaced at publish) whose manifest nests 3000 levels deep. The worker's
+    reader used to raise RecursionError: a traceback, and the attempt left
+    active. Now it is the reader's refusal, one line, the attempt failed."""
+    import buildmax_marketplace.catalog as catalog
+
+    base = f"/v1/spaces/{market.space.id}"
+    deep = "x = " + "[" * 3000 + "]" * 3000 + "\n"
+    hostile = {**SKILL_ONLY, "buildmax-plugin.toml": deep + SKILL_ONLY["buildmax-plugin.toml"]}
+    lenient = catalog.inspect(tar_gz(tmp_path / "good.tar.gz", SKILL_ONLY))
+    monkeypatch.setattr(catalog, "inspect", lambda path, limits: lenient)
+    await market.publish(tar_gz(tmp_path / "deep.tar.gz", hostile), SKILLS)
+    monkeypatch.undo()
+    await market.call(
+        "PUT", f"{base}/plugins/{SKILLS}", market.owner, json={"version": "0.1"}, expect=201
+    )
+    await market.call("POST", f"{base}/projects", market.owner, json={"name": "main"}, expect=201)
+    body = {"name": "scribe", "instructions": "", "plugins": [SKILLS]}
+    await market.call("POST", f"{base}/agents", market.owner, json=body, expect=201)
+    claim = await market.claim_new(base, "write", "scribe")
+    home = tmp_path / "run-home"
+    argv = _cli_materialize(live_server, claim["token"], claim["attempt"]["id"], home)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, argv, catch_exceptions=False)
+
+    assert result.exit_code == 1
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "error: materialization failed: notes 0.1 was refused: "
+        "buildmax-plugin.toml: nested deeper than 16 levels"
+    )
+    assert list(home.iterdir()) == []
+    (row,) = await market.rows(attempts)
+    assert row["state"] == "failed" and "nested deeper than 16 levels" in row["end_reason"]

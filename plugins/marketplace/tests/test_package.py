@@ -329,3 +329,174 @@ def test_a_zip_device_entry_is_refused(tmp_path):
         archive.writestr(info, b"")
     with pytest.raises(PackageRefused, match="not a regular file or a directory"):
         inspect(path)
+
+
+def _servers(url: str) -> str:
+    return f'[servers.remote]\nurl = "{url}"\n'
+
+
+DEEP = 2000
+#: A hostile manifest, hooks file or servers file: (file, its text, the reason).
+HOSTILE_TOML = {
+    "nested arrays in the manifest": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"] + "x = " + "[" * DEEP + "]" * DEEP + "\n",
+        "nested deeper than",
+    ),
+    "nested inline tables in the manifest": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"].replace(
+            "[contributes]", "y = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n[contributes]"
+        ),
+        "nested deeper than",
+    ),
+    "nested but within the recursion limit": (
+        "buildmax-plugin.toml",
+        'x = [[[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]]\n' + FILES["buildmax-plugin.toml"],
+        "nested deeper than 16 levels",
+    ),
+    "nested arrays in the servers file": (
+        "mcp/servers.toml",
+        "x = " + "[" * DEEP + "]" * DEEP + "\n" + FILES["mcp/servers.toml"],
+        "nested deeper than",
+    ),
+    "nested arrays in the hooks file": (
+        "hooks/hooks.toml",
+        "x = " + "[" * DEEP + "]" * DEEP + "\n" + FILES["hooks/hooks.toml"],
+        "nested deeper than",
+    ),
+    "an integer of 5000 digits": (
+        "buildmax-plugin.toml",
+        "x = 1" + "0" * 5000 + "\n" + FILES["buildmax-plugin.toml"],
+        "not valid TOML",
+    ),
+    "a version of 5000 digits": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"].replace('"1.2.0"', '"1.' + "9" * 5000 + '"'),
+        "version must be",
+    ),
+    "a version that is a number": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"].replace('"1.2.0"', "1.10"),
+        "version must be",
+    ),
+    "a NUL in the description": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"].replace("for linting", "for\\u0000linting"),
+        "description must be",
+    ),
+    "too many environment names": (
+        "buildmax-plugin.toml",
+        FILES["buildmax-plugin.toml"].replace(
+            '["GITHUB_TOKEN"]', "[" + ", ".join(f'"V{i}"' for i in range(1001)) + "]"
+        ),
+        "contributes.environment must be",
+    ),
+    "an unclosed IPv6 bracket": ("mcp/servers.toml", _servers("http://[::1/mcp"), "malformed url"),
+    "an IPv6 host that is not one": ("mcp/servers.toml", _servers("http://[zz]/"), "malformed url"),
+    "a port out of range": ("mcp/servers.toml", _servers("https://a.example:99999/"), "malformed"),
+    "a port that is not a number": (
+        "mcp/servers.toml",
+        _servers("https://a.example:x/"),
+        "malformed",
+    ),
+    "a file url": ("mcp/servers.toml", _servers("file:///etc/passwd"), "http or https"),
+    "a javascript url": ("mcp/servers.toml", _servers("javascript:alert(1)"), "http or https"),
+    "a host with a space": (
+        "mcp/servers.toml",
+        _servers("http://a b.example/"),
+        "not a valid host",
+    ),
+    "a url with a newline": (
+        "mcp/servers.toml",
+        _servers("http://a.example/\\n"),
+        "a url of at most",
+    ),
+    "a url that is a table": (
+        "mcp/servers.toml",
+        "[servers.x.url]\nhost = 1\n",
+        "a url of at most",
+    ),
+    "a server name with a slash": (
+        "mcp/servers.toml",
+        '[servers."../x"]\ncommand = "run"\n',
+        "server names are",
+    ),
+    "too many servers": (
+        "mcp/servers.toml",
+        "".join(f'[servers.s{i}]\ncommand = "run"\n' for i in range(101)),
+        "at most 100 servers",
+    ),
+    "a servers table that is a list": ("mcp/servers.toml", "servers = [1, 2]\n", "at least one"),
+    "a hook event that is a table": (
+        "hooks/hooks.toml",
+        '[[hooks]]\ncommand = "x"\n[hooks.event]\na = 1\n',
+        "names an event",
+    ),
+    "a hook event with a slash": (
+        "hooks/hooks.toml",
+        '[[hooks]]\nevent = "../Pre"\ncommand = "x"\n',
+        "names an event",
+    ),
+    "a hook command of 5000 characters": (
+        "hooks/hooks.toml",
+        '[[hooks]]\nevent = "Pre"\ncommand = "' + "x" * 5000 + '"\n',
+        "a command must be",
+    ),
+    "a hook command with a NUL": (
+        "hooks/hooks.toml",
+        '[[hooks]]\nevent = "Pre"\ncommand = "run\\u0000 x"\n',
+        "a command must be",
+    ),
+    "too many hooks": (
+        "hooks/hooks.toml",
+        '[[hooks]]\nevent = "Pre"\ncommand = "x"\n' * 101,
+        "at most 100 hooks",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_TOML))
+def test_a_hostile_manifest_hooks_or_servers_file_is_refused_with_its_reason(tmp_path, case):
+    """Each case once escaped the reader as RecursionError, ValueError or a
+    value the catalog could not store (a NUL on PostgreSQL); the guard of its
+    class is named by the reason (drop it and the case raises, or passes)."""
+    path, text, reason = HOSTILE_TOML[case]
+    archive = tar_gz(tmp_path / "t.tar.gz", {**FILES, path: text})
+    with pytest.raises(PackageRefused) as refused:
+        inspect(archive)
+    assert refused.value.path == path
+    assert reason in refused.value.reason, refused.value.reason
+    home = tmp_path / "home"
+    with pytest.raises(PackageRefused):
+        extract(archive, home / "plugins" / "lint-helpers")
+    assert everything_under(home) == ["plugins"]
+
+
+@pytest.mark.parametrize(
+    "url, host",
+    [
+        ("https://docs.example.com/mcp", "docs.example.com"),
+        ("http://[::1]:8080/mcp", "::1"),
+        ("https://10.0.0.7/", "10.0.0.7"),
+        ("https://Docs.Example.COM:443/x?y=1", "docs.example.com"),
+    ],
+)
+def test_a_well_formed_server_url_reports_its_host(tmp_path, url, host):
+    archive = tar_gz(tmp_path / "u.tar.gz", {**FILES, "mcp/servers.toml": _servers(url)})
+    (server,) = inspect(archive).report["mcp_servers"]
+    assert server == {"name": "remote", "executable": None, "host": host}
+
+
+def test_any_other_failure_of_a_parser_is_a_refusal_not_a_crash(tmp_path, monkeypatch):
+    """The reader's backstop: a parser failing in a way no guard foresaw
+    (here ``tomllib`` raising ``IndexError``) is a refusal naming it
+    (mutation: drop the backstop in ``_read`` and the IndexError escapes)."""
+    import buildmax_marketplace.package as package
+
+    def broken(text: str) -> None:
+        raise IndexError("a parser bug")
+
+    monkeypatch.setattr(package.tomllib, "loads", broken)
+    with pytest.raises(PackageRefused, match=r"could not be read \(IndexError: a parser bug\)"):
+        inspect(tar_gz(tmp_path / "ok.tar.gz"))
