@@ -200,9 +200,9 @@ def _install_conventions(app: BuildMax) -> None:
     async def on_blob_store_unavailable(exc: BlobStoreUnavailable) -> Response:
         log.warning("blob store unavailable in %s %s: %s", request.method, request.path, exc)
         # The cause (hosts, codes) goes to the log, not to the client.
-        response = problem_response(BlobStoreDown("the blob store did not answer; retry later"))
-        response.headers["Retry-After"] = "5"
-        return response
+        return problem_response(
+            BlobStoreDown("the blob store did not answer; retry later", retry_after=5)
+        )
 
     @app.errorhandler(Exception)
     async def on_exception(exc: Exception) -> Response:

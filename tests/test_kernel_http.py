@@ -3,10 +3,18 @@ scoped tokens a plugin issues, housekeeping."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
 from buildmax import tokens as token_store
+from buildmax.problems import (
+    BlobStoreDown,
+    Problem,
+    ServiceUnavailable,
+    TooManyRequests,
+    problem_for_status,
+)
 from buildmax.schema import idempotency_receipts, schema_migrations
 
 
@@ -28,6 +36,31 @@ async def test_readiness_fails_when_a_loaded_plugins_migrations_are_not_current(
     response = await client.get("/readyz")
     assert response.status_code == 503
     assert "testplugin" in (await response.get_json())["detail"]
+    # An operator must migrate: the probe is told to come back in a while.
+    assert response.headers["Retry-After"] == "30"
+
+
+def _problem_classes(cls: type[Problem]) -> list[type[Problem]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_problem_classes(sub)]
+    return found
+
+
+@pytest.mark.engine_independent
+def test_every_429_and_503_says_when_to_retry(app):
+    """Every problem class answering 429 or 503 (the kernel's and the loaded
+    plugins') cannot be raised without ``Retry-After``, and the framework's
+    own 429 and 503 get one too. Catches a "retry later" answer that leaves
+    the client guessing (the sign-in 429 had none)."""
+    retry_later = [c for c in _problem_classes(Problem) if c.status in (429, 503)]
+    assert {TooManyRequests, ServiceUnavailable, BlobStoreDown} <= set(retry_later)
+    for cls in retry_later:
+        with pytest.raises(TypeError):
+            cls("no retry_after given")
+        assert cls("later", retry_after=12).headers["Retry-After"] == "12", cls
+    for status in (429, 503):
+        assert int(problem_for_status(status).headers["Retry-After"]) >= 1
 
 
 async def test_every_v1_route_is_in_the_openapi_document_with_a_summary(app, client):
