@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from .clock import to_rfc3339
+from .inputs import INT32_MAX
 from .roles import PRINCIPAL_KINDS, SPACE_ROLES, SYSTEM_ROLES
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}\Z"
@@ -19,6 +22,83 @@ class Timestamp(fields.Field[Any]):
 
     def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
         return to_rfc3339(value)
+
+
+#: A bound of an integer input: a number, or a function of the serving app
+#: (for a bound its settings decide, such as the longest lease).
+Bound = int | Callable[[Any], int]
+
+
+def _resolve(bound: Bound) -> int:
+    if isinstance(bound, int):
+        return bound
+    from .app import current_buildmax
+
+    return bound(current_buildmax())
+
+
+class Bounds(validate.Validator):
+    """``minimum <= value <= maximum``, both inclusive. ``min`` and ``max``
+    are what marshmallow's ``Range`` has, so the OpenAPI document shows
+    them as ``minimum`` and ``maximum``; a bound that is a function is read
+    from the app when a request is validated or the document is built."""
+
+    def __init__(self, minimum: Bound, maximum: Bound) -> None:
+        self._minimum, self._maximum = minimum, maximum
+
+    @property
+    def min(self) -> int:
+        """The smallest value accepted."""
+        return _resolve(self._minimum)
+
+    @property
+    def max(self) -> int:
+        """The largest value accepted."""
+        return _resolve(self._maximum)
+
+    def __call__(self, value: Any) -> Any:
+        low, high = self.min, self.max
+        if not low <= value <= high:
+            raise ValidationError(f"Must be between {low} and {high}.")
+        return value
+
+
+class BoundedInteger(fields.Integer):
+    """The one way an integer enters the server (body, query, header): a
+    whole JSON number, never a float, a bool or a string, within bounds
+    that the column it reaches holds on both engines.
+
+    ``text=True`` reads it from text (a query or header value): optional
+    ``-`` and 1 to 19 digits, nothing else."""
+
+    def __init__(
+        self, minimum: Bound, maximum: Bound, *, text: bool = False, **kwargs: Any
+    ) -> None:
+        validators = kwargs.pop("validate", None) or []
+        if callable(validators):
+            validators = [validators]
+        super().__init__(
+            strict=not text, validate=[Bounds(minimum, maximum), *validators], **kwargs
+        )
+        self.text = text
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if self.text:
+            if not (isinstance(value, str) and _DIGITS.match(value)):
+                raise self.make_error("invalid")
+            value = int(value)
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+_DIGITS = re.compile(r"^-?[0-9]{1,19}\Z")
+
+
+def revision_number(**kwargs: Any) -> BoundedInteger:
+    """A revision or generation number a client names (an ``expected_revision``,
+    an attempt's ``generation``): kept in an ``Integer`` column, counting from
+    1, with 0 for the state before the first (a project without a policy, a
+    task never claimed)."""
+    return BoundedInteger(0, INT32_MAX, **kwargs)
 
 
 # -- principals -------------------------------------------------------------
@@ -88,12 +168,7 @@ class TokenCreate(Schema):
     principal_id = fields.String(
         load_default=None, allow_none=True, validate=validate.Length(max=64)
     )
-    expires_in_seconds = fields.Integer(
-        load_default=None,
-        allow_none=True,
-        strict=True,
-        validate=validate.Range(min=60, max=MAX_TOKEN_LIFETIME),
-    )
+    expires_in_seconds = BoundedInteger(60, MAX_TOKEN_LIFETIME, load_default=None, allow_none=True)
 
 
 class ScopeOut(Schema):

@@ -177,7 +177,7 @@ async def _check_links(
     status=201,
     scopes=["attempt"],
     tags=["artifacts"],
-    content_type="application/octet-stream",
+    body_type="application/octet-stream",
 )
 async def upload(space: str) -> Response:
     """Query: ``name`` (required), ``sha256`` (the digest the bytes must
@@ -316,7 +316,7 @@ async def list_artifacts(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "artifacts.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         _SELECT.where(artifacts.c.space_id == access.pk, artifacts.c.deleted_at.is_(None))
         .order_by(artifacts.c.id.desc())

@@ -180,8 +180,9 @@ async def _release_or_404(conn: Transaction, name: str, version: str) -> dict[st
     "Publish a release (system admins and operators); the body is the .tar.gz or .zip",
     response=ReleaseOut,
     status=201,
+    also={200: "This version exists with the same bytes: the existing release"},
     tags=["catalog"],
-    content_type="application/octet-stream",
+    body_type="application/octet-stream",
 )
 async def publish_release(name: str) -> Response:
     """The bytes are streamed to disk (413 past the size limit), inspected
@@ -216,7 +217,7 @@ async def list_plugins() -> Response:
     """``archived=true`` includes archived plugins."""
     app = current_buildmax()
     await authenticate()
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = _PLUGIN_SELECT.order_by(plugins.c.name).limit(page.limit + 1)
     if request.args.get("archived") != "true":
         query = query.where(plugins.c.archived_at.is_(None))

@@ -17,6 +17,9 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
+from buildmax.inputs import INT32_MAX
+from buildmax.schemas import BoundedInteger
+
 from .problems import InvalidReview
 from .schema import DECISIONS, OUTCOMES, SEVERITIES
 
@@ -36,7 +39,7 @@ class FindingIn(Schema):
     severity = fields.String(required=True, validate=validate.OneOf(SEVERITIES))
     text = fields.String(required=True, validate=validate.Length(min=1, max=MAX_FINDING_CHARS))
     path = fields.String(load_default=None, validate=validate.Length(min=1, max=1000))
-    line = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=1))
+    line = BoundedInteger(1, INT32_MAX, load_default=None)
 
     @validates_schema
     def _line_needs_path(self, data: dict[str, Any], **_: Any) -> None:

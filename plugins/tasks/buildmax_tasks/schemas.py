@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from marshmallow import Schema, fields, validate
 
-from buildmax.schemas import NAME_PATTERN, Timestamp
+from buildmax.schemas import NAME_PATTERN, BoundedInteger, Timestamp, revision_number
 
 from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
+from .settings import task_settings
 
 LABEL = fields.String(validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}\Z"))
 RESOURCE = fields.String(validate=validate.Regexp(r"^[a-z]+:\S{1,500}\Z"))
@@ -42,17 +45,15 @@ class ProjectCreate(_Strict):
 
 
 class ProjectUpdate(_Strict):
-    expected_revision = fields.Integer(required=True, strict=True)
+    expected_revision = revision_number(required=True)
     description = fields.String(validate=validate.Length(max=10_000))
     repository_url = fields.String(allow_none=True, validate=validate.Length(min=1, max=2000))
     target_branch = fields.String(allow_none=True, validate=validate.Length(min=1, max=200))
 
 
 class PolicyBody(_Strict):
-    expected_revision = fields.Integer(load_default=None, allow_none=True, strict=True)
-    approvals_required = fields.Integer(
-        required=True, strict=True, validate=validate.Range(min=0, max=10)
-    )
+    expected_revision = revision_number(load_default=None, allow_none=True)
+    approvals_required = BoundedInteger(0, 10, required=True)
     human_review_required = fields.Boolean(load_default=False)
     integration = fields.String(
         load_default="automatic", validate=validate.OneOf(INTEGRATION_MODES)
@@ -93,14 +94,10 @@ class TaskCreate(_Strict):
     body = fields.String(load_default="", validate=validate.Length(max=100_000))
     criteria = fields.String(load_default="", validate=validate.Length(max=100_000))
     kind = fields.String(load_default="code", validate=validate.OneOf(TASK_KINDS))
-    priority = fields.Integer(
-        load_default=0, strict=True, validate=validate.Range(min=-1000, max=1000)
-    )
+    priority = BoundedInteger(-1000, 1000, load_default=0)
     labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=20))
     agent = fields.String(load_default=None, allow_none=True)
-    max_attempts = fields.Integer(
-        load_default=3, strict=True, validate=validate.Range(min=1, max=100)
-    )
+    max_attempts = BoundedInteger(1, 100, load_default=3)
     resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
     prerequisites = fields.List(
         fields.String(), load_default=list, validate=validate.Length(max=100)
@@ -108,14 +105,14 @@ class TaskCreate(_Strict):
 
 
 class TaskUpdate(Override):
-    expected_revision = fields.Integer(required=True, strict=True)
+    expected_revision = revision_number(required=True)
     title = fields.String(validate=validate.Length(min=1, max=500))
     body = fields.String(validate=validate.Length(max=100_000))
     criteria = fields.String(validate=validate.Length(max=100_000))
-    priority = fields.Integer(strict=True, validate=validate.Range(min=-1000, max=1000))
+    priority = BoundedInteger(-1000, 1000)
     labels = fields.List(LABEL, validate=validate.Length(max=20))
     agent = fields.String(allow_none=True)
-    max_attempts = fields.Integer(strict=True, validate=validate.Range(min=1, max=100))
+    max_attempts = BoundedInteger(1, 100)
     resources = fields.List(RESOURCE, validate=validate.Length(max=20))
 
 
@@ -200,8 +197,17 @@ class DependenciesOut(Schema):
 # -- claims and attempts -----------------------------------------------------
 
 
+def _lease_max_seconds(app: Any) -> int:
+    return task_settings(app).lease_max_seconds
+
+
+def lease_seconds() -> BoundedInteger:
+    """A lease a claim or renewal asks for: up to the configured maximum."""
+    return BoundedInteger(1, _lease_max_seconds, load_default=None, allow_none=True)
+
+
 class ClaimBody(_Strict):
-    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True)
+    lease_seconds = lease_seconds()
 
 
 class ClaimNextBody(ClaimBody):
@@ -241,11 +247,11 @@ class ClaimOut(Schema):
 
 
 class Generation(Override):
-    generation = fields.Integer(required=True, strict=True)
+    generation = revision_number(required=True)
 
 
 class RenewBody(Generation):
-    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True)
+    lease_seconds = lease_seconds()
     progress = fields.Raw(load_default=None, allow_none=True)
 
 
@@ -339,12 +345,7 @@ class DecisionCreate(_Strict):
     answerable_by = fields.String(
         load_default="human", validate=validate.OneOf(("human", "member"))
     )
-    expires_in_seconds = fields.Integer(
-        load_default=None,
-        allow_none=True,
-        strict=True,
-        validate=validate.Range(min=1, max=MAX_DECISION_SECONDS),
-    )
+    expires_in_seconds = BoundedInteger(1, MAX_DECISION_SECONDS, load_default=None, allow_none=True)
 
 
 class DecisionAnswer(_Strict):
@@ -384,7 +385,7 @@ class AgentCreate(_Strict):
 
 
 class AgentRevise(_Strict):
-    expected_revision = fields.Integer(load_default=None, allow_none=True, strict=True)
+    expected_revision = revision_number(load_default=None, allow_none=True)
     instructions = fields.String(required=True, validate=validate.Length(max=100_000))
     plugins = fields.List(
         fields.String(validate=validate.Regexp(NAME_PATTERN)),
