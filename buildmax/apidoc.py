@@ -222,10 +222,23 @@ def _operation(doc: RouteDoc, params: list[dict[str, Any]], view: Any) -> dict[s
     return operation
 
 
+#: One event of a ``text/event-stream`` answer (Server-Sent Events).
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "event": {"type": "string"},
+        "data": {"type": "string", "description": "JSON"},
+    },
+}
+
+
 def _success(doc: RouteDoc, description: str) -> dict[str, Any]:
     answer: dict[str, Any] = {"description": description}
     if doc.response is not None:
         answer["content"] = {doc.content_type: {"schema": doc.response}}
+    elif doc.content_type == "text/event-stream":
+        answer["content"] = {doc.content_type: {"schema": _SSE_EVENT}}
     elif doc.content_type != JSON:
         answer["content"] = {doc.content_type: {"schema": {"type": "string", "format": "binary"}}}
     return answer

@@ -48,9 +48,11 @@ class ResumeHeaders(Schema):
 
 
 def _resume_point() -> int:
+    # Both are checked, whichever is used: a bad value is refused either way.
+    after = int(query_args().get("after", 0))
     if request.headers.get("Last-Event-ID"):
         return int(header_args()["last_event_id"])
-    return int(query_args().get("after", 0))
+    return after
 
 
 def _frame(row: dict[str, Any]) -> bytes:

@@ -431,7 +431,9 @@ async def _opened(store: BlobStore, key: str, span: tuple[int, int] | None) -> _
     "Download an artifact's bytes (viewers; an attempt's token); one byte range is supported",
     scopes=["attempt"],
     tags=["artifacts"],
-    content_type="application/octet-stream",
+    # The artifact's own media type, whatever it was uploaded as.
+    content_type="*/*",
+    also={206: "The byte range the Range header asked for"},
 )
 async def download(space: str, artifact: str) -> Response:
     """``ETag`` is the sha256; anything but a few image types and plain

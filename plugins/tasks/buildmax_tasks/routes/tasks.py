@@ -485,6 +485,7 @@ async def list_dependencies(space: str, task: str) -> Response:
     body=DependencyBody,
     response=DependenciesOut,
     status=201,
+    also={200: "The task had this prerequisite already"},
     idempotent=True,
     tags=["tasks"],
 )
