@@ -166,7 +166,8 @@ def main() -> int:
             *(f"--exclude-name={name}" for name in EXCLUDED),
             *extra,
         ]
-        ran = subprocess.run(command, env=env, check=False)
+        # In the scratch directory: schemathesis keeps a cache where it runs.
+        ran = subprocess.run(command, env=env, cwd=work, check=False)
         if ran.returncode != 0:
             problems.append(f"schemathesis exited with {ran.returncode} (failures above)")
         me = httpx.get(f"{url}/v1/principals/me", headers={"Authorization": f"Bearer {token}"})
