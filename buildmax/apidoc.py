@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
-from marshmallow import Schema
+from marshmallow import Schema, fields
 from quart import current_app, request
 
 from .bodies import validate
@@ -137,11 +137,26 @@ _PROBLEM = {
 }
 
 
+#: Every JSON value but null: what a raw field that refuses null takes.
+_NOT_NULL = [{"type": kind} for kind in ("object", "array", "string", "number", "boolean")]
+
+
+def _any_but_null(
+    converter: Any, field: fields.Field[Any], ret: dict[str, Any], **_: Any
+) -> dict[str, Any]:
+    """A raw field (any JSON value) that refuses null says so: an empty
+    schema would let a client send null and be refused."""
+    if type(field) is fields.Raw and not field.allow_none and "type" not in ret:
+        return {"anyOf": _NOT_NULL}
+    return {}
+
+
 def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
     """The OpenAPI 3 document of every declared route of ``app``."""
     marshmallow = MarshmallowPlugin()
     spec = APISpec(title=title, version=version, openapi_version="3.0.3", plugins=[marshmallow])
     marshmallow.map_to_openapi_type(Timestamp, "string", "date-time")  # type: ignore[no-untyped-call]
+    marshmallow.converter.add_attribute_function(_any_but_null)  # type: ignore[union-attr]
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     spec.components.schema(
         "Problem",

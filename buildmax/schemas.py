@@ -8,12 +8,13 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
 
+from . import passwords
 from .clock import to_rfc3339
 from .inputs import INT32_MAX
 from .roles import PRINCIPAL_KINDS, SPACE_ROLES, SYSTEM_ROLES
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}\Z"
-SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}\Z"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{1,62}$"
 MAX_TOKEN_LIFETIME = 10 * 365 * 24 * 3600
 
 
@@ -22,6 +23,18 @@ class Timestamp(fields.Field[Any]):
 
     def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> str | None:
         return to_rfc3339(value)
+
+
+class Pattern(validate.Regexp):
+    """A regular expression the whole value must match. Written with ``^``
+    and ``$`` as JSON Schema (ECMA 262) reads them, so the OpenAPI document
+    shows a pattern every client understands; matched in full, so ``$``
+    lets no trailing newline through."""
+
+    def __call__(self, value: Any) -> Any:
+        if self.regex.fullmatch(value) is None:
+            raise ValidationError(self._format_error(value))
+        return value
 
 
 #: A bound of an integer input: a number, or a function of the serving app
@@ -104,6 +117,13 @@ def revision_number(**kwargs: Any) -> BoundedInteger:
 # -- principals -------------------------------------------------------------
 
 
+#: A new password (the rule ``buildmax.passwords.check_password_rules`` applies).
+PASSWORD = validate.Length(
+    min=passwords.MIN_LENGTH,
+    max=passwords.MAX_LENGTH,
+    error=f"a password has {passwords.MIN_LENGTH} to {passwords.MAX_LENGTH} characters",
+)
+
 #: Names that would collide with route words (``/v1/principals/me``).
 RESERVED_NAMES = ("me",)
 #: Slugs with another meaning (``system`` names the audit trail's system chain).
@@ -115,7 +135,7 @@ class PrincipalCreate(Schema):
     name = fields.String(
         required=True,
         validate=[
-            validate.Regexp(NAME_PATTERN, error="lowercase letters, digits, '.', '_', '-'"),
+            Pattern(NAME_PATTERN, error="lowercase letters, digits, '.', '_', '-'"),
             validate.NoneOf(RESERVED_NAMES, error="this name is reserved"),
         ],
     )
@@ -124,7 +144,11 @@ class PrincipalCreate(Schema):
         load_default=None, allow_none=True, validate=validate.OneOf(SYSTEM_ROLES)
     )
     password = fields.String(
-        load_default=None, allow_none=True, load_only=True, metadata={"secret": True}
+        load_default=None,
+        allow_none=True,
+        load_only=True,
+        validate=PASSWORD,
+        metadata={"secret": True},
     )
 
 
@@ -132,7 +156,7 @@ class PrincipalUpdate(Schema):
     display_name = fields.String(validate=validate.Length(max=200))
     system_role = fields.String(allow_none=True, validate=validate.OneOf(SYSTEM_ROLES))
     disabled = fields.Boolean(truthy={True}, falsy={False})
-    password = fields.String(load_only=True, metadata={"secret": True})
+    password = fields.String(load_only=True, validate=PASSWORD, metadata={"secret": True})
     current_password = fields.String(
         load_only=True, validate=validate.Length(max=1024), metadata={"secret": True}
     )
@@ -206,7 +230,7 @@ class SpaceCreate(Schema):
     slug = fields.String(
         required=True,
         validate=[
-            validate.Regexp(SLUG_PATTERN, error="2-63 lowercase letters, digits or '-'"),
+            Pattern(SLUG_PATTERN, error="2-63 lowercase letters, digits or '-'"),
             validate.NoneOf(RESERVED_SLUGS, error="this slug is reserved"),
         ],
     )

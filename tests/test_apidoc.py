@@ -50,6 +50,35 @@ async def test_every_documented_path_allows_exactly_its_documented_methods(clien
     assert not failures, "\n".join(failures)
 
 
+def _patterns(node: object) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return found + [p for value in node.values() for p in _patterns(value)]
+    if isinstance(node, list):
+        return [p for value in node for p in _patterns(value)]
+    return []
+
+
+async def test_every_pattern_is_portable_and_matched_in_full(client, admin):
+    """The document's patterns are what JSON Schema (ECMA 262) reads, anchored
+    with ``^`` and ``$``, and the server matches them in full: ``$`` lets no
+    trailing newline through. Catches Python-only syntax (``\\Z`` is a
+    literal ``Z`` to a JavaScript client) and a ``Pattern`` that matches
+    from the start only."""
+    document = await (await client.get("/v1/openapi.json")).get_json()
+    patterns = _patterns(document)
+    assert len(patterns) >= 10
+    python_only = ("\\Z", "\\A", "(?P", "(?i", "(?s", "(?m", "(?x")
+    bad = [p for p in patterns if not (p.startswith("^") and p.endswith("$"))]
+    bad += [p for p in patterns if any(token in p for token in python_only)]
+    assert bad == []
+    refused = await client.post(
+        "/v1/principals", json={"kind": "agent", "name": "trailing\n"}, headers=admin.headers
+    )
+    assert refused.status_code == 422
+    assert "name" in (await refused.get_json())["errors"]
+
+
 blueprint = Blueprint("undeclared_receipts", __name__)
 
 

@@ -14,7 +14,7 @@ from ..auth import Caller, authenticate
 from ..bodies import json_response, load_body
 from ..idempotency import Reply
 from ..pagination import page_body, page_request
-from ..passwords import check_password_rules, hash_password, verify_password
+from ..passwords import hash_password, verify_password
 from ..principals import (
     PUBLIC_COLUMNS,
     count_admins,
@@ -52,9 +52,7 @@ async def _password_hash(kind: str, password: str | None) -> str | None:
             "only human principals sign in with a password",
             errors={"password": ["Only for human principals."]},
         )
-    problem = check_password_rules(password)
-    if problem:
-        raise ValidationFailed(problem, errors={"password": [problem]})
+    # Its length was checked with the body (schemas.PASSWORD).
     return await hash_password(password)
 
 

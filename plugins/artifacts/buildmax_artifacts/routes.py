@@ -25,12 +25,12 @@ from buildmax_hookspecs import (
     BlobTooLarge,
     TaskQueue,
 )
-from marshmallow import Schema, fields
+from marshmallow import EXCLUDE, Schema, fields
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from buildmax.access import SpaceAccess, require_space
-from buildmax.apidoc import api
+from buildmax.apidoc import api, query_args
 from buildmax.app import BuildMax, blob_store, current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
@@ -45,7 +45,7 @@ from buildmax.problems import (
     ValidationFailed,
 )
 from buildmax.schema import principals
-from buildmax.schemas import Timestamp
+from buildmax.schemas import Pattern, Timestamp
 from buildmax.services import ServiceMissing
 from buildmax.streaming import allow_body
 
@@ -115,11 +115,9 @@ def _render(space: SpaceAccess, row: Any) -> dict[str, Any]:
     )
 
 
-def _text_arg(name: str, *, required: bool = False, max_length: int = 255) -> str | None:
+def _text_arg(name: str, *, max_length: int = 255) -> str | None:
     value = request.args.get(name)
     if value is None:
-        if required:
-            raise ValidationFailed(f"{name} is required", errors={name: ["Missing."]})
         return None
     if not 1 <= len(value) <= max_length or any(ord(c) < 32 or c in "/\\\x7f" for c in value):
         raise ValidationFailed(
@@ -170,6 +168,25 @@ async def _check_links(
         return ref.id, None
 
 
+#: A name or id given in the query: printable, no slash or backslash.
+_QUERY_TEXT = r"^[^\x00-\x1f\x7f/\\]{%d,%d}$"
+
+
+class UploadQuery(Schema):
+    """What an upload names in its query."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    name = fields.String(required=True, validate=Pattern(_QUERY_TEXT % (1, 255)))
+    sha256 = fields.String(
+        validate=Pattern(_SHA256.pattern),
+        metadata={"description": "The digest the bytes must have"},
+    )
+    task = fields.String(validate=Pattern(_QUERY_TEXT % (1, 64)))
+    attempt = fields.String(validate=Pattern(_QUERY_TEXT % (1, 64)))
+
+
 @blueprint.post("/v1/spaces/<space>/artifacts")
 @api(
     "Upload an artifact: the body is its bytes (members; an attempt's token for its attempt)",
@@ -178,6 +195,7 @@ async def _check_links(
     scopes=["attempt"],
     tags=["artifacts"],
     body_type="application/octet-stream",
+    query=UploadQuery,
 )
 async def upload(space: str) -> Response:
     """Query: ``name`` (required), ``sha256`` (the digest the bytes must
@@ -187,15 +205,13 @@ async def upload(space: str) -> Response:
     caller = await authenticate(accept_scopes=("attempt",))
     access = await require_space(space, "member", caller, "artifacts.upload")
     settings = artifact_settings(app)
-    name = _text_arg("name", required=True)
-    expected = request.args.get("sha256")
-    if expected is not None and not _SHA256.match(expected):
-        raise ValidationFailed("sha256 must be 64 lowercase hex digits")
+    query = query_args()
+    name, expected = query["name"], query.get("sha256")
     media_type = _media_type(
         request.headers.get("Content-Type") or "application/octet-stream", "Content-Type"
     )
     task_id, attempt_id = await _check_links(
-        app, caller, access, _text_arg("task", max_length=64), _text_arg("attempt", max_length=64)
+        app, caller, access, query.get("task"), query.get("attempt")
     )
     declared = request.content_length
     if declared is not None and declared > settings.max_bytes:

@@ -30,6 +30,7 @@ from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import Conflict, Forbidden, NotFound, PayloadTooLarge, Problem
 from buildmax.schema import principals
+from buildmax.schemas import Pattern
 from buildmax.streaming import allow_body
 
 from .catalog import (
@@ -66,7 +67,7 @@ class EligibilityBody(Schema):
         unknown = RAISE
 
     eligible = fields.Boolean(required=True, truthy={True}, falsy={False})
-    sha256 = fields.String(required=True, validate=validate.Regexp(r"^[0-9a-f]{64}\Z"))
+    sha256 = fields.String(required=True, validate=Pattern(r"^[0-9a-f]{64}$"))
 
 
 class ReleaseOut(Schema):

@@ -18,7 +18,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from buildmax.inputs import INT32_MAX
-from buildmax.schemas import BoundedInteger
+from buildmax.schemas import BoundedInteger, Pattern
 
 from .problems import InvalidReview
 from .schema import DECISIONS, OUTCOMES, SEVERITIES
@@ -27,7 +27,7 @@ from .schema import DECISIONS, OUTCOMES, SEVERITIES
 MAX_FINDINGS = 100
 #: Characters of one finding's text.
 MAX_FINDING_CHARS = 4000
-_REF = validate.Regexp(r"^\S{1,200}\Z", error="A ref is 1 to 200 characters without spaces.")
+_REF = Pattern(r"^\S{1,200}$", error="A ref is 1 to 200 characters without spaces.")
 
 
 class FindingIn(Schema):

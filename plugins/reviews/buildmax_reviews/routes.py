@@ -27,7 +27,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.idempotency import Reply
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
-from buildmax.schemas import revision_number
+from buildmax.schemas import Pattern, revision_number
 
 from .candidates import FindingIn
 from .schema import DECISIONS, KINDS, activities, findings, integrations, reviews
@@ -38,7 +38,7 @@ blueprint = Blueprint("reviews", __name__)
 ATTEMPT_SCOPE = ("attempt",)
 #: Work item states in which nothing more will be recorded on it.
 _FINISHED = ("done", "canceled", "failed")
-_ID_CHARS = validate.Regexp(r"^[A-Za-z0-9_-]{1,64}\Z")
+_ID_CHARS = Pattern(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class ReviewBody(Schema):

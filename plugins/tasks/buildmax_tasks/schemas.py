@@ -6,16 +6,18 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from buildmax.schemas import NAME_PATTERN, BoundedInteger, Timestamp, revision_number
+from buildmax.schemas import NAME_PATTERN, BoundedInteger, Pattern, Timestamp, revision_number
 
 from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
 from .settings import task_settings
 
-LABEL = fields.String(validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}\Z"))
-RESOURCE = fields.String(validate=validate.Regexp(r"^[a-z]+:\S{1,500}\Z"))
+LABEL = fields.String(validate=Pattern(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"))
+RESOURCE = fields.String(validate=Pattern(r"^[a-z]+:\S{1,500}$"))
 MAX_JSON_TEXT = 64 * 1024
 #: A decision may stay open at most a year.
 MAX_DECISION_SECONDS = 366 * 24 * 3600
+#: A task named by a client (its id).
+TASK_REF = validate.Length(min=1, max=200)
 #: Reasons are recorded on the audit trail, whose details are bounded.
 REASON = validate.Length(min=1, max=1000)
 
@@ -34,7 +36,7 @@ class Override(_Strict):
 
 
 class ProjectCreate(_Strict):
-    name = fields.String(required=True, validate=validate.Regexp(NAME_PATTERN))
+    name = fields.String(required=True, validate=Pattern(NAME_PATTERN))
     description = fields.String(load_default="", validate=validate.Length(max=10_000))
     repository_url = fields.String(
         load_default=None, allow_none=True, validate=validate.Length(min=1, max=2000)
@@ -100,7 +102,7 @@ class TaskCreate(_Strict):
     max_attempts = BoundedInteger(1, 100, load_default=3)
     resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
     prerequisites = fields.List(
-        fields.String(), load_default=list, validate=validate.Length(max=100)
+        fields.String(validate=TASK_REF), load_default=list, validate=validate.Length(max=100)
     )
 
 
@@ -121,7 +123,7 @@ class Reason(Override):
 
 
 class DependencyBody(_Strict):
-    prerequisite = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    prerequisite = fields.String(required=True, validate=TASK_REF)
 
 
 class HoldRef(Schema):
@@ -375,10 +377,10 @@ class DecisionPage(Schema):
 
 
 class AgentCreate(_Strict):
-    name = fields.String(required=True, validate=validate.Regexp(NAME_PATTERN))
+    name = fields.String(required=True, validate=Pattern(NAME_PATTERN))
     instructions = fields.String(load_default="", validate=validate.Length(max=100_000))
     plugins = fields.List(
-        fields.String(validate=validate.Regexp(NAME_PATTERN)),
+        fields.String(validate=Pattern(NAME_PATTERN)),
         load_default=list,
         validate=validate.Length(max=50),
     )
@@ -388,7 +390,7 @@ class AgentRevise(_Strict):
     expected_revision = revision_number(load_default=None, allow_none=True)
     instructions = fields.String(required=True, validate=validate.Length(max=100_000))
     plugins = fields.List(
-        fields.String(validate=validate.Regexp(NAME_PATTERN)),
+        fields.String(validate=Pattern(NAME_PATTERN)),
         required=True,
         validate=validate.Length(max=50),
     )
