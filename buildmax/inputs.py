@@ -4,7 +4,9 @@ Both engines must see the same values: PostgreSQL refuses text containing
 NUL and integers beyond 64 bits, SQLite stores the first and overflows on
 the second, and a lone UTF-16 surrogate cannot even be encoded as UTF-8.
 Such input is refused at the edge (bodies, cursors, path and query values)
-so a route never meets it.
+so a route never meets it: text as malformed (400), an integer beyond 64
+bits as a value out of range (422). Each integer a route takes is bounded
+further, by what its column holds (``buildmax.schemas.BoundedInteger``).
 """
 
 from __future__ import annotations

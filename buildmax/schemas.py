@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
+from quart import current_app
 
 from . import passwords
 from .clock import to_rfc3339
@@ -45,9 +46,7 @@ Bound = int | Callable[[Any], int]
 def _resolve(bound: Bound) -> int:
     if isinstance(bound, int):
         return bound
-    from .app import current_buildmax
-
-    return bound(current_buildmax())
+    return bound(current_app._get_current_object())  # type: ignore[attr-defined]
 
 
 class Bounds(validate.Validator):
