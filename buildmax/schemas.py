@@ -105,6 +105,17 @@ class BoundedInteger(fields.Integer):
 _DIGITS = re.compile(r"^-?[0-9]{1,19}\Z")
 
 
+class StrictBoolean(fields.Boolean):
+    """A JSON ``true`` or ``false``, nothing else: marshmallow's own takes
+    ``1``, ``"yes"`` or ``"on"``, and even ``truthy={True}`` takes ``1``
+    (which equals ``True``)."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 def revision_number(**kwargs: Any) -> BoundedInteger:
     """A revision or generation number a client names (an ``expected_revision``,
     an attempt's ``generation``): kept in an ``Integer`` column, counting from
@@ -154,7 +165,7 @@ class PrincipalCreate(Schema):
 class PrincipalUpdate(Schema):
     display_name = fields.String(validate=validate.Length(max=200))
     system_role = fields.String(allow_none=True, validate=validate.OneOf(SYSTEM_ROLES))
-    disabled = fields.Boolean(truthy={True}, falsy={False})
+    disabled = StrictBoolean()
     password = fields.String(load_only=True, validate=PASSWORD, metadata={"secret": True})
     current_password = fields.String(
         load_only=True, validate=validate.Length(max=1024), metadata={"secret": True}

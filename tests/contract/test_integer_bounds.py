@@ -6,7 +6,8 @@ header) must declare a ``minimum`` and a ``maximum``, and the server must
 hold to them against a seeded world where every path parameter resolves: at
 each bound the answer is anything but a 5xx (accepted, or refused for
 another reason), one past either bound is a 422 ``validation-error`` naming
-the field. A new route or field is covered as soon as it is declared.
+the field. A new route or field is covered as soon as it is declared. Every
+boolean a body takes is walked the same way: only ``true`` and ``false``.
 
 Mutation checks: ``revision_number`` bounded at 2**63 - 1 instead of what an
 ``Integer`` column holds (on PostgreSQL ``PATCH`` of a project with that
@@ -28,11 +29,12 @@ PROBLEM = "urn:buildmax:problem:"
 #: What else an integer may arrive as, in JSON and in text (query, header).
 NOT_INTEGERS_JSON: list[Any] = [1.5, 1.0, True, False, "1", [1], {"n": 1}, 10**30, -(10**30)]
 NOT_INTEGERS_TEXT = ["1.5", "1e3", "abc", "+1", " 1", "0x10", "9" * 30]
+NOT_BOOLEANS: list[Any] = [0, 1, "true", "false", "yes", [True], {"b": True}]
 
 
 @dataclass(frozen=True)
-class IntegerInput:
-    """One integer an operation takes, where, and its declared bounds."""
+class Input:
+    """One integer (or boolean) an operation takes, where, and its declared bounds."""
 
     method: str
     path: str
@@ -52,32 +54,35 @@ def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]
     return schema
 
 
-def _body_integers(
-    document: dict[str, Any], schema: dict[str, Any], at: tuple[str, ...]
+def _body_fields(
+    document: dict[str, Any], schema: dict[str, Any], at: tuple[str, ...], kind: str
 ) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
     schema = _resolve(document, schema)
     for key in ("anyOf", "oneOf", "allOf"):
         for option in schema.get(key, []):
-            yield from _body_integers(document, option, at)
-    if schema.get("type") == "integer":
+            # A bare type is one arm of a union (any JSON value but null),
+            # not a field of that type.
+            if set(option) != {"type"}:
+                yield from _body_fields(document, option, at, kind)
+    if schema.get("type") == kind:
         yield at, schema
     for name, inner in schema.get("properties", {}).items():
-        yield from _body_integers(document, inner, (*at, name))
+        yield from _body_fields(document, inner, (*at, name), kind)
     if schema.get("type") == "array":
-        yield from _body_integers(document, schema.get("items", {}), (*at, "0"))
+        yield from _body_fields(document, schema.get("items", {}), (*at, "0"), kind)
 
 
-def integer_inputs(document: dict[str, Any]) -> list[IntegerInput]:
-    """Every integer input of every operation of ``document``."""
+def integer_inputs(document: dict[str, Any], kind: str = "integer") -> list[Input]:
+    """Every integer (or other ``kind``) input of every operation of ``document``."""
     found = []
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             streams = "text/event-stream" in str(operation["responses"])
             for parameter in operation.get("parameters", []):
                 schema = parameter["schema"]
-                if schema.get("type") == "integer":
+                if schema.get("type") == kind:
                     found.append(
-                        IntegerInput(
+                        Input(
                             method.upper(),
                             path,
                             parameter["in"],
@@ -88,9 +93,9 @@ def integer_inputs(document: dict[str, Any]) -> list[IntegerInput]:
                         )
                     )
             for content in operation.get("requestBody", {}).get("content", {}).values():
-                for at, schema in _body_integers(document, content["schema"], ()):
+                for at, schema in _body_fields(document, content["schema"], (), kind):
                     found.append(
-                        IntegerInput(
+                        Input(
                             method.upper(),
                             path,
                             "body",
@@ -153,7 +158,7 @@ def _with(body: Any, name: tuple[str, ...], value: Any) -> Any:
     return {**(body or {}), head: _with(inner, rest, value)}
 
 
-def _requires_fields(document: dict[str, Any], item: IntegerInput) -> bool:
+def _requires_fields(document: dict[str, Any], item: Input) -> bool:
     operation = document["paths"][item.path][item.method.lower()]
     for content in operation["requestBody"]["content"].values():
         if _resolve(document, content["schema"]).get("required"):
@@ -170,7 +175,7 @@ def _names_field(errors: Any, name: tuple[str, ...]) -> bool:
 
 
 async def _send(
-    client: Any, world: World, item: IntegerInput, value: Any, base: dict[str, Any]
+    client: Any, world: World, item: Input, value: Any, base: dict[str, Any]
 ) -> tuple[int, Any]:
     path = item.path
     for parameter, ident in world.path_parameters().items():
@@ -257,4 +262,25 @@ async def test_every_integer_input_has_bounds_the_server_holds_to(client, admin)
                 or not _names_field(problem.get("errors"), item.name)
             ):
                 failures.append(f"{item.label()}={value}: {status} {body}")
+    assert not failures, f"{len(failures)} wrong answers:\n" + "\n".join(failures)
+
+
+async def test_every_boolean_input_takes_only_true_or_false(client, admin):
+    """Each boolean a body takes refuses 0, 1, strings, lists and objects
+    with a 422 naming the field. Catches marshmallow's ``Boolean`` (which
+    takes 1, "yes", "on") and one with ``truthy={True}`` (1 equals True):
+    ``PATCH /v1/principals/{ref}`` took ``"disabled": 0``."""
+    world = await seed(await _http(client), admin.token)
+    document = await (await client.get("/v1/openapi.json")).get_json()
+    inputs = integer_inputs(document, "boolean")
+    assert len(inputs) >= 4, "the walker found too few boolean inputs to be reading the document"
+    bodies = valid_bodies(world)
+    failures = []
+    for item in inputs:
+        base = bodies.get((item.method, item.path), {})
+        for value in NOT_BOOLEANS:
+            status, body = await _send(client, world, item, value, base)
+            problem = body if isinstance(body, dict) else {}
+            if status != 422 or not _names_field(problem.get("errors"), item.name):
+                failures.append(f"{item.label()}={value!r}: {status} {body}")
     assert not failures, f"{len(failures)} wrong answers:\n" + "\n".join(failures)

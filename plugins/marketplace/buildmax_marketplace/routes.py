@@ -30,7 +30,7 @@ from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import Conflict, Forbidden, NotFound, PayloadTooLarge, Problem
 from buildmax.schema import principals
-from buildmax.schemas import Pattern
+from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
 
 from .catalog import (
@@ -66,7 +66,7 @@ class EligibilityBody(Schema):
     class Meta:
         unknown = RAISE
 
-    eligible = fields.Boolean(required=True, truthy={True}, falsy={False})
+    eligible = StrictBoolean(required=True)
     sha256 = fields.String(required=True, validate=Pattern(r"^[0-9a-f]{64}$"))
 
 

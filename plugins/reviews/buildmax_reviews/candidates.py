@@ -18,7 +18,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from buildmax.inputs import INT32_MAX
-from buildmax.schemas import BoundedInteger, Pattern
+from buildmax.schemas import BoundedInteger, Pattern, StrictBoolean
 
 from .problems import InvalidReview
 from .schema import DECISIONS, OUTCOMES, SEVERITIES
@@ -59,7 +59,7 @@ class ReviewIn(Schema):
         load_default=list,
         validate=validate.Length(max=MAX_FINDINGS),
     )
-    human = fields.Boolean(load_default=False, truthy={True}, falsy={False})
+    human = StrictBoolean(load_default=False)
 
     @validates_schema
     def _changes_need_findings(self, data: dict[str, Any], **_: Any) -> None:

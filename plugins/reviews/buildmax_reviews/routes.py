@@ -27,7 +27,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.idempotency import Reply
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
-from buildmax.schemas import Pattern, revision_number
+from buildmax.schemas import Pattern, StrictBoolean, revision_number
 
 from .candidates import FindingIn
 from .schema import DECISIONS, KINDS, activities, findings, integrations, reviews
@@ -50,7 +50,7 @@ class ReviewBody(Schema):
     decision = fields.String(required=True, validate=validate.OneOf(DECISIONS))
     summary = fields.String(load_default="", validate=validate.Length(max=4000))
     findings = fields.List(fields.Nested(FindingIn), load_default=list)
-    human = fields.Boolean(load_default=False, truthy={True}, falsy={False})
+    human = StrictBoolean(load_default=False)
     generation = revision_number(load_default=None)
 
     @validates_schema

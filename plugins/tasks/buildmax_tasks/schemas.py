@@ -6,7 +6,14 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from buildmax.schemas import NAME_PATTERN, BoundedInteger, Pattern, Timestamp, revision_number
+from buildmax.schemas import (
+    NAME_PATTERN,
+    BoundedInteger,
+    Pattern,
+    StrictBoolean,
+    Timestamp,
+    revision_number,
+)
 
 from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
 from .settings import task_settings
@@ -56,7 +63,7 @@ class ProjectUpdate(_Strict):
 class PolicyBody(_Strict):
     expected_revision = revision_number(load_default=None, allow_none=True)
     approvals_required = BoundedInteger(0, 10, required=True)
-    human_review_required = fields.Boolean(load_default=False)
+    human_review_required = StrictBoolean(load_default=False)
     integration = fields.String(
         load_default="automatic", validate=validate.OneOf(INTEGRATION_MODES)
     )
