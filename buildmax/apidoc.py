@@ -1,24 +1,36 @@
-"""Route documentation and the OpenAPI 3 document built from it.
+"""Route declarations and the OpenAPI 3 document built from them.
 
-Decorate a view with :func:`api` to give it a summary and its schemas; the
-OpenAPI document at ``/v1/openapi.json`` is built from the app's routes, so a
-plugin's routes appear there as soon as its blueprint is registered.
+Decorate a view with :func:`api` to declare what it takes and answers. The
+kernel enforces the declaration and the document at ``/v1/openapi.json``
+shows it, so the two cannot drift apart: the body and query schemas are the
+ones the route validates with, the ``Idempotency-Key`` header is honoured
+exactly where the route says so (:mod:`buildmax.idempotency`), and the page
+parameters of a list route are those :func:`buildmax.pagination.page_request`
+reads. A plugin's routes appear as soon as its blueprint is registered.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
-from marshmallow import Schema
+from marshmallow import Schema, fields
+from quart import current_app, request
+
+from .bodies import validate
+from .inputs import IDEMPOTENCY_KEY_PATTERN
+from .pagination import PageQuery
+from .schemas import Timestamp
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
+#: The request body of a route that takes a JSON body.
+JSON = "application/json"
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,10 @@ class RouteDoc:
     idempotent: bool
     tags: tuple[str, ...]
     content_type: str
+    body_type: str
+    query: type[Schema] | None
+    headers: type[Schema] | None
+    also: tuple[tuple[int, str], ...]
 
 
 def api(
@@ -46,9 +62,22 @@ def api(
     scopes: Iterable[str] = (),
     idempotent: bool = False,
     tags: Iterable[str] = (),
-    content_type: str = "application/json",
+    content_type: str = JSON,
+    body_type: str = JSON,
+    query: type[Schema] | None = None,
+    headers: type[Schema] | None = None,
+    also: Mapping[int, str] | None = None,
 ) -> Callable[[F], F]:
-    """Document a view for the OpenAPI document."""
+    """Declare a view.
+
+    ``body`` is the schema of its JSON body; a route that reads raw bytes
+    names their media type in ``body_type`` instead. ``content_type`` is the
+    media type of its success answer, ``status`` that answer's status and
+    ``also`` any other success status (with what it means) answered with
+    the same body. ``query`` and ``headers`` are schemas of the query
+    parameters and request headers it reads. ``idempotent`` routes honour
+    ``Idempotency-Key``.
+    """
 
     def mark(view: F) -> F:
         view.__buildmax_api__ = RouteDoc(  # type: ignore[attr-defined]
@@ -61,10 +90,45 @@ def api(
             idempotent,
             tuple(tags),
             content_type,
+            body_type,
+            query,
+            headers,
+            tuple(sorted((also or {}).items())),
         )
         return view
 
     return mark
+
+
+def route_doc(view: Any) -> RouteDoc | None:
+    """The declaration of ``view``, if it has one."""
+    return getattr(view, "__buildmax_api__", None)
+
+
+def current_route_doc() -> RouteDoc | None:
+    """The declaration of the view serving this request."""
+    endpoint = request.endpoint
+    return route_doc(current_app.view_functions.get(endpoint)) if endpoint else None
+
+
+def query_args() -> dict[str, Any]:
+    """The query parameters of this request, validated with the route's
+    ``query`` schema (422 naming each bad one); only those it declares."""
+    doc = current_route_doc()
+    if doc is None or doc.query is None:
+        raise RuntimeError(f"{request.endpoint} declares no query schema")
+    return validate(doc.query(), dict(request.args))
+
+
+def header_args() -> dict[str, Any]:
+    """The request headers the route's ``headers`` schema declares, validated
+    (422 naming each bad one)."""
+    doc = current_route_doc()
+    if doc is None or doc.headers is None:
+        raise RuntimeError(f"{request.endpoint} declares no header schema")
+    schema = doc.headers()
+    wanted = {field.data_key or name for name, field in schema.fields.items()}
+    return validate(schema, {key: request.headers[key] for key in wanted if key in request.headers})
 
 
 _PROBLEM = {
@@ -73,11 +137,26 @@ _PROBLEM = {
 }
 
 
+#: Every JSON value but null: what a raw field that refuses null takes.
+_NOT_NULL = [{"type": kind} for kind in ("object", "array", "string", "number", "boolean")]
+
+
+def _any_but_null(
+    converter: Any, field: fields.Field[Any], ret: dict[str, Any], **_: Any
+) -> dict[str, Any]:
+    """A raw field (any JSON value) that refuses null says so: an empty
+    schema would let a client send null and be refused."""
+    if type(field) is fields.Raw and not field.allow_none and "type" not in ret:
+        return {"anyOf": _NOT_NULL}
+    return {}
+
+
 def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
-    """The OpenAPI 3 document of every documented route of ``app``."""
-    spec = APISpec(
-        title=title, version=version, openapi_version="3.0.3", plugins=[MarshmallowPlugin()]
-    )
+    """The OpenAPI 3 document of every declared route of ``app``."""
+    marshmallow = MarshmallowPlugin()
+    spec = APISpec(title=title, version=version, openapi_version="3.0.3", plugins=[marshmallow])
+    marshmallow.map_to_openapi_type(Timestamp, "string", "date-time")  # type: ignore[no-untyped-call]
+    marshmallow.converter.add_attribute_function(_any_but_null)  # type: ignore[union-attr]
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     spec.components.schema(
         "Problem",
@@ -90,13 +169,13 @@ def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
                 "detail": {"type": "string"},
                 "instance": {"type": "string"},
                 "request_id": {"type": "string"},
+                "errors": {"type": "object", "description": "Per-field messages (422)"},
             },
         },
     )
     paths: dict[str, dict[str, Any]] = {}
     for rule in app.url_map.iter_rules():
-        view = app.view_functions.get(rule.endpoint)
-        doc: RouteDoc | None = getattr(view, "__buildmax_api__", None)
+        doc = route_doc(app.view_functions.get(rule.endpoint))
         if doc is None:
             continue
         path = _PARAM.sub(r"{\1}", rule.rule)
@@ -105,6 +184,7 @@ def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
             for name in _PARAM.findall(rule.rule)
         ]
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            view = app.view_functions[rule.endpoint]
             paths.setdefault(path, {})[method.lower()] = _operation(doc, params, view)
     for path, operations in sorted(paths.items()):
         spec.path(path=path, operations=operations)
@@ -124,22 +204,56 @@ def _operation(doc: RouteDoc, params: list[dict[str, Any]], view: Any) -> dict[s
         operation["security"] = [{"bearer": []}]
     if doc.scopes:
         operation["x-token-scopes"] = list(doc.scopes)
+    if doc.query is not None:
+        operation["parameters"].append({"in": "query", "schema": doc.query})
+    if doc.response is not None and "next_cursor" in doc.response._declared_fields:
+        operation["parameters"].append({"in": "query", "schema": PageQuery})
+    if doc.headers is not None:
+        operation["parameters"].append({"in": "header", "schema": doc.headers})
     if doc.idempotent:
         operation["parameters"].append(
             {
                 "name": "Idempotency-Key",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string"},
+                "description": "A repeat with the same key answers with the first answer",
+                "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
             }
         )
     if doc.body is not None:
+        # An empty body reads as {}: it is required only when a field is.
+        required = any(field.required for field in doc.body._declared_fields.values())
+        operation["requestBody"] = {
+            "required": required,
+            "content": {doc.body_type: {"schema": doc.body}},
+        }
+    elif doc.body_type != JSON:
         operation["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": doc.body}},
+            "content": {doc.body_type: {"schema": {"type": "string", "format": "binary"}}},
         }
-    success: dict[str, Any] = {"description": doc.summary}
-    if doc.response is not None:
-        success["content"] = {doc.content_type: {"schema": doc.response}}
-    operation["responses"][str(doc.status)] = success
+    for status, description in ((doc.status, doc.summary), *doc.also):
+        operation["responses"][str(status)] = _success(doc, description)
     return operation
+
+
+#: One event of a ``text/event-stream`` answer (Server-Sent Events).
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "event": {"type": "string"},
+        "data": {"type": "string", "description": "JSON"},
+    },
+}
+
+
+def _success(doc: RouteDoc, description: str) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description}
+    if doc.response is not None:
+        answer["content"] = {doc.content_type: {"schema": doc.response}}
+    elif doc.content_type == "text/event-stream":
+        answer["content"] = {doc.content_type: {"schema": _SSE_EVENT}}
+    elif doc.content_type != JSON:
+        answer["content"] = {doc.content_type: {"schema": {"type": "string", "format": "binary"}}}
+    return answer

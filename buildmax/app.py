@@ -205,16 +205,14 @@ def _install_conventions(app: BuildMax) -> None:
     async def on_blob_store_unavailable(exc: BlobStoreUnavailable) -> Response:
         log.warning("blob store unavailable in %s %s: %s", request.method, request.path, exc)
         # The cause (hosts, codes) goes to the log, not to the client.
-        response = problem_response(BlobStoreDown("the blob store did not answer; retry later"))
-        response.headers["Retry-After"] = "5"
-        return response
+        return problem_response(
+            BlobStoreDown("the blob store did not answer; retry later", retry_after=5)
+        )
 
     @app.errorhandler(DatabaseLogFull)
     async def on_database_log_full(exc: DatabaseLogFull) -> Response:
         # Already logged, once per relief attempt, by the engine.
-        response = problem_response(DatabaseLogAtLimit(str(exc)))
-        response.headers["Retry-After"] = str(exc.retry_after)
-        return response
+        return problem_response(DatabaseLogAtLimit(str(exc), retry_after=exc.retry_after))
 
     @app.errorhandler(Exception)
     async def on_exception(exc: Exception) -> Response:

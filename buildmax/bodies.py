@@ -38,9 +38,17 @@ async def json_body() -> Any:
         raise MalformedJSON(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise MalformedJSON("the body is nested too deeply") from None
-    problem = first_unsafe_value(payload)
-    if problem is not None:
-        raise MalformedJSON(f"the body contains {problem}")
+    unsafe = first_unsafe_value(payload)
+    if unsafe is not None and unsafe.integer:
+        # Valid JSON holding a number no column takes: a value out of range,
+        # refused like any other, naming where it is.
+        where = ".".join(unsafe.path) or "the body"
+        raise ValidationFailed(
+            f"{where} is {unsafe.problem}",
+            errors=unsafe.errors("Not within the signed 64-bit range."),
+        )
+    if unsafe is not None:
+        raise MalformedJSON(f"the body contains {unsafe.problem}")
     return payload
 
 

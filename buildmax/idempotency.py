@@ -23,9 +23,11 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Response, request
 
+from .apidoc import current_route_doc
 from .auth import Caller
 from .bodies import json_body, json_response
 from .database.locks import try_lock
+from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .problems import BadRequest, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from .schema import idempotency_receipts as receipts
 from .tokens import issued_body, reissue_token
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 
 HEADER = "Idempotency-Key"
 REPLAY_HEADER = "Idempotent-Replayed"
-_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 Reminter = Callable[[Transaction, Caller, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -82,13 +84,18 @@ class Idempotency:
         ``secret_fields`` name body fields (passwords) left out of the
         stored fingerprint, so a receipt holds no guessable hash of them; a
         retry that differs only there replays the first answer."""
+        doc = current_route_doc()
+        if doc is None or not doc.idempotent:
+            # The header is honoured exactly where the route declares it, so
+            # the OpenAPI document lists it on the routes that keep receipts.
+            raise RuntimeError(f"{request.endpoint} keeps receipts but is not declared idempotent")
         key = request.headers.get(HEADER)
         db = self._app.db
         if key is None:
             async with db.write() as tx:
                 reply = await work(tx)
             return _respond(reply)
-        if not _KEY.match(key):
+        if not _KEY.fullmatch(key):
             raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters")
         ident = (caller.principal_pk, request.method, request.path, key)
         fingerprint = await _fingerprint(secret_fields)

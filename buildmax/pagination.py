@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from quart import request
+from marshmallow import EXCLUDE, Schema, fields
+from quart import current_app, request
 
+from .bodies import validate
 from .inputs import first_unsafe_value
-from .problems import BadCursor, ValidationFailed
+from .problems import BadCursor
+from .schemas import BoundedInteger
 
 #: Longer than any cursor this server issues.
 MAX_CURSOR_LENGTH = 1024
@@ -57,24 +60,36 @@ def decode_cursor(cursor: str, key_types: tuple[type, ...]) -> list[Any]:
     return key
 
 
-def page_request(default: int, maximum: int, key_types: tuple[type, ...] = (str,)) -> PageRequest:
-    """Read ``limit`` and ``cursor`` from the query string; ``key_types``
-    describes the sort key the route pages by."""
-    raw_limit = request.args.get("limit")
-    limit = default
-    if raw_limit is not None:
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            raise ValidationFailed(
-                "limit must be an integer", errors={"limit": ["Not a valid integer."]}
-            ) from None
-        if not 1 <= limit <= maximum:
-            raise ValidationFailed(
-                f"limit must be between 1 and {maximum}",
-                errors={"limit": [f"Must be between 1 and {maximum}."]},
-            )
-    cursor = request.args.get("cursor")
+class PageQuery(Schema):
+    """The query of every list route (every route answering a page): the
+    OpenAPI document lists these for each such route."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    limit = BoundedInteger(
+        1,
+        lambda app: app.settings.page_size_max,
+        text=True,
+        metadata={"description": "Items per page (default: the server's page_size_default)"},
+    )
+    cursor = fields.String(
+        metadata={
+            "description": "The next_cursor of the previous page, unchanged",
+            "maxLength": MAX_CURSOR_LENGTH,
+        },
+    )
+
+
+_PAGE_QUERY = PageQuery()
+
+
+def page_request(key_types: tuple[type, ...] = (str,)) -> PageRequest:
+    """Read ``limit`` and ``cursor`` from the query string (:class:`PageQuery`);
+    ``key_types`` describes the sort key the route pages by."""
+    query = validate(_PAGE_QUERY, dict(request.args))
+    limit = query.get("limit") or current_app.settings.page_size_default  # type: ignore[attr-defined]
+    cursor = query.get("cursor")
     after = decode_cursor(cursor, key_types) if cursor else None
     return PageRequest(limit, after)
 

@@ -10,7 +10,7 @@ from buildmax_hookspecs import Transaction
 from .conflicts import insert_ignoring_conflict
 from .ids import new_id
 from .problems import Conflict
-from .schema import principals
+from .schema import principals, space_members
 
 PUBLIC_COLUMNS = (
     principals.c.id,
@@ -58,6 +58,37 @@ async def find_principal(conn: Transaction, ref: str) -> dict[str, Any] | None:
     row = await conn.fetch_one(
         sa.select(*PUBLIC_COLUMNS, principals.c.password_hash)
         .where(sa.or_(principals.c.public_id == ref, principals.c.name == ref))
+        .limit(1)
+    )
+    return dict(row) if row is not None else None
+
+
+async def find_member_candidate(
+    conn: Transaction, ref: str, viewer_pk: int, sees_everyone: bool
+) -> dict[str, Any] | None:
+    """The principal a space admin names to add or remove: by public id, any
+    principal (an id is handed out deliberately and cannot be guessed); by
+    name, only one ``viewer_pk`` may see: everyone when ``sees_everyone`` (a
+    system admin or operator), otherwise itself and the principals it shares
+    a space with. One statement, so a name out of sight is exactly as absent
+    as a name nobody has."""
+    mine = space_members.alias("mine")
+    theirs = space_members.alias("theirs")
+    shares_a_space = (
+        sa.select(mine.c.space_id)
+        .join(theirs, theirs.c.space_id == mine.c.space_id)
+        .where(mine.c.principal_id == viewer_pk, theirs.c.principal_id == principals.c.id)
+        .exists()
+    )
+    visible = sa.or_(sa.literal(sees_everyone), principals.c.id == viewer_pk, shares_a_space)
+    row = await conn.fetch_one(
+        sa.select(*PUBLIC_COLUMNS, principals.c.password_hash)
+        .where(
+            sa.or_(
+                principals.c.public_id == ref,
+                sa.and_(principals.c.name == ref, visible),
+            )
+        )
         .limit(1)
     )
     return dict(row) if row is not None else None

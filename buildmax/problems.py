@@ -115,11 +115,20 @@ class IdempotencyKeyReused(Problem):
     )
 
 
-class TooManyRequests(Problem):
+class _RetryLater(Problem):
+    """A problem the client may retry: every one says when, in
+    ``Retry-After`` (whole seconds, at least 1)."""
+
+    def __init__(self, detail: str | None = None, *, retry_after: int, **kwargs: Any) -> None:
+        super().__init__(detail, **kwargs)
+        self.headers["Retry-After"] = str(max(1, int(retry_after)))
+
+
+class TooManyRequests(_RetryLater):
     status, slug, title = 429, "too-many-requests", "Too many requests"
 
 
-class ServiceUnavailable(Problem):
+class ServiceUnavailable(_RetryLater):
     status, slug, title = 503, "service-unavailable", "Service unavailable"
 
 
@@ -146,9 +155,16 @@ _BY_STATUS: dict[int, type[Problem]] = {
 }
 
 
+#: ``Retry-After`` of a 429 or 503 the framework raised, which says nothing
+#: better.
+DEFAULT_RETRY_AFTER = 5
+
+
 def problem_for_status(status: int, detail: str | None = None) -> Problem:
     """The problem matching a plain HTTP status (for framework-raised errors)."""
     cls = _BY_STATUS.get(status)
     if cls is None:
         return Problem(detail, status=status, slug=f"http-{status}", title=f"HTTP {status}")
+    if issubclass(cls, _RetryLater):
+        return cls(detail, retry_after=DEFAULT_RETRY_AFTER)
     return cls(detail)

@@ -275,6 +275,42 @@ async def test_the_per_address_limit_spans_different_names(app, client, clock, a
     assert (await _sign_in(client, "ada", PASSWORD, address=attacker)).status_code == 201
 
 
+@pytest.mark.parametrize("limit_by", ["name", "address"])
+async def test_a_refused_sign_in_says_when_a_slot_frees_up(app, client, clock, admin, limit_by):
+    """The 429 carries ``Retry-After``: the seconds until the oldest failure
+    of the window leaves it and frees a slot. A second before, sign-in is
+    still refused; at that moment it is allowed. Catches a 429 without the
+    header, a fixed value (the whole window), or one counted from the newest
+    failure."""
+    await _create_human(client, admin, "ada")
+    settings = app.settings
+    limit = getattr(settings, f"sign_in_max_failures_per_{limit_by}")
+    attacker = "198.51.100.66"
+    spacing = 7
+    for i in range(limit):
+        name, address = (
+            ("ada", f"203.0.113.{i + 1}") if limit_by == "name" else (f"g-{i}", attacker)
+        )
+        assert (
+            await _sign_in(client, name, "wrong password!!", address=address)
+        ).status_code == 401
+        clock.advance(seconds=spacing)
+    address = "203.0.113.99" if limit_by == "name" else attacker
+
+    blocked = await _sign_in(client, "ada", PASSWORD, address=address)
+    await _problem(blocked, 429, "too-many-requests")
+    # The first failure was limit * spacing seconds ago.
+    wait = settings.sign_in_window_seconds - limit * spacing
+    assert blocked.headers["Retry-After"] == str(wait)
+
+    clock.advance(seconds=wait - 1)
+    still = await _sign_in(client, "ada", PASSWORD, address=address)
+    await _problem(still, 429, "too-many-requests")
+    assert still.headers["Retry-After"] == "1"
+    clock.advance(seconds=1)
+    assert (await _sign_in(client, "ada", PASSWORD, address=address)).status_code == 201
+
+
 async def test_concurrent_guesses_cannot_exceed_the_per_name_limit(
     app, client, admin, real_password_hashing
 ):
@@ -984,6 +1020,57 @@ async def test_the_last_owner_cannot_be_demoted_or_removed(
     assert (await _put_member(client, owner, space, co_owner, "owner")).status_code == 200
     assert (await client.delete(leave, headers=owner.headers)).status_code == 204
     assert await _members(app, space) == {co_owner.pk: "owner"}
+
+
+async def test_a_space_admin_cannot_tell_a_hidden_name_from_an_unknown_one(
+    app, client, admin, make_principal, make_space, audit_log
+):
+    """A space admin (no system role) may name, in ``PUT`` and ``DELETE
+    /members/{principal}``, only principals it can see: itself and those
+    sharing a space with it. Any other name gets the very answer a name
+    nobody has gets, and changes nothing; a public id (handed out, not
+    guessable) still works, and a system admin sees everyone. Catches a
+    lookup of the name server-wide (the 200 or the different 404 told the
+    admin the name exists)."""
+    space_admin = await make_principal("human")
+    space = await make_space(space_admin)
+    elsewhere = await make_space(space_admin)
+    hidden = await make_principal("agent", name="hidden-agent")
+    colleague = await make_principal("agent", name="colleague-agent")
+    await _put_member(client, space_admin, elsewhere, colleague, "member")
+    before_members, before_audit = await _members(app, space), len(audit_log.events)
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k not in ("instance", "request_id")}
+
+    for method, kwargs in (("PUT", {"json": {"role": "member"}}), ("DELETE", {})):
+        answers = []
+        for name in ("hidden-agent", "nobody-has-this-name"):
+            url = f"/v1/spaces/{space.id}/members/{name}"
+            response = await client.open(url, method=method, headers=space_admin.headers, **kwargs)
+            answers.append(
+                (response.status_code, answer(await _problem(response, 404, "not-found")))
+            )
+        assert answers[0] == answers[1], method
+    assert await _members(app, space) == before_members
+    assert len(audit_log.events) == before_audit
+
+    # Visible by name: a principal sharing another space with the admin.
+    added = await client.put(
+        f"/v1/spaces/{space.id}/members/colleague-agent",
+        json={"role": "member"},
+        headers=space_admin.headers,
+    )
+    assert added.status_code == 200, await added.get_json()
+    assert colleague.pk in await _members(app, space)
+    # By public id, any principal; a system admin names anyone.
+    by_id = await _put_member(client, space_admin, space, hidden, "viewer")
+    assert by_id.status_code == 200
+    system = await client.delete(
+        f"/v1/spaces/{space.id}/members/hidden-agent", headers=admin.headers
+    )
+    assert system.status_code == 204
+    assert hidden.pk not in await _members(app, space)
 
 
 async def test_a_member_can_remove_itself_but_not_others(

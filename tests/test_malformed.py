@@ -278,6 +278,7 @@ BODY_ROUTE_NAMES = [
     "sign-in",
     "create principal",
     "update principal",
+    "update yourself",
     "create token",
     "create space",
     "rename space",
@@ -361,6 +362,20 @@ def body_routes(w: World) -> list[BodyRoute]:
                 {"created_at": 0},
                 {"disabled_at": None},
             ),
+            free_text=("display_name",),
+        ),
+        BodyRoute(
+            "update yourself",
+            "PATCH",
+            "/v1/principals/me",
+            {"display_name": "renamed"},
+            (),
+            {
+                "display_name": [*WRONG_FOR_STRING, None, "d" * 201],
+                "system_role": [*WRONG_FOR_STRING, "", "root", "Admin", "owner"],
+                "disabled": [None, "", "maybe", "null", 2, -1, 1.5, [], {}, [True]],
+            },
+            unknown=({"name": "renamed"}, {"id": "pr_AAAAAAAAAAAAAAAAAAAAAA"}),
             free_text=("display_name",),
         ),
         BodyRoute(
@@ -549,10 +564,12 @@ def field_cases(route: BodyRoute) -> list[Case]:
     for name, values in route.bad_values.items():
         for value in values:
             label = f"{name}={value!r}"[:60]
-            # A well-formed id naming nobody is a 404; a value no engine can
-            # store alike is refused at the edge (400); anything else does not validate.
+            # A well-formed id naming nobody is a 404; text no engine can store
+            # alike is refused at the edge (400); anything else, an integer
+            # beyond 64 bits included, does not validate (422).
             expect = (404,) if value == UNKNOWN_PRINCIPAL else (422,)
-            if first_unsafe_value(value) is not None:
+            unsafe = first_unsafe_value(value)
+            if unsafe is not None and not unsafe.integer:
                 expect = (400,)
             case(label, {**route.valid, name: value}, expect=expect)
     for unknown in route.unknown:

@@ -17,6 +17,11 @@ from ..schemas import Health
 
 blueprint = Blueprint("buildmax_health", __name__)
 
+#: A database that does not answer is usually back within seconds (a
+#: restart, a failover); pending migrations wait for an operator.
+DATABASE_RETRY_SECONDS = 5
+MIGRATIONS_RETRY_SECONDS = 30
+
 
 @blueprint.get("/livez")
 @api("Liveness: the process answers", response=Health, auth=False, tags=["health"])
@@ -40,10 +45,15 @@ async def readyz() -> Response:
             await conn.fetch_val(sa.select(sa.literal_column("1")))
         statuses = await migration_status(app.db, app.migrations())
     except Exception as exc:
-        raise ServiceUnavailable(f"database unavailable: {exc}") from None
+        raise ServiceUnavailable(
+            f"database unavailable: {exc}", retry_after=DATABASE_RETRY_SECONDS
+        ) from None
     behind = [s.plugin for s in statuses if s.loaded and s.state != "current"]
     if behind:
-        raise ServiceUnavailable(f"migrations not current for: {', '.join(behind)}")
+        raise ServiceUnavailable(
+            f"migrations not current for: {', '.join(behind)}",
+            retry_after=MIGRATIONS_RETRY_SECONDS,
+        )
     return json_response({"status": "ok", "checks": {"database": "ok", "migrations": "current"}})
 
 

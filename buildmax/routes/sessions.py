@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, Transaction
 from quart import Blueprint, Response, request
@@ -25,22 +27,30 @@ def _client_address() -> str:
     return (request.remote_addr or "unknown")[:64]
 
 
-async def _over_limit(tx: Transaction, name: str, address: str, since: int) -> bool:
+async def _retry_after_ms(tx: Transaction, name: str, address: str, now: int) -> int | None:
+    """How long until a sign-in for ``name`` from ``address`` is allowed
+    again (ms), or ``None`` when it is allowed now.
+
+    A failure counts while it is younger than the window, so the count
+    drops below a limit of N when the N-th newest failure leaves the window;
+    both limits must have room."""
     settings = current_buildmax().settings
-    by_name = await tx.fetch_val(
-        sa.select(sa.func.count()).where(
-            sign_in_failures.c.name == name, sign_in_failures.c.at > since
+    window = settings.sign_in_window_seconds * 1000
+    waits = []
+    for column, value, limit in (
+        (sign_in_failures.c.name, name, settings.sign_in_max_failures_per_name),
+        (sign_in_failures.c.address, address, settings.sign_in_max_failures_per_address),
+    ):
+        nth_newest = await tx.fetch_val(
+            sa.select(sign_in_failures.c.at)
+            .where(column == value, sign_in_failures.c.at > now - window)
+            .order_by(sign_in_failures.c.at.desc())
+            .limit(1)
+            .offset(limit - 1)
         )
-    )
-    by_address = await tx.fetch_val(
-        sa.select(sa.func.count()).where(
-            sign_in_failures.c.address == address, sign_in_failures.c.at > since
-        )
-    )
-    return bool(
-        by_name >= settings.sign_in_max_failures_per_name
-        or by_address >= settings.sign_in_max_failures_per_address
-    )
+        if nth_newest is not None:
+            waits.append(int(nth_newest) + window - now)
+    return max(waits) if waits else None
 
 
 @blueprint.post("/v1/sessions")
@@ -64,8 +74,12 @@ async def sign_in() -> Response:
     async with app.db.write() as tx:
         await lock(tx, "sign-in name", name)
         await lock(tx, "sign-in address", address)
-        if await _over_limit(tx, name, address, now - settings.sign_in_window_seconds * 1000):
-            raise TooManyRequests("too many failed sign-ins; wait and try again")
+        wait = await _retry_after_ms(tx, name, address, now)
+        if wait is not None:
+            raise TooManyRequests(
+                "too many failed sign-ins; wait and try again",
+                retry_after=math.ceil(wait / 1000),
+            )
         await tx.execute(sign_in_failures.insert().values(name=name, address=address, at=now))
         principal = await find_principal(tx, name)
     if not (

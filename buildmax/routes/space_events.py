@@ -6,34 +6,52 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from marshmallow import EXCLUDE, Schema
 from quart import Blueprint, Response, request
 
 from ..access import require_space
-from ..apidoc import api
+from ..apidoc import api, header_args, query_args
 from ..app import current_buildmax
 from ..auth import authenticate, bearer_secret, still_authorized
 from ..clock import to_rfc3339
 from ..events import stream
 from ..inputs import INT64_MAX
-from ..problems import ValidationFailed
+from ..schemas import BoundedInteger
 
 blueprint = Blueprint("buildmax_space_events", __name__)
 
 
+def _event_id(**kwargs: Any) -> BoundedInteger:
+    """An event id: a sequence number in a 64-bit column, from 1 (0: none yet)."""
+    return BoundedInteger(0, INT64_MAX, text=True, **kwargs)
+
+
+class ResumeQuery(Schema):
+    """Where a stream resumes when no ``Last-Event-ID`` is sent."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    after = _event_id(metadata={"description": "Send the events after this id (default 0)"})
+
+
+class ResumeHeaders(Schema):
+    """Where a reconnecting stream resumes (``EventSource`` sends it)."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    last_event_id = _event_id(
+        data_key="Last-Event-ID",
+        metadata={"description": "The id of the last event received; wins over after"},
+    )
+
+
 def _resume_point() -> int:
-    raw = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
-    try:
-        after = int(raw)
-    except ValueError:
-        raise ValidationFailed(
-            "Last-Event-ID must be an event id from this stream",
-            errors={"Last-Event-ID": ["Not a valid integer."]},
-        ) from None
-    if not 0 <= after <= INT64_MAX:
-        raise ValidationFailed(
-            "Last-Event-ID must be an event id from this stream",
-            errors={"Last-Event-ID": ["Out of range."]},
-        )
+    # Both are checked, whichever is used: a bad value is refused either way.
+    after = int(query_args().get("after", 0))
+    if request.headers.get("Last-Event-ID"):
+        return int(header_args()["last_event_id"])
     return after
 
 
@@ -54,6 +72,8 @@ def _frame(row: dict[str, Any]) -> bytes:
     "Stream a space's events (text/event-stream; resume with Last-Event-ID)",
     tags=["events"],
     content_type="text/event-stream",
+    query=ResumeQuery,
+    headers=ResumeHeaders,
 )
 async def events(space: str) -> Response:
     """Each event has ``id`` (its sequence in the space), ``event`` (its

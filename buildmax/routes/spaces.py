@@ -15,7 +15,7 @@ from ..auth import Caller, authenticate
 from ..bodies import json_response, load_body
 from ..idempotency import Reply
 from ..pagination import page_body, page_request
-from ..principals import find_principal
+from ..principals import find_member_candidate, find_principal
 from ..problems import Forbidden, NotFound
 from ..schema import principals, space_members, spaces
 from ..schemas import (
@@ -58,7 +58,7 @@ async def list_spaces() -> Response:
     """Ordered by slug; ``role`` is your membership role (``null`` if none)."""
     app = current_buildmax()
     caller = await authenticate()
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     membership = sa.and_(
         space_members.c.space_id == spaces.c.id,
         space_members.c.principal_id == caller.principal_pk,
@@ -177,7 +177,7 @@ async def list_members(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "space.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         sa.select(*MEMBER_COLUMNS)
         .select_from(
@@ -195,9 +195,15 @@ async def list_members(space: str) -> Response:
     return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
 
 
-async def _member_target(ref: str) -> dict[str, Any]:
+async def _member_target(caller: Caller, ref: str) -> dict[str, Any]:
+    """The principal ``ref`` names (:func:`find_member_candidate`): a space
+    admin cannot learn from these routes whether a name exists elsewhere on
+    the server, since a name out of its sight gets the same 404 as a name
+    nobody has."""
     async with current_buildmax().db.read() as conn:
-        target = await find_principal(conn, ref)
+        target = await find_member_candidate(
+            conn, ref, caller.principal_pk, caller.is_admin or caller.is_operator
+        )
     if target is None:
         raise NotFound("no such principal")
     return target
@@ -216,7 +222,7 @@ async def put(space: str, principal: str) -> Response:
     caller = await authenticate()
     access = await require_space(space, "admin", caller, "space.members.manage")
     data = await load_body(MemberPut())
-    target = await _member_target(principal)
+    target = await _member_target(caller, principal)
     role = data["role"]
     async with app.db.write() as tx:
         target_role = await member_role(tx, access.pk, target["id"])
@@ -302,7 +308,7 @@ async def delete(space: str, principal: str) -> Response:
     access = await require_space(
         space, "viewer" if leaving else "admin", caller, "space.members.manage"
     )
-    target = await _member_target(principal)
+    target = await _member_target(caller, principal)
     async with app.db.write() as tx:
         target_role = await member_role(tx, access.pk, target["id"])
         if not leaving:

@@ -67,9 +67,7 @@ async def list_tokens() -> Response:
     app = current_buildmax()
     caller = await authenticate()
     principal_pk, principal_id = await _target_principal(caller, request.args.get("principal"))
-    page = page_request(
-        app.settings.page_size_default, app.settings.page_size_max, key_types=(int, str)
-    )
+    page = page_request(key_types=(int, str))
     query = (
         sa.select(*_TOKEN_COLUMNS)
         .select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))

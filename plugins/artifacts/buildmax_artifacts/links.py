@@ -12,7 +12,6 @@ artifact). This plugin never imports the tasks plugin.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import cast
 
@@ -24,10 +23,6 @@ from buildmax.auth import Caller
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.services import ServiceMissing
 
-#: A generation as the query carries it: a positive decimal that an
-#: attempt's integer column holds.
-_GENERATION = re.compile(r"^[1-9][0-9]{0,9}\Z")
-MAX_GENERATION = 2**31 - 1
 #: Override reasons are recorded on the audit trail, whose details are bounded.
 MAX_REASON = 1000
 
@@ -51,28 +46,6 @@ def task_queue(app: BuildMax) -> TaskQueue:
         raise ValidationFailed("task and attempt need the tasks plugin") from None
 
 
-def _generation(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    if not _GENERATION.match(raw) or int(raw) > MAX_GENERATION:
-        raise ValidationFailed(
-            f"generation must be a whole number from 1 to {MAX_GENERATION}",
-            errors={"generation": ["Invalid."]},
-        )
-    return int(raw)
-
-
-def _reason(raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    if not 1 <= len(raw) <= MAX_REASON or any(ord(c) < 32 or ord(c) == 127 for c in raw):
-        raise ValidationFailed(
-            f"override_reason must be 1 to {MAX_REASON} printable characters",
-            errors={"override_reason": ["Invalid."]},
-        )
-    return raw
-
-
 async def requested_link(
     app: BuildMax,
     caller: Caller,
@@ -80,7 +53,7 @@ async def requested_link(
     *,
     task: str | None,
     attempt: str | None,
-    generation: str | None,
+    generation: int | None,
     override_reason: str | None,
 ) -> Link:
     """The link an upload asks for, checked before any byte is stored.
@@ -88,8 +61,7 @@ async def requested_link(
     An upload naming ``attempt`` names its ``generation`` too. An attempt's
     token uploads for its own attempt only, which it need not name (the
     attempt's current generation is then meant)."""
-    at = _generation(generation)
-    reason = _reason(override_reason)
+    at, reason = generation, override_reason
     scope = caller.actor.scope_id if caller.actor.scope_type == "attempt" else None
     if scope is not None and attempt not in (None, scope):
         raise Forbidden("an attempt's token uploads for its own attempt only")

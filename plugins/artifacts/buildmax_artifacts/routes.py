@@ -22,12 +22,12 @@ from buildmax_hookspecs import (
     BlobNotFound,
     BlobTooLarge,
 )
-from marshmallow import Schema, fields
+from marshmallow import EXCLUDE, Schema, fields
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from buildmax.access import SpaceAccess, require_space
-from buildmax.apidoc import api
+from buildmax.apidoc import api, query_args
 from buildmax.app import BuildMax, blob_store, current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
@@ -42,10 +42,10 @@ from buildmax.problems import (
     ValidationFailed,
 )
 from buildmax.schema import principals
-from buildmax.schemas import Timestamp
+from buildmax.schemas import Pattern, Timestamp, revision_number
 from buildmax.streaming import allow_body
 
-from .links import Link, requested_link, task_queue
+from .links import MAX_REASON, Link, requested_link, task_queue
 from .quota import Reservation, release, reserve, settle, tombstoned
 from .schema import artifacts
 from .settings import artifact_settings
@@ -112,11 +112,9 @@ def _render(space: SpaceAccess, row: Any) -> dict[str, Any]:
     )
 
 
-def _text_arg(name: str, *, required: bool = False, max_length: int = 255) -> str | None:
+def _text_arg(name: str, *, max_length: int = 255) -> str | None:
     value = request.args.get(name)
     if value is None:
-        if required:
-            raise ValidationFailed(f"{name} is required", errors={name: ["Missing."]})
         return None
     if not 1 <= len(value) <= max_length or any(ord(c) < 32 or c in "/\\\x7f" for c in value):
         raise ValidationFailed(
@@ -137,6 +135,32 @@ def _media_type(raw: str, field: str) -> str:
     return media_type
 
 
+#: A name or id given in the query: printable, no slash or backslash.
+_QUERY_TEXT = r"^[^\x00-\x1f\x7f/\\]{%d,%d}$"
+
+
+class UploadQuery(Schema):
+    """What an upload names in its query."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    name = fields.String(required=True, validate=Pattern(_QUERY_TEXT % (1, 255)))
+    sha256 = fields.String(
+        validate=Pattern(_SHA256.pattern),
+        metadata={"description": "The digest the bytes must have"},
+    )
+    task = fields.String(validate=Pattern(_QUERY_TEXT % (1, 64)))
+    attempt = fields.String(validate=Pattern(_QUERY_TEXT % (1, 64)))
+    generation = revision_number(
+        text=True, metadata={"description": "The attempt's current generation (with attempt)"}
+    )
+    override_reason = fields.String(
+        validate=Pattern(rf"^[^\x00-\x1f\x7f]{{1,{MAX_REASON}}}$"),
+        metadata={"description": "Why a space admin attaches to someone else's attempt"},
+    )
+
+
 @blueprint.post("/v1/spaces/<space>/artifacts")
 @api(
     "Upload an artifact: the body is its bytes (members; an attempt's token for its attempt)",
@@ -144,7 +168,8 @@ def _media_type(raw: str, field: str) -> str:
     status=201,
     scopes=["attempt"],
     tags=["artifacts"],
-    content_type="application/octet-stream",
+    body_type="application/octet-stream",
+    query=UploadQuery,
 )
 async def upload(space: str) -> Response:
     """Query: ``name`` (required), ``sha256`` (the digest the bytes must
@@ -158,10 +183,8 @@ async def upload(space: str) -> Response:
     caller = await authenticate(accept_scopes=("attempt",))
     access = await require_space(space, "member", caller, "artifacts.upload")
     settings = artifact_settings(app)
-    name = _text_arg("name", required=True)
-    expected = request.args.get("sha256")
-    if expected is not None and not _SHA256.match(expected):
-        raise ValidationFailed("sha256 must be 64 lowercase hex digits")
+    query = query_args()
+    name, expected = query["name"], query.get("sha256")
     media_type = _media_type(
         request.headers.get("Content-Type") or "application/octet-stream", "Content-Type"
     )
@@ -169,10 +192,10 @@ async def upload(space: str) -> Response:
         app,
         caller,
         access,
-        task=_text_arg("task", max_length=64),
-        attempt=_text_arg("attempt", max_length=64),
-        generation=request.args.get("generation"),
-        override_reason=request.args.get("override_reason"),
+        task=query.get("task"),
+        attempt=query.get("attempt"),
+        generation=query.get("generation"),
+        override_reason=query.get("override_reason"),
     )
     declared = request.content_length
     if declared is not None and declared > settings.max_bytes:
@@ -309,7 +332,7 @@ async def list_artifacts(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "artifacts.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         _SELECT.where(artifacts.c.space_id == access.pk, artifacts.c.deleted_at.is_(None))
         .order_by(artifacts.c.id.desc())
@@ -384,7 +407,9 @@ def _disposition(name: str) -> dict[str, str]:
     "Download an artifact's bytes (viewers; an attempt's token); one byte range is supported",
     scopes=["attempt"],
     tags=["artifacts"],
-    content_type="application/octet-stream",
+    # The artifact's own media type, whatever it was uploaded as.
+    content_type="*/*",
+    also={206: "The byte range the Range header asked for"},
 )
 async def download(space: str, artifact: str) -> Response:
     """``ETag`` is the sha256; anything but a few image types and plain

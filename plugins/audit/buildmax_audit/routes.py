@@ -154,9 +154,7 @@ def _conditions() -> list[Any]:
 
 
 async def _page(app: BuildMax, conditions: list[Any]) -> Response:
-    page = page_request(
-        app.settings.page_size_default, app.settings.page_size_max, key_types=(int, str, int)
-    )
+    page = page_request(key_types=(int, str, int))
     order = (events.c.time, events.c.chain, events.c.seq)
     query = sa.select(*_COLUMNS).where(*conditions).order_by(*(c.desc() for c in order))
     if page.after is not None:

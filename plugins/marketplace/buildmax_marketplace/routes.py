@@ -32,6 +32,7 @@ from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import Conflict, Forbidden, NotFound, PayloadTooLarge, Problem
 from buildmax.schema import principals
+from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
 
 from .catalog import (
@@ -67,8 +68,8 @@ class EligibilityBody(Schema):
     class Meta:
         unknown = RAISE
 
-    eligible = fields.Boolean(required=True, truthy={True}, falsy={False})
-    sha256 = fields.String(required=True, validate=validate.Regexp(r"^[0-9a-f]{64}\Z"))
+    eligible = StrictBoolean(required=True)
+    sha256 = fields.String(required=True, validate=Pattern(r"^[0-9a-f]{64}$"))
 
 
 class ReleaseOut(Schema):
@@ -182,8 +183,9 @@ async def _release_or_404(conn: Transaction, name: str, version: str) -> dict[st
     "Publish a release (system admins and operators); the body is the .tar.gz or .zip",
     response=ReleaseOut,
     status=201,
+    also={200: "This version exists with the same bytes: the existing release"},
     tags=["catalog"],
-    content_type="application/octet-stream",
+    body_type="application/octet-stream",
 )
 async def publish_release(name: str) -> Response:
     """The bytes are streamed to disk (413 past the size limit), inspected
@@ -218,7 +220,7 @@ async def list_plugins() -> Response:
     """``archived=true`` includes archived plugins."""
     app = current_buildmax()
     await authenticate()
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = _PLUGIN_SELECT.order_by(plugins.c.name).limit(page.limit + 1)
     if request.args.get("archived") != "true":
         query = query.where(plugins.c.archived_at.is_(None))

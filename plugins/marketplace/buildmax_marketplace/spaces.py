@@ -130,6 +130,7 @@ async def _change(space: str, action: str) -> tuple[BuildMax, Any, SpaceAccess]:
 @api(
     "Activate a release in the space, or move the pin to it (space owners and admins)",
     body=PinBody,
+    also={201: "A new activation"},
     idempotent=True,
     tags=["catalog"],
 )

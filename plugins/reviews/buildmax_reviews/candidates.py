@@ -17,6 +17,9 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
+from buildmax.inputs import INT32_MAX
+from buildmax.schemas import BoundedInteger, Pattern, StrictBoolean
+
 from .problems import InvalidReview
 from .schema import DECISIONS, OUTCOMES, SEVERITIES
 
@@ -24,7 +27,7 @@ from .schema import DECISIONS, OUTCOMES, SEVERITIES
 MAX_FINDINGS = 100
 #: Characters of one finding's text.
 MAX_FINDING_CHARS = 4000
-_REF = validate.Regexp(r"^\S{1,200}\Z", error="A ref is 1 to 200 characters without spaces.")
+_REF = Pattern(r"^\S{1,200}$", error="A ref is 1 to 200 characters without spaces.")
 
 
 class FindingIn(Schema):
@@ -36,7 +39,7 @@ class FindingIn(Schema):
     severity = fields.String(required=True, validate=validate.OneOf(SEVERITIES))
     text = fields.String(required=True, validate=validate.Length(min=1, max=MAX_FINDING_CHARS))
     path = fields.String(load_default=None, validate=validate.Length(min=1, max=1000))
-    line = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=1))
+    line = BoundedInteger(1, INT32_MAX, load_default=None)
 
     @validates_schema
     def _line_needs_path(self, data: dict[str, Any], **_: Any) -> None:
@@ -56,7 +59,7 @@ class ReviewIn(Schema):
         load_default=list,
         validate=validate.Length(max=MAX_FINDINGS),
     )
-    human = fields.Boolean(load_default=False, truthy={True}, falsy={False})
+    human = StrictBoolean(load_default=False)
 
     @validates_schema
     def _changes_need_findings(self, data: dict[str, Any], **_: Any) -> None:

@@ -27,6 +27,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.idempotency import Reply
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
+from buildmax.schemas import Pattern, StrictBoolean, revision_number
 
 from .candidates import FindingIn
 from .schema import DECISIONS, KINDS, activities, findings, integrations, reviews
@@ -37,7 +38,7 @@ blueprint = Blueprint("reviews", __name__)
 ATTEMPT_SCOPE = ("attempt",)
 #: Work item states in which nothing more will be recorded on it.
 _FINISHED = ("done", "canceled", "failed")
-_ID_CHARS = validate.Regexp(r"^[A-Za-z0-9_-]{1,64}\Z")
+_ID_CHARS = Pattern(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class ReviewBody(Schema):
@@ -49,8 +50,8 @@ class ReviewBody(Schema):
     decision = fields.String(required=True, validate=validate.OneOf(DECISIONS))
     summary = fields.String(load_default="", validate=validate.Length(max=4000))
     findings = fields.List(fields.Nested(FindingIn), load_default=list)
-    human = fields.Boolean(load_default=False, truthy={True}, falsy={False})
-    generation = fields.Integer(load_default=None, strict=True, validate=validate.Range(min=1))
+    human = StrictBoolean(load_default=False)
+    generation = revision_number(load_default=None)
 
     @validates_schema
     def _reject_says_why(self, data: dict[str, Any], **_: Any) -> None:
@@ -254,7 +255,7 @@ async def list_reviews(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "reviews.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = _ITEM_SELECT.where(activities.c.space_id == access.pk).limit(page.limit + 1)
     kind = _choice("kind", KINDS)
     if kind is not None:
@@ -316,7 +317,7 @@ async def show_review(space: str, ident: str) -> Response:
     return json_response(item)
 
 
-@blueprint.post("/v1/spaces/<space>/reviews/<task>")
+@blueprint.post("/v1/spaces/<space>/reviews/<ident>")
 @api(
     "Record a review on a review work item (its holder; a human may review an unheld one)",
     body=ReviewBody,
@@ -326,12 +327,14 @@ async def show_review(space: str, ident: str) -> Response:
     idempotent=True,
     tags=["reviews"],
 )
-async def record_review(space: str, task: str) -> Response:
-    """The reviewer who claimed the work item hands it in (with the claim's
-    token or the principal's, fenced at ``generation`` when given). A human
-    may record a review on an unheld work item in this one request: it is
-    claimed and handed in together, under the same checks, with no lease to
-    manage. Independence, the human slot and stale criteria are checked."""
+async def record_review(space: str, ident: str) -> Response:
+    """``ident`` is the review work item's task id. The reviewer who claimed
+    the work item hands it in (with the claim's token or the principal's,
+    fenced at ``generation`` when given). A human may record a review on an
+    unheld work item in this one request: it is claimed and handed in
+    together, under the same checks, with no lease to manage. Independence,
+    the human slot and stale criteria are checked."""
+    task = ident
     app = current_buildmax()
     caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
     access = await require_space(space, "member", caller, "reviews.record")
@@ -374,7 +377,7 @@ async def list_findings(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
     access = await require_space(space, "viewer", caller, "reviews.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         _FINDING_SELECT.where(findings.c.space_id == access.pk)
         .order_by(findings.c.id.desc())

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from marshmallow import Schema, ValidationError, fields, validate
 
-from buildmax.schemas import NAME_PATTERN, Timestamp
+from buildmax.schemas import (
+    NAME_PATTERN,
+    BoundedInteger,
+    Pattern,
+    StrictBoolean,
+    Timestamp,
+    revision_number,
+)
 
 from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
+from .settings import task_settings
 
-LABEL = fields.String(validate=validate.Regexp(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}\Z"))
-RESOURCE = fields.String(validate=validate.Regexp(r"^[a-z]+:\S{1,500}\Z"))
+LABEL = fields.String(validate=Pattern(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"))
+RESOURCE = fields.String(validate=Pattern(r"^[a-z]+:\S{1,500}$"))
 MAX_JSON_TEXT = 64 * 1024
 #: A decision may stay open at most a year.
 MAX_DECISION_SECONDS = 366 * 24 * 3600
+#: A task named by a client (its id).
+TASK_REF = validate.Length(min=1, max=200)
 #: Reasons are recorded on the audit trail, whose details are bounded.
 REASON = validate.Length(min=1, max=1000)
 
@@ -31,7 +43,7 @@ class Override(_Strict):
 
 
 class ProjectCreate(_Strict):
-    name = fields.String(required=True, validate=validate.Regexp(NAME_PATTERN))
+    name = fields.String(required=True, validate=Pattern(NAME_PATTERN))
     description = fields.String(load_default="", validate=validate.Length(max=10_000))
     repository_url = fields.String(
         load_default=None, allow_none=True, validate=validate.Length(min=1, max=2000)
@@ -42,18 +54,16 @@ class ProjectCreate(_Strict):
 
 
 class ProjectUpdate(_Strict):
-    expected_revision = fields.Integer(required=True, strict=True)
+    expected_revision = revision_number(required=True)
     description = fields.String(validate=validate.Length(max=10_000))
     repository_url = fields.String(allow_none=True, validate=validate.Length(min=1, max=2000))
     target_branch = fields.String(allow_none=True, validate=validate.Length(min=1, max=200))
 
 
 class PolicyBody(_Strict):
-    expected_revision = fields.Integer(load_default=None, allow_none=True, strict=True)
-    approvals_required = fields.Integer(
-        required=True, strict=True, validate=validate.Range(min=0, max=10)
-    )
-    human_review_required = fields.Boolean(load_default=False)
+    expected_revision = revision_number(load_default=None, allow_none=True)
+    approvals_required = BoundedInteger(0, 10, required=True)
+    human_review_required = StrictBoolean(load_default=False)
     integration = fields.String(
         load_default="automatic", validate=validate.OneOf(INTEGRATION_MODES)
     )
@@ -93,29 +103,25 @@ class TaskCreate(_Strict):
     body = fields.String(load_default="", validate=validate.Length(max=100_000))
     criteria = fields.String(load_default="", validate=validate.Length(max=100_000))
     kind = fields.String(load_default="code", validate=validate.OneOf(TASK_KINDS))
-    priority = fields.Integer(
-        load_default=0, strict=True, validate=validate.Range(min=-1000, max=1000)
-    )
+    priority = BoundedInteger(-1000, 1000, load_default=0)
     labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=20))
     agent = fields.String(load_default=None, allow_none=True)
-    max_attempts = fields.Integer(
-        load_default=3, strict=True, validate=validate.Range(min=1, max=100)
-    )
+    max_attempts = BoundedInteger(1, 100, load_default=3)
     resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
     prerequisites = fields.List(
-        fields.String(), load_default=list, validate=validate.Length(max=100)
+        fields.String(validate=TASK_REF), load_default=list, validate=validate.Length(max=100)
     )
 
 
 class TaskUpdate(Override):
-    expected_revision = fields.Integer(required=True, strict=True)
+    expected_revision = revision_number(required=True)
     title = fields.String(validate=validate.Length(min=1, max=500))
     body = fields.String(validate=validate.Length(max=100_000))
     criteria = fields.String(validate=validate.Length(max=100_000))
-    priority = fields.Integer(strict=True, validate=validate.Range(min=-1000, max=1000))
+    priority = BoundedInteger(-1000, 1000)
     labels = fields.List(LABEL, validate=validate.Length(max=20))
     agent = fields.String(allow_none=True)
-    max_attempts = fields.Integer(strict=True, validate=validate.Range(min=1, max=100))
+    max_attempts = BoundedInteger(1, 100)
     resources = fields.List(RESOURCE, validate=validate.Length(max=20))
 
 
@@ -124,7 +130,7 @@ class Reason(Override):
 
 
 class DependencyBody(_Strict):
-    prerequisite = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    prerequisite = fields.String(required=True, validate=TASK_REF)
 
 
 class HoldRef(Schema):
@@ -200,8 +206,17 @@ class DependenciesOut(Schema):
 # -- claims and attempts -----------------------------------------------------
 
 
+def _lease_max_seconds(app: Any) -> int:
+    return task_settings(app).lease_max_seconds
+
+
+def lease_seconds() -> BoundedInteger:
+    """A lease a claim or renewal asks for: up to the configured maximum."""
+    return BoundedInteger(1, _lease_max_seconds, load_default=None, allow_none=True)
+
+
 class ClaimBody(_Strict):
-    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True)
+    lease_seconds = lease_seconds()
 
 
 class ClaimNextBody(ClaimBody):
@@ -241,11 +256,11 @@ class ClaimOut(Schema):
 
 
 class Generation(Override):
-    generation = fields.Integer(required=True, strict=True)
+    generation = revision_number(required=True)
 
 
 class RenewBody(Generation):
-    lease_seconds = fields.Integer(load_default=None, allow_none=True, strict=True)
+    lease_seconds = lease_seconds()
     progress = fields.Raw(load_default=None, allow_none=True)
 
 
@@ -355,12 +370,7 @@ class DecisionCreate(_Strict):
     answerable_by = fields.String(
         load_default="human", validate=validate.OneOf(("human", "member"))
     )
-    expires_in_seconds = fields.Integer(
-        load_default=None,
-        allow_none=True,
-        strict=True,
-        validate=validate.Range(min=1, max=MAX_DECISION_SECONDS),
-    )
+    expires_in_seconds = BoundedInteger(1, MAX_DECISION_SECONDS, load_default=None, allow_none=True)
 
 
 class DecisionAnswer(_Strict):
@@ -390,20 +400,20 @@ class DecisionPage(Schema):
 
 
 class AgentCreate(_Strict):
-    name = fields.String(required=True, validate=validate.Regexp(NAME_PATTERN))
+    name = fields.String(required=True, validate=Pattern(NAME_PATTERN))
     instructions = fields.String(load_default="", validate=validate.Length(max=100_000))
     plugins = fields.List(
-        fields.String(validate=validate.Regexp(NAME_PATTERN)),
+        fields.String(validate=Pattern(NAME_PATTERN)),
         load_default=list,
         validate=validate.Length(max=50),
     )
 
 
 class AgentRevise(_Strict):
-    expected_revision = fields.Integer(load_default=None, allow_none=True, strict=True)
+    expected_revision = revision_number(load_default=None, allow_none=True)
     instructions = fields.String(required=True, validate=validate.Length(max=100_000))
     plugins = fields.List(
-        fields.String(validate=validate.Regexp(NAME_PATTERN)),
+        fields.String(validate=Pattern(NAME_PATTERN)),
         required=True,
         validate=validate.Length(max=50),
     )

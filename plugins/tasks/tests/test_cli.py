@@ -84,7 +84,8 @@ async def team(
 
     def setup(tasks: TasksClient) -> None:
         for member in (agent, agent2):
-            tasks.client.put_member(space.slug, member.name, "member")
+            # By id: a space owner names by name only the principals it can see.
+            tasks.client.put_member(space.slug, member.id, "member")
         tasks.create_project(space.slug, "shop")
 
     await found.call(owner, setup)

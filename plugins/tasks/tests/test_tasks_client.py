@@ -79,7 +79,7 @@ async def team(live_server: str, make_principal: Any, make_space: Any) -> Team:
 
     def setup(tasks: TasksClient) -> None:
         for member in (agent, agent2):
-            tasks.client.put_member(space.slug, member.name, "member")
+            tasks.client.put_member(space.slug, member.id, "member")
         tasks.create_project(space.slug, "shop")
 
     await found.run(owner, setup)

@@ -187,7 +187,7 @@ async def list_agents(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         AGENT_SELECT.where(agents.c.space_id == access.pk)
         .order_by(agents.c.name)
@@ -221,7 +221,7 @@ async def revisions(space: str, agent: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    page = page_request((int,))
     async with app.db.read() as conn:
         row = await _agent(conn, access.pk, agent)
         query = (

@@ -172,6 +172,7 @@ _LAPSED_OF_TASK = (
     body=ClaimNextBody,
     response=ClaimOut,
     status=201,
+    also={200: "Nothing is claimable: task, attempt, token and token_id are null"},
     idempotent=True,
     tags=["claims"],
 )

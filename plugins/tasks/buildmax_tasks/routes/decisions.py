@@ -117,7 +117,7 @@ async def list_decisions(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     now = app.clock.now_ms()
     query = (
         DECISION_SELECT.where(decisions.c.space_id == access.pk)

@@ -182,7 +182,7 @@ async def list_holds(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         HOLD_SELECT.where(holds.c.space_id == access.pk)
         .order_by(holds.c.id.desc())

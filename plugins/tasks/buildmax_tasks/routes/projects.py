@@ -113,7 +113,7 @@ async def list_projects(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     query = (
         sa.select(projects)
         .where(projects.c.space_id == access.pk)

@@ -244,7 +244,7 @@ async def list_tasks(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     async with app.db.read() as conn:
         conditions = _list_conditions(await _queue_filters(conn, access))
         query = (
@@ -276,7 +276,7 @@ async def ready(space: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request()
     now = app.clock.now_ms()
     async with app.db.read() as conn:
         filters = await _queue_filters(conn, access)
@@ -435,7 +435,7 @@ async def task_children(
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max, (int,))
+    page = page_request((int,))
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
         query = rows_of(row["id"]).order_by(key.desc() if newest_first else key)
@@ -485,6 +485,7 @@ async def list_dependencies(space: str, task: str) -> Response:
     body=DependencyBody,
     response=DependenciesOut,
     status=201,
+    also={200: "The task had this prerequisite already"},
     idempotent=True,
     tags=["tasks"],
 )

@@ -1,0 +1,120 @@
+"""The OpenAPI document says what the server does, by construction.
+
+Every path of the document answers ``OPTIONS`` with exactly the methods the
+document lists for it (no undocumented method behind a documented path, no
+two templates of one shape); a route keeps idempotency receipts only if it
+declares ``idempotent=True`` (which is what puts ``Idempotency-Key`` in the
+document); a route that reads a query or header schema answers 422 naming
+what it refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+from buildmax_hookspecs import Transaction, hookimpl
+from quart import Blueprint, Response
+
+from buildmax.apidoc import api
+from buildmax.app import create_app, current_buildmax
+from buildmax.auth import authenticate
+from buildmax.idempotency import Reply
+
+_PARAM = re.compile(r"\{[^}]+\}")
+
+
+async def test_every_documented_path_allows_exactly_its_documented_methods(client):
+    """Catches a method the server serves on a documented path but the
+    document leaves out (``PATCH /v1/principals/me`` was served by
+    ``/v1/principals/{ref}``; ``GET`` and ``POST /reviews/...`` were two
+    templates of one path with different parameter names)."""
+    document = await (await client.get("/v1/openapi.json")).get_json()
+    failures = []
+    for path, operations in document["paths"].items():
+        documented = {method.upper() for method in operations}
+        if "GET" in documented:
+            documented.add("HEAD")
+        documented.add("OPTIONS")
+        concrete = _PARAM.sub("x1", path)
+        answer = await client.options(concrete)
+        allowed = {m.strip() for m in answer.headers.get("Allow", "").split(",") if m.strip()}
+        if allowed != documented:
+            failures.append(f"{path}: Allow {sorted(allowed)}, documented {sorted(documented)}")
+    shapes: dict[str, str] = {}
+    for path in document["paths"]:
+        other = shapes.setdefault(_PARAM.sub("{}", path), path)
+        if other != path:
+            failures.append(f"{path} and {other} are one path with two templates")
+    assert not failures, "\n".join(failures)
+
+
+def _patterns(node: object) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return found + [p for value in node.values() for p in _patterns(value)]
+    if isinstance(node, list):
+        return [p for value in node for p in _patterns(value)]
+    return []
+
+
+async def test_every_pattern_is_portable_and_matched_in_full(client, admin):
+    """The document's patterns are what JSON Schema (ECMA 262) reads, anchored
+    with ``^`` and ``$``, and the server matches them in full: ``$`` lets no
+    trailing newline through. Catches Python-only syntax (``\\Z`` is a
+    literal ``Z`` to a JavaScript client) and a ``Pattern`` that matches
+    from the start only."""
+    document = await (await client.get("/v1/openapi.json")).get_json()
+    patterns = _patterns(document)
+    assert len(patterns) >= 10
+    python_only = ("\\Z", "\\A", "(?P", "(?i", "(?s", "(?m", "(?x")
+    bad = [p for p in patterns if not (p.startswith("^") and p.endswith("$"))]
+    bad += [p for p in patterns if any(token in p for token in python_only)]
+    assert bad == []
+    refused = await client.post(
+        "/v1/principals", json={"kind": "agent", "name": "trailing\n"}, headers=admin.headers
+    )
+    assert refused.status_code == 422
+    assert "name" in (await refused.get_json())["errors"]
+
+
+blueprint = Blueprint("undeclared_receipts", __name__)
+
+
+@blueprint.post("/v1/undeclared-receipts")
+@api("Keeps receipts without declaring it")
+async def undeclared() -> Response:
+    """Calls the idempotency layer although its declaration says nothing."""
+    app = current_buildmax()
+    caller = await authenticate()
+
+    async def work(tx: Transaction) -> Reply:
+        return Reply(200, {"ok": True})
+
+    return await app.idempotency.run(caller, work)
+
+
+class UndeclaredReceipts:
+    @hookimpl
+    def buildmax_blueprints(self, app):
+        return [blueprint]
+
+
+@pytest.mark.engine_independent
+async def test_a_route_keeps_receipts_only_where_it_declares_so(
+    buildmax_settings, make_principal, caplog
+):
+    """A route that calls the idempotency layer without ``idempotent=True``
+    is a server bug, reported as one (500, logged) on its first request, so
+    it cannot ship with a header the document does not show. Catches the
+    check in ``Idempotency.run`` removed (the undeclared route answers 200)."""
+    caller = await make_principal("agent")  # in the database the app fixture migrated
+    other = create_app(buildmax_settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
+    caplog.set_level(logging.ERROR)
+    async with other.test_app():
+        answer = await other.test_client().post(
+            "/v1/undeclared-receipts", headers={**caller.headers, "Idempotency-Key": "k-1"}
+        )
+    assert answer.status_code == 500
+    assert "not declared idempotent" in caplog.text
