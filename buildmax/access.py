@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from buildmax_hookspecs import ResourceRef
+from buildmax_hookspecs import ResourceRef, Transaction
 
 from .auth import Caller
 from .problems import Forbidden, NotFound
@@ -106,3 +106,37 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
         role=role,
         admin_override=override,
     )
+
+
+#: The caller's role in the space, share-locked (on PostgreSQL) until the
+#: transaction ends.
+_ROLE_HELD = (
+    sa.select(space_members.c.role)
+    .where(
+        space_members.c.space_id == sa.bindparam("space_pk"),
+        space_members.c.principal_id == sa.bindparam("principal_pk"),
+    )
+    .with_for_update(read=True)
+)
+
+
+async def recheck_space(tx: Transaction, access: SpaceAccess, caller: Caller, minimum: str) -> None:
+    """In the write transaction of a route that :func:`require_space` let in
+    before it read its body: the role that let the caller in is still held,
+    else 404 (no longer a member) or 403 (a lower role), as ``require_space``
+    answers. A body can take as long as its sender likes, and a membership
+    removed or lowered meanwhile must not be acted on. The membership row
+    stays share-locked until ``tx`` ends, so a removal or demotion running
+    now waits for this write and then sees what it wrote. Access that the
+    role did not give (a system admin's override, a plugin's permission)
+    is not rechecked."""
+    if not role_at_least(access.role, minimum) or caller.is_admin:
+        return
+    role = await tx.fetch_val(
+        _ROLE_HELD, {"space_pk": access.pk, "principal_pk": caller.principal_pk}
+    )
+    if role_at_least(role, minimum):
+        return
+    if role is None:
+        raise NotFound("no such space")
+    raise Forbidden(f"this needs the {minimum} role in the space")

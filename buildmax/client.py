@@ -126,6 +126,12 @@ class ServerError(BuildMaxError):
     """5xx: the server (or a proxy in front of it) failed."""
 
 
+class Redirected(BuildMaxError):
+    """3xx: the server (or a proxy in front of it, say from ``http`` to
+    ``https``) sends the client elsewhere. Never followed, so the token goes
+    to the client's own server only: point the client at the URL named."""
+
+
 class Unreachable(Exception):
     """No answer from the server at ``url`` (refused, unresolvable, timed out)."""
 
@@ -207,6 +213,8 @@ def error_class(status: int, slug: str) -> type[BuildMaxError]:
         return _BY_SLUG[slug]
     if status >= 500:
         return ServerError
+    if 300 <= status < 400:
+        return Redirected
     return _BY_STATUS.get(status, BuildMaxError)
 
 
@@ -223,7 +231,16 @@ def error_from_response(response: httpx.Response) -> BuildMaxError:
         slug = f"http-{status}"
         title = response.reason_phrase
         detail = (body.strip()[:200] if isinstance(body, str) else "") or title
+    if _refused(response) and not response.is_error:
+        location = response.headers.get("location", "")[:200]
+        detail = f"{detail}: it redirects to {location!r}, which this client does not follow"
     return error_class(status, slug)(status, slug, title, detail, body)
+
+
+def _refused(response: httpx.Response) -> bool:
+    """Whether the answer is not the one asked for: an error, or a redirect
+    (never followed)."""
+    return response.status_code >= 300
 
 
 def _decode(response: httpx.Response) -> Any:
@@ -426,7 +443,7 @@ class _KernelRoutes(Calls[_One, _Many, _Done]):
         """The decoded answer, or the exception it stands for."""
         if isinstance(outcome, httpx.TransportError):
             raise Unreachable(self.url, outcome) from outcome
-        if outcome.is_error:
+        if _refused(outcome):
             raise error_from_response(outcome)
         return _decode(outcome)
 
@@ -565,7 +582,8 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
         Mutations carry ``idempotency_key`` (a fresh UUID when not given),
         the same on every retry. Connection failures, timeouts and 502/503/504
         are retried ``retries`` times with exponential backoff. Raises a
-        :class:`BuildMaxError` subclass for an error answer,
+        :class:`BuildMaxError` subclass for an error answer (and
+        :class:`Redirected` for a redirect, never followed),
         :class:`Unreachable` when the server never answers and
         :class:`ForeignOrigin` (sending nothing) when ``path`` is a URL on
         another server.
@@ -621,7 +639,7 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
         except httpx.TransportError as exc:
             raise Unreachable(self.url, exc) from exc
         try:
-            if response.is_error:
+            if _refused(response):
                 response.read()
                 raise error_from_response(response)
             yield response
@@ -738,7 +756,7 @@ class AsyncClient(
         except httpx.TransportError as exc:
             raise Unreachable(self.url, exc) from exc
         try:
-            if response.is_error:
+            if _refused(response):
                 await response.aread()
                 raise error_from_response(response)
             yield response

@@ -7,7 +7,9 @@ test's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import stat
 import uuid
 from typing import Any
@@ -29,6 +31,7 @@ from buildmax.client import (
     IdempotencyKeyReused,
     NotFound,
     PayloadTooLarge,
+    Redirected,
     ServerError,
     TokenScopeRefused,
     TooManyRequests,
@@ -299,6 +302,44 @@ async def test_the_async_client_refuses_another_origin_too() -> None:
                 async with bmx.stream("GET", url):
                     pass
     assert seen == []
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_an_error_naming_where_it_points_and_is_never_followed(
+    status: int,
+) -> None:
+    """A server (or a proxy sending ``http`` to ``https``) answering 3xx:
+    the client neither follows it, which would carry the token to another
+    server, nor takes the redirect's empty body for the answer (before, a
+    listing read as ``None`` and the commands ended in a ``TypeError``).
+    Mutation: treat only 4xx and 5xx as refusals (``response.is_error``)
+    and ``me()`` returns ``None``, the stream yields the redirect."""
+    where = {"Location": "https://elsewhere.test/v1/x"}
+    server = Recorder(httpx.Response(status, headers=where))
+    with server.client(retries=0) as bmx:
+        with pytest.raises(
+            Redirected, match=re.escape("redirects to 'https://elsewhere.test/v1/x'")
+        ):
+            bmx.me()
+        with pytest.raises(Redirected), bmx.stream("GET", "/v1/x"):
+            pass
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status, headers=where)
+
+    transport = httpx.MockTransport(record)
+    async with AsyncClient(FAKE_URL, "bmx_fake", transport=transport, retries=0) as bmx:
+        with pytest.raises(Redirected) as caught:
+            await bmx.me()
+        async with contextlib.AsyncExitStack() as stack:
+            with pytest.raises(Redirected):
+                await stack.enter_async_context(bmx.stream("GET", "/v1/x"))
+    assert caught.value.status == status and caught.value.slug == f"http-{status}"
+    hosts = {r.url.host for r in [*server.requests, *seen]}
+    assert hosts == {"bmx.test"} and len(server.requests) == len(seen) == 2
 
 
 # -- the kernel's routes over real HTTP -------------------------------------------

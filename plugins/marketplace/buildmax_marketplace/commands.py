@@ -12,7 +12,7 @@ import click
 from buildmax.client import BuildMaxError, Unreachable, space_path
 from buildmax.commands.identity import CommandError, Remote, connected
 
-from .materialize import MaterializationFailed, listing_path, materialize
+from .materialize import MaterializationFailed, materialize, read_listing
 from .package import CHUNK
 
 RELEASE_FIELDS = (
@@ -192,9 +192,8 @@ def materialize_command(remote: Remote, attempt_id: str, home: Path) -> None:
 def _fail_attempt(remote: Remote, attempt_id: str, reason: str) -> None:
     """Mark the attempt failed (best effort: the error is reported either way)."""
     try:
-        listing = remote.client.request("GET", listing_path(attempt_id))
-        space = listing.get("space_id") if isinstance(listing, dict) else None
-        generation = listing.get("generation") if isinstance(listing, dict) else None
+        listing = read_listing(remote.client, attempt_id)
+        space, generation = listing.get("space_id"), listing.get("generation")
         if not isinstance(space, str) or type(generation) is not int:
             raise ValueError("the server's listing names no space and generation")
         remote.client.request(
@@ -202,5 +201,5 @@ def _fail_attempt(remote: Remote, attempt_id: str, reason: str) -> None:
             space_path(space, "attempts", attempt_id, "fail"),
             json={"generation": generation, "reason": reason[:1000]},
         )
-    except (BuildMaxError, Unreachable, ValueError) as exc:
+    except (BuildMaxError, Unreachable, MaterializationFailed, ValueError) as exc:
         click.echo(f"warning: could not mark the attempt failed: {exc}", err=True)

@@ -10,7 +10,7 @@ package that fails verification or inspection leaves no ``plugins``
 directory at all.
 
 Nothing the server sends is trusted: the listing must have the expected
-shape, every pin a plugin name (one path segment), a normalised PEP 440
+shape and size, every pin a plugin name (one path segment), a normalised PEP 440
 version, a lowercase hex sha256 and a package URL on the client's own
 server (the run token goes nowhere else), and no name twice. The limits the
 server advertises can only tighten the worker's own, and no download may be
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -49,6 +50,8 @@ from .package import (
 MAX_PINS = 50
 #: Longest package URL accepted from the server.
 MAX_URL = 2048
+#: Largest listing of pins read (50 pins take a few kilobytes).
+MAX_LISTING_BYTES = 1024 * 1024
 #: Room for an archive's headers beyond its extracted bytes, per entry:
 #: no archive within the limits is larger, so no download may be either.
 HEADER_ROOM = 4096
@@ -87,9 +90,7 @@ def materialize(
     ``home/plugins`` (which must not exist yet); all or nothing. ``limits``
     are this worker's own (default :data:`DEFAULT_LIMITS`); the server's
     advertised limits apply only where they are stricter."""
-    listing = client.request("GET", listing_path(attempt_id))
-    if not isinstance(listing, dict):
-        raise MaterializationFailed("the server's listing of pins is not a JSON object")
+    listing = read_listing(client, attempt_id)
     pins = _pins(client, listing.get("pins"))
     limits = _stricter_limits(limits or DEFAULT_LIMITS, listing.get("limits"))
     target = home / "plugins"
@@ -115,9 +116,29 @@ def materialize(
     return Materialized([dataclasses.asdict(p) for p in pins], target / "environment.lock", unset)
 
 
-def listing_path(attempt_id: str) -> str:
-    """The path of an attempt's listing of pins."""
-    return f"/v1/attempts/{quote(attempt_id, safe='')}/packages"
+def read_listing(client: Client, attempt_id: str) -> dict[str, Any]:
+    """The server's listing of the attempt's pins: a JSON object of at most
+    :data:`MAX_LISTING_BYTES` (read no further), else
+    :class:`MaterializationFailed`."""
+    path = f"/v1/attempts/{quote(attempt_id, safe='')}/packages"
+    body = bytearray()
+    try:
+        with client.stream("GET", path) as response:
+            for chunk in response.iter_bytes(CHUNK):
+                body += chunk
+                if len(body) > MAX_LISTING_BYTES:
+                    raise MaterializationFailed(
+                        f"the server's listing of pins is larger than {MAX_LISTING_BYTES} bytes"
+                    )
+    except IncompleteDownload as exc:
+        raise MaterializationFailed(f"the server's listing of pins: {exc}") from None
+    try:
+        listing = json.loads(body)
+    except (ValueError, RecursionError):
+        listing = None
+    if not isinstance(listing, dict):
+        raise MaterializationFailed("the server's listing of pins is not a JSON object")
+    return listing
 
 
 def _pins(client: Client, pins: Any) -> list[_Pin]:

@@ -15,7 +15,8 @@ its root and the files it declares::
     environment = ["GITHUB_TOKEN"]        # environment variables it reads
 
 ``README.md`` and ``LICENSE`` may sit next to the manifest; any other file
-is refused. Entries are refused for an absolute or escaping path, a link,
+is refused. Entries are refused for an absolute or escaping path, a name
+that is not UTF-8 or too long to write (counted in bytes), a link,
 a device, a duplicate (also case-folded), more entries, more bytes or a
 higher compression ratio than the limits allow. Every refusal is a
 :class:`PackageRefused` naming the entry and the reason. The reader never
@@ -108,9 +109,16 @@ class PackageRefused(Exception):
     why, ``path`` names the entry when one is at fault."""
 
     def __init__(self, reason: str, path: str | None = None) -> None:
-        self.reason = reason
-        self.path = path
-        super().__init__(f"{path}: {reason}" if path else reason)
+        # A tar entry's name that is not UTF-8 arrives with surrogates in it:
+        # shown escaped, so the refusal can be printed and sent as JSON.
+        self.reason = _shown(reason)
+        self.path = None if path is None else _shown(path)
+        super().__init__(f"{self.path}: {self.reason}" if path else self.reason)
+
+
+def _shown(text: str) -> str:
+    """``text`` with any surrogate (an undecodable byte) as a ``\\udcXX`` escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -384,18 +392,20 @@ def _check_zip_directory(fh: IO[bytes], size: int, limits: Limits) -> None:
         raise PackageRefused("not a readable .zip archive (no end of central directory)")
     entries, directory_size = struct.unpack("<xxxxxxxxxxHI", tail[at : at + 16])
     if entries == 0xFFFF or directory_size == 0xFFFFFFFF:
-        entries, directory_size = _zip64_directory(fh, tail, at)
+        entries, directory_size = _zip64_directory(fh, size, tail, at)
     if entries > limits.max_entries or directory_size > limits.max_entries * (46 + 1024):
         raise PackageRefused(f"more than {limits.max_entries} entries")
     fh.seek(0)
 
 
-def _zip64_directory(fh: IO[bytes], tail: bytes, at: int) -> tuple[int, int]:
+def _zip64_directory(fh: IO[bytes], size: int, tail: bytes, at: int) -> tuple[int, int]:
     """(entries, directory size) from a zip64 end of central directory record."""
     locator = tail[at - 20 : at]
     if at < 20 or not locator.startswith(b"PK\x06\x07"):
         raise PackageRefused("not a readable .zip archive (a broken zip64 directory)")
     (offset,) = struct.unpack("<Q", locator[8:16])
+    if offset > size - 56:  # seeking past the file can fail like a disk fault
+        raise PackageRefused("not a readable .zip archive (a broken zip64 directory)")
     fh.seek(offset)
     record = fh.read(56)
     if len(record) < 56 or not record.startswith(b"PK\x06\x06"):
@@ -442,12 +452,16 @@ def _clean(raw: str) -> str:
         raise PackageRefused("an empty path", raw)
     if "\\" in name or "\x00" in name or any(ord(c) < 32 for c in name):
         raise PackageRefused("a backslash or control character in the path", raw)
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        raise PackageRefused("a path that is not UTF-8", raw)
     if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
         raise PackageRefused("an absolute path", raw)
     parts = name.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise PackageRefused("a '..', '.' or empty path component", raw)
-    if len(name) > 1024 or any(len(part) > 255 for part in parts):
+    # Counted in bytes, as file systems count them: inspection refuses what
+    # no extraction could write.
+    if len(name.encode()) > 1024 or any(len(part.encode()) > 255 for part in parts):
         raise PackageRefused("a path too long", raw)
     return posixpath.normpath(name)
 

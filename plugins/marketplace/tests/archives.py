@@ -110,3 +110,14 @@ def member(
     info.size = size
     info.linkname = link
     return info
+
+
+def zip64_locator_past_the_end(path: Path) -> Path:
+    """A release ``.zip`` whose end record says "see the zip64 directory" and
+    whose zip64 locator points 10**15 bytes in, past what a file may hold."""
+    data = bytearray(zip_file(path, SKILL_ONLY).read_bytes())
+    end = data.rfind(b"PK\x05\x06")
+    data[end + 10 : end + 12] = b"\xff\xff"  # entries: in the zip64 record
+    locator = b"PK\x06\x07" + (0).to_bytes(4, "little") + (10**15).to_bytes(8, "little")
+    path.write_bytes(bytes(data[:end]) + locator + (1).to_bytes(4, "little") + data[end:])
+    return path

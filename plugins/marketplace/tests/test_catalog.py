@@ -9,7 +9,7 @@ import hashlib
 import pytest
 from buildmax_marketplace.schema import plugins, releases
 
-from .archives import FILES, SKILL_ONLY, tar_gz, zip_file
+from .archives import FILES, SKILL_ONLY, member, tar_gz, zip64_locator_past_the_end, zip_file
 from .conftest import MAX_PACKAGE_BYTES
 
 NAME = "lint-helpers"
@@ -228,6 +228,23 @@ async def test_any_archive_the_reader_cannot_read_is_a_422_that_stores_nothing(
     assert await market.rows(plugins) == [] and await market.rows(releases) == []
     assert await stored_keys(market) == []
     assert await market.audited("catalog.release.published") == []
+
+
+async def test_an_archive_with_undecodable_names_or_a_broken_zip64_directory_is_a_422(
+    market, tmp_path
+):
+    """A tar entry named with bytes that are not UTF-8 made a refusal the
+    answer could not encode, and a zip64 locator past the largest file an
+    ``OSError``: both answered 500 (mutation: drop the escaping in
+    ``PackageRefused`` or the offset check in ``_zip64_directory``)."""
+    undecodable = tar_gz(tmp_path / "u.tar.gz", SKILL_ONLY, [member("\udcff", size=1)])
+    refused = await market.publish(undecodable, "notes", expect=422, problem="package-invalid")
+    assert refused["path"] == "\\udcff" and "not UTF-8" in refused["reason"]
+    broken = zip64_locator_past_the_end(tmp_path / "z.zip")
+    refused = await market.publish(broken, "notes", expect=422, problem="package-invalid")
+    assert "zip64" in refused["reason"]
+    assert await market.rows(plugins) == [] and await market.rows(releases) == []
+    assert await stored_keys(market) == []
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["inspected here", "named"])

@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from buildmax_marketplace.package import Limits, PackageRefused, extract, inspect
+from buildmax_marketplace.package import Limits, Package, PackageRefused, extract, inspect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +37,10 @@ segment = st.one_of(
     st.text(
         alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8
     ),
+    # Bytes that are not UTF-8 (a tar name holds any), and names longer in
+    # bytes than in characters.
+    st.text(alphabet=st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF), min_size=1),
+    st.sampled_from(["é" * 128, "€" * 85, "😀" * 64]),
 )
 name = st.one_of(
     st.lists(segment, min_size=1, max_size=4).map("/".join),
@@ -78,7 +82,9 @@ def _zip(entries: list[tuple[str, str, bytes, int]]) -> bytes:
     ):
         warnings.simplefilter("ignore")
         for path, what, data, _ in entries:
-            info = zipfile.ZipInfo(path + ("/" if what == "dir" else ""))
+            # A zip name is UTF-8 or cp437: undecodable bytes do not go in one.
+            name = path.encode("utf-8", "replace").decode("utf-8")
+            info = zipfile.ZipInfo(name + ("/" if what == "dir" else ""))
             if what == "symlink":
                 info.external_attr = 0o120777 << 16
             elif what in ("fifo", "device"):
@@ -127,11 +133,20 @@ def test_generated_archives_extract_or_are_refused_cleanly(entries, with_release
         source.write_bytes(data)
         dest = root / "home" / "plugins" / "x"
         try:
+            inspected: Package | PackageRefused = inspect(source, LIMITS)
+        except PackageRefused as refused:
+            inspected = refused
+        try:
             package = extract(source, dest, LIMITS)
         except PackageRefused as refused:
             assert refused.reason
             assert not dest.exists()
+            # Publish sends the refusal as JSON, the commands print it.
+            str(refused).encode("utf-8")
+            # What publishing accepts, every worker extracts.
+            assert isinstance(inspected, PackageRefused), (str(refused), inspected)
         else:
+            assert inspected == package
             extracted = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
             assert extracted == sorted(path for path, _ in package.files)
             assert not any(p.is_symlink() for p in dest.rglob("*"))

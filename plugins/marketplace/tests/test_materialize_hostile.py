@@ -174,6 +174,10 @@ def _pin(listing: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return {**listing, "pins": [{k: v for k, v in changed.items() if v is not ...}]}
 
 
+#: Past the largest listing a worker reads (1 MiB): before, any size was
+#: read into memory, and what it padded taken for a listing.
+HUGE = 2 * 1024 * 1024
+
 #: How the proxy rewrites the listing, given the scene, and a word of the error.
 ATTACKS: dict[str, tuple[Callable[[Scene, dict[str, Any]], Any], str]] = {
     "a name climbing out": (lambda s, got: _pin(got, name="../../outside"), "not a plugin name"),
@@ -217,6 +221,7 @@ ATTACKS: dict[str, tuple[Callable[[Scene, dict[str, Any]], Any], str]] = {
     "a listing that is a list": (lambda s, got: [got], "not a JSON object"),
     "a listing that is not JSON": (lambda s, got: b"<html>pins</html>", "not a JSON object"),
     "a listing nested too deeply": (lambda s, got: b"[" * 100_000 + b"]" * 100_000, "JSON object"),
+    "a listing of 2 MiB": (lambda s, got: {**got, "x": "x" * HUGE}, "larger than 1048576 bytes"),
     "pins that are text": (lambda s, got: {**got, "pins": "notes"}, "not a list of at most 50"),
     "pins that are numbers": (lambda s, got: {**got, "pins": [1, 2]}, "not a JSON object"),
     "too many pins": (
@@ -245,7 +250,8 @@ async def test_a_tampered_listing_fails_the_run_before_anything_is_fetched(scene
     outside staging, the run token nowhere else, the attempt failed.
     (Mutations: drop a check of ``_pin``/``_pins``/``_stricter_limits`` and
     its cases write files outside the home, fetch from the other host, or
-    end in a traceback.)"""
+    end in a traceback; drop the size bound of ``read_listing`` and the
+    2 MiB listing is read and materialized.)"""
     tamper, said = ATTACKS[attack]
     scene.proxy.rewrite = lambda listing: tamper(scene, listing)
     result = await scene.materialize_command()
@@ -338,8 +344,9 @@ async def test_the_run_token_never_reaches_another_host(scene):
     [
         lambda listing: [listing],
         lambda listing: {**listing, "pins": "x", "space_id": ["../.."], "generation": "1"},
+        lambda listing: {**listing, "x": "x" * HUGE},
     ],
-    ids=["a list", "a space that is not an id"],
+    ids=["a list", "a space that is not an id", "a listing of 2 MiB"],
 )
 async def test_a_listing_tampered_with_every_time_ends_in_words_not_a_traceback(scene, tamper):
     """When the listing read again to mark the attempt failed is hostile too,

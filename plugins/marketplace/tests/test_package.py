@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 from buildmax_marketplace.package import Limits, PackageRefused, extract, inspect
 
-from .archives import FILES, SKILL_ONLY, many_entries_tar, member, tar_gz, zip_file
+from .archives import (
+    FILES,
+    SKILL_ONLY,
+    many_entries_tar,
+    member,
+    tar_gz,
+    zip64_locator_past_the_end,
+    zip_file,
+)
 
 pytestmark = pytest.mark.engine_independent
 
@@ -500,3 +508,51 @@ def test_any_other_failure_of_a_parser_is_a_refusal_not_a_crash(tmp_path, monkey
     monkeypatch.setattr(package.tomllib, "loads", broken)
     with pytest.raises(PackageRefused, match=r"could not be read \(IndexError: a parser bug\)"):
         inspect(tar_gz(tmp_path / "ok.tar.gz"))
+
+
+#: Archives that escaped the reader, or that inspection accepted and no
+#: extraction could write: (how to build it, a word of the reason).
+UNWRITABLE = {
+    "a name that is not UTF-8": (
+        lambda p: tar_gz(p, SKILL_ONLY, [member("skills/note/\udcff.txt", size=1)]),
+        "skills/note/\\udcff.txt: a path that is not UTF-8",
+    ),
+    "an undeclared name that is not UTF-8": (
+        lambda p: tar_gz(p, SKILL_ONLY, [member("\udcfe", size=1)]),
+        "\\udcfe: a path that is not UTF-8",
+    ),
+    "a link whose name is not UTF-8": (
+        lambda p: tar_gz(p, SKILL_ONLY, [member("skills/\udcff", tarfile.SYMTYPE, link="x")]),
+        "skills/\\udcff: a symbolic link",
+    ),
+    "a name of 200 two-byte characters": (
+        lambda p: tar_gz(p, SKILL_ONLY, [member("skills/note/" + "é" * 200, size=1)]),
+        "a path too long",
+    ),
+    "a path of 1100 bytes": (
+        lambda p: tar_gz(p, SKILL_ONLY, [member("skills/note/" + "/".join(["é" * 100] * 6))]),
+        "a path too long",
+    ),
+    "a zip64 locator past the end": (zip64_locator_past_the_end, "a broken zip64 directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNWRITABLE))
+def test_inspection_refuses_what_extraction_could_not_write_in_printable_words(tmp_path, case):
+    """A tar name of undecodable bytes made a refusal holding surrogates
+    (publish answered 500 encoding it; the name was accepted otherwise), a
+    name longer than 255 bytes in fewer characters passed inspection and
+    failed every extraction, and a zip64 locator past the largest file
+    escaped as ``OSError`` (publish 500). Mutations: drop the surrogate
+    check in ``_clean`` or the escaping in ``PackageRefused``, count path
+    lengths in characters, or drop the offset check in ``_zip64_directory``."""
+    build, reason = UNWRITABLE[case]
+    archive = build(tmp_path / ("x.zip" if "zip" in case else "x.tar.gz"))
+    with pytest.raises(PackageRefused) as refused:
+        inspect(archive)
+    assert reason in str(refused.value)
+    str(refused.value).encode("utf-8")  # printable and sendable as it is
+    home = tmp_path / "home"
+    with pytest.raises(PackageRefused):
+        extract(archive, home / "plugins" / "notes")
+    assert everything_under(home) == ["plugins"]

@@ -10,8 +10,12 @@ reservations ended, each audited. Nothing else changes.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
+import pytest
+from buildmax_hookspecs import hookimpl
 from buildmax_tasks.schema import attempts
 
 from buildmax.schema import tokens
@@ -118,3 +122,89 @@ async def test_a_member_who_leaves_releases_its_own_runs(work, audit_log):
     assert (event.actor_id, event.details["reason"]) == (work.agent.id, GONE)
     [left] = audit_log.of("space.member.removed")
     assert left.target_id == work.agent.id
+
+
+class ClaimWatcher:
+    """A plugin that signals when a claim route has let its caller in (the
+    kernel asks ``buildmax_permission`` as it checks the membership)."""
+
+    def __init__(self) -> None:
+        self.admitted = asyncio.Event()
+
+    @hookimpl
+    def buildmax_permission(self, actor: Any, action: str, resource: Any) -> None:
+        if action == "tasks.claim":
+            self.admitted.set()
+
+
+@pytest.fixture
+def claim_watcher(app: Any) -> Any:
+    plugin = ClaimWatcher()
+    app.plugins.pm.register(plugin, name="claim-watcher")
+    yield plugin
+    app.plugins.pm.unregister(plugin)
+
+
+@pytest.mark.parametrize("change", [None, "viewer"], ids=["removed", "demoted"])
+@pytest.mark.parametrize("route", ["named", "next"])
+async def test_a_claim_whose_body_arrives_after_the_removal_gets_nothing(
+    work, claim_watcher, change, route
+):
+    """A claim route lets its caller in, then reads the body: a member
+    removed (or demoted) meanwhile, by a slow body, was given the task, an
+    attempt the removal never saw, a live run token and the task's
+    contents. Mutation: drop the membership check in the claim's
+    transaction (``recheck_space``) and this claim answers 201."""
+    task = await work.task("late", body="the task's contents")
+    path = f"{work.base}/tasks/{task['id']}/claim" if route == "named" else f"{work.base}/claims"
+    headers = {**work.agent.headers, "Content-Type": "application/json"}
+    async with work.client.request(path, method="POST", headers=headers) as late:
+        await claim_watcher.admitted.wait()
+        await change_member(work, work.agent, work.owner, change)
+        await late.send(json.dumps({}).encode())
+        await late.send_complete()
+    answer = await late.as_response()
+    assert answer.status_code in (403, 404), await answer.get_data()
+    assert b"the task's contents" not in await answer.get_data()
+    assert await work.attempts_of(task["id"]) == []
+    assert (await work.task_row(task["id"]))["state"] == "ready"
+    scoped = await work.rows(tokens, tokens.c.scope_type == "attempt")
+    assert scoped == []
+
+
+class RemovalDuringClaim:
+    """A claim check that, inside the claim's transaction, starts the
+    claimant's removal and gives it a second to finish."""
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+        self.removal: asyncio.Task[None] | None = None
+
+    @hookimpl
+    async def buildmax_claim_check(self, tx: Any, task: Any, principal: Any) -> None:
+        if self.removal is None:
+            self.removal = asyncio.create_task(
+                change_member(self.work, self.work.agent, self.work.owner, None)
+            )
+            await asyncio.wait({self.removal}, timeout=1.0)
+
+
+async def test_a_removal_while_a_claim_commits_still_releases_what_it_made(work, app):
+    """A removal that runs beside a claim's transaction (after the claim's
+    recheck) must wait for it and then release its attempt: on PostgreSQL,
+    without the share lock of ``recheck_space`` the removal commits first,
+    sees no attempt, and the claim then commits one for a non-member
+    (mutation: drop ``with_for_update(read=True)``). SQLite serialises the
+    two writes."""
+    task = await work.task("raced")
+    racer = RemovalDuringClaim(work)
+    app.plugins.pm.register(racer, name="removal-during-claim")
+    try:
+        claim = await work.claim(task["id"])
+        assert racer.removal is not None
+        await racer.removal
+    finally:
+        app.plugins.pm.unregister(racer)
+    row = await attempt_row(work, claim)
+    assert (row["state"], row["end_reason"]) == ("released", GONE)
+    assert await token_revoked(work, claim)

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
-from buildmax.access import SpaceAccess, require_space
+from buildmax.access import SpaceAccess, recheck_space, require_space
 from buildmax.apidoc import api
 from buildmax.app import current_buildmax
 from buildmax.auth import Caller, authenticate
@@ -133,6 +133,7 @@ async def claim(space: str, task: str) -> Response:
     await _recover_lapsed(app, caller, access, task)
 
     async def work(tx: Transaction) -> Reply:
+        await recheck_space(tx, access, caller, "member")  # the body took its time
         ch = change(app, tx, caller, access)
         made = await claim_named(ch, caller.principal_pk, task, lease)
         return _claim_reply(await _claim_body(tx, made, 0, ch.now), 201)
@@ -188,6 +189,7 @@ async def claim_next_route(space: str) -> Response:
     lease = lease_ms(state.settings, data["lease_seconds"])
 
     async def work(tx: Transaction) -> Reply:
+        await recheck_space(tx, access, caller, "member")  # the body took its time
         ch = change(app, tx, caller, access)
         filters = ClaimFilters(
             project_pk=(await find_project(tx, access.pk, data["project"]))["id"]
