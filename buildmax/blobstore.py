@@ -26,6 +26,7 @@ from buildmax_hookspecs import (
     BlobKeyError,
     BlobNotFound,
     BlobRef,
+    BlobStoreUnavailable,
     BlobTooLarge,
 )
 from buildmax_hookspecs import check_blob_key as _check_key
@@ -45,6 +46,12 @@ def _ref(key: str, stat: os.stat_result) -> BlobRef:
         sha256=key.rsplit("/", 1)[-1],
         modified_at=stat.st_mtime_ns // 1_000_000,
     )
+
+
+def _unreadable(key: str, exc: OSError) -> BlobStoreUnavailable:
+    """The disk refused to read a blob (an I/O error, a permission, a link
+    loop): the store is failing, not the request."""
+    return BlobStoreUnavailable(f"the disk could not read blob {key}: {exc.strerror or exc}")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -220,6 +227,8 @@ class FileBlobStore:
             fh = await _open_for_reading(path)
         except (FileNotFoundError, IsADirectoryError):
             raise BlobNotFound(key) from None
+        except OSError as exc:
+            raise _unreadable(key, exc) from None
         try:
             remaining: int | None = None
             if byte_range is not None:
@@ -230,7 +239,10 @@ class FileBlobStore:
                 remaining = end - start + 1
             while remaining is None or remaining > 0:
                 want = CHUNK if remaining is None else min(CHUNK, remaining)
-                chunk = await asyncio.to_thread(fh.read, want)
+                try:
+                    chunk = await asyncio.to_thread(fh.read, want)
+                except OSError as exc:
+                    raise _unreadable(key, exc) from None
                 if not chunk:
                     break
                 if remaining is not None:
@@ -249,6 +261,8 @@ class FileBlobStore:
             stat = await asyncio.to_thread(path.stat)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise _unreadable(key, exc) from None
         if not path.is_file():
             return None
         return _ref(key, stat)

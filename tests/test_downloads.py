@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from buildmax_hookspecs import BlobNotFound, BlobRef, BlobStoreUnavailable
 
+from buildmax import blobstore
 from buildmax.blobstore import FileBlobStore
 from buildmax.downloads import BlobCorrupted, open_verified
 from buildmax.streaming import ResponseAborted
@@ -175,3 +176,52 @@ async def test_a_store_that_fails_mid_body_ends_the_answer_short_and_logged(stor
     assert isinstance(aborted, ResponseAborted) and received == DATA[:PIECE]
     (logged,) = _errors(caplog)
     assert "blob b1" in logged and "the bucket stopped answering" in logged
+
+
+async def test_a_blob_the_disk_cannot_read_is_the_store_failing_not_a_crash(stored, caplog):
+    """A blob the disk refuses to read (here a symbolic link that loops; an
+    I/O error or a permission reads the same): before anything is sent it
+    is the store being unavailable (503 ``blob-store-unavailable`` with
+    ``Retry-After``), never an unhandled ``OSError`` (a 500).
+
+    Mutation: drop the ``OSError`` handling of the file store's ``head``."""
+    store, key = stored
+    path = store.root / key
+    path.unlink()
+    path.symlink_to(path)
+    with pytest.raises(BlobStoreUnavailable, match="could not read blob"):
+        await _download(store, key)
+
+
+async def test_a_read_failing_mid_body_ends_the_answer_short_and_logged(
+    stored, caplog, monkeypatch
+):
+    """The disk fails after the first piece (an I/O error on a bad sector):
+    the answer ends short, logged, with no traceback.
+
+    Mutation: drop the ``OSError`` handling of the file store's reads and
+    the error escapes the body."""
+    store, key = stored
+    opened = blobstore._open_for_reading
+
+    class FailingFile:
+        def __init__(self, fh: Any) -> None:
+            self.fh, self.reads = fh, 0
+
+        def read(self, size: int) -> bytes:
+            self.reads += 1
+            if self.reads > 1:
+                raise OSError(5, "Input/output error")
+            return self.fh.read(size)  # type: ignore[no-any-return]
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fh, name)
+
+    async def failing_open(path: Path) -> Any:
+        return FailingFile(await opened(path))
+
+    monkeypatch.setattr(blobstore, "_open_for_reading", failing_open)
+    received, aborted = await _download(store, key)
+    assert isinstance(aborted, ResponseAborted) and received == DATA[:PIECE]
+    (logged,) = _errors(caplog)
+    assert "Input/output error" in logged
