@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import platform
+import queue
 import secrets
 import shlex
 import shutil
@@ -33,6 +34,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -464,25 +466,116 @@ def buildmax_pg_template(
         pg_drop_database(server, name)
 
 
+class ClonePool:
+    """Clones of the template database made, and used ones dropped, by
+    threads while the tests run.
+
+    Cloning the migrated template takes 0.5 to 0.9 s on a shared machine
+    (PostgreSQL writes and syncs every page), longer than most tests: made
+    in line, the clones were more than half the ``pg`` run. ``makers``
+    threads keep up to ``ready`` clones in stock, a thread drops what the
+    tests hand back, and :meth:`close` drops the stock and waits for every
+    drop, so the template can be dropped after it. Every test still gets a
+    database nobody used before.
+    """
+
+    def __init__(self, server: str, template: str, *, makers: int = 2, ready: int = 3) -> None:
+        self.server = server
+        self.template = template
+        self._stock: queue.Queue[str] = queue.Queue(maxsize=ready)
+        #: Why making a clone failed (no server, no space): raised by take().
+        self._failure: BaseException | None = None
+        self._used: queue.Queue[str | None] = queue.Queue()
+        self._closing = threading.Event()
+        self._makers = [
+            threading.Thread(target=self._make, name=f"bmx-clone-maker-{n}", daemon=True)
+            for n in range(makers)
+        ]
+        self._dropper = threading.Thread(target=self._drop, name="bmx-clone-dropper", daemon=True)
+        for thread in (*self._makers, self._dropper):
+            thread.start()
+
+    def _make(self) -> None:
+        while not self._closing.is_set() and self._failure is None:
+            name = f"bmx_t_{os.getpid()}_{secrets.token_hex(6)}"
+            try:
+                pg_create_database(self.server, name, template=self.template)
+            except BaseException as exc:  # every later take() raises it
+                self._failure = exc
+                return
+            while True:
+                try:
+                    self._stock.put(name, timeout=0.2)
+                    break
+                except queue.Full:
+                    if self._closing.is_set():
+                        self._used.put(name)
+                        return
+
+    def _drop(self) -> None:
+        while (name := self._used.get()) is not None:
+            with contextlib.suppress(RuntimeError):  # the session's end drops leftovers too
+                pg_drop_database(self.server, name)
+
+    def take(self) -> str:
+        """A fresh clone's name (waits for a maker if the stock is empty)."""
+        while True:
+            try:
+                return self._stock.get(timeout=0.2)
+            except queue.Empty:
+                if self._failure is not None:
+                    raise self._failure from None
+
+    def give_back(self, name: str) -> None:
+        """Drop ``name`` in the background."""
+        self._used.put(name)
+
+    def close(self) -> None:
+        """Stop making clones, drop the stock and wait for every drop."""
+        self._closing.set()
+        for maker in self._makers:
+            maker.join()
+        while True:
+            try:
+                self._used.put(self._stock.get_nowait())
+            except queue.Empty:
+                break
+        self._used.put(None)
+        self._dropper.join()
+
+
+@pytest.fixture(scope="session")
+def buildmax_pg_clones(
+    buildmax_pg_server: str | None, buildmax_pg_template: str | None
+) -> Iterator[ClonePool | None]:
+    """The session's pool of template clones (``None`` on SQLite)."""
+    if buildmax_pg_server is None or buildmax_pg_template is None:
+        yield None
+        return
+    pool = ClonePool(buildmax_pg_server, buildmax_pg_template)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
 def buildmax_database_url(
     buildmax_engine: str,
     buildmax_pg_server: str | None,
-    buildmax_pg_template: str | None,
+    buildmax_pg_clones: ClonePool | None,
     tmp_path: Path,
 ) -> Iterator[str]:
     """A fresh, migrated database for one test (SQLite file or PostgreSQL clone)."""
     if buildmax_engine == "sqlite":
         yield f"sqlite:///{tmp_path / 'buildmax.db'}"
         return
-    assert buildmax_pg_server is not None
-    server = buildmax_pg_server
-    name = f"bmx_t_{os.getpid()}_{secrets.token_hex(6)}"
-    url = pg_create_database(server, name, template=buildmax_pg_template)
+    assert buildmax_pg_server is not None and buildmax_pg_clones is not None
+    name = buildmax_pg_clones.take()
     try:
-        yield url
+        yield servers.database_url(buildmax_pg_server, name)
     finally:
-        pg_drop_database(server, name)
+        buildmax_pg_clones.give_back(name)
 
 
 @pytest.fixture
