@@ -479,9 +479,12 @@ class ClonePool:
     database nobody used before.
     """
 
-    def __init__(self, server: str, template: str, *, makers: int = 2, ready: int = 3) -> None:
+    def __init__(
+        self, server: str, template: str, *, makers: int = 2, ready: int = 3, prefix: str = "bmx_t"
+    ) -> None:
         self.server = server
         self.template = template
+        self.prefix = prefix
         self._stock: queue.Queue[str] = queue.Queue(maxsize=ready)
         #: Why making a clone failed (no server, no space): raised by take().
         self._failure: BaseException | None = None
@@ -497,7 +500,7 @@ class ClonePool:
 
     def _make(self) -> None:
         while not self._closing.is_set() and self._failure is None:
-            name = f"bmx_t_{os.getpid()}_{secrets.token_hex(6)}"
+            name = f"{self.prefix}_{os.getpid()}_{secrets.token_hex(6)}"
             try:
                 pg_create_database(self.server, name, template=self.template)
             except BaseException as exc:  # every later take() raises it
