@@ -36,6 +36,7 @@ from .problems import (
 )
 from .services import Services
 from .streaming import PulledRequest, PullingHTTPConnection
+from .url_rules import SharedBuilderRule
 
 log = logging.getLogger("buildmax")
 
@@ -45,10 +46,12 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 class BuildMax(Quart):
     """The Quart app with the kernel's parts attached. Request bodies are
     pulled from the connection as the handler reads them
-    (:mod:`buildmax.streaming`)."""
+    (:mod:`buildmax.streaming`); URL rules share their compiled builders
+    (:mod:`buildmax.url_rules`)."""
 
     asgi_http_class = PullingHTTPConnection
     request_class = PulledRequest
+    url_rule_class = SharedBuilderRule
 
     settings: Config
     clock: Clock
