@@ -7,6 +7,7 @@ used at sign-in, never per request (API tokens use a SHA-256 verifier).
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -16,9 +17,19 @@ _hasher = PasswordHasher()
 MIN_LENGTH = 12
 MAX_LENGTH = 1024
 
-#: Verified against when the principal does not exist, so timing does not
-#: reveal which names exist.
-_DUMMY_HASH = _hasher.hash("buildmax-dummy-password")
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Verified against when the principal does not exist, so timing does not
+    reveal which names exist."""
+    return _hasher.hash("buildmax-dummy-password")
+
+
+def prepare() -> None:
+    """Make the dummy hash now, so that the first sign-in naming nobody
+    takes no longer than the others. Server processes call it as they
+    start; a command that signs nobody in never pays for it."""
+    _dummy_hash()
 
 
 def check_password_rules(password: str) -> str | None:
@@ -40,7 +51,8 @@ async def verify_password(stored_hash: str | None, password: str) -> bool:
 
     def verify() -> bool:
         try:
-            return _hasher.verify(stored_hash or _DUMMY_HASH, password) and stored_hash is not None
+            matches = _hasher.verify(stored_hash or _dummy_hash(), password)
+            return matches and stored_hash is not None
         except (VerificationError, InvalidHashError):
             return False
 

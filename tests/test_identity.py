@@ -35,7 +35,7 @@ from buildmax.schema import (
 PASSWORD = "correct horse battery staple"
 OTHER_PASSWORD = "tr0ub4dor & 3 more words"
 PROBLEM = "urn:buildmax:problem:"
-_DEFAULT_HASHING = (passwords._hasher, passwords._DUMMY_HASH)
+_DEFAULT_HASHING = (passwords._hasher, passwords._dummy_hash)
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -48,7 +48,8 @@ def fast_password_hashing(monkeypatch):
     and the limiter tests verify two dozen passwords)."""
     cheap = PasswordHasher(time_cost=1, memory_cost=64, parallelism=1)
     monkeypatch.setattr(passwords, "_hasher", cheap)
-    monkeypatch.setattr(passwords, "_DUMMY_HASH", cheap.hash("buildmax-dummy-password"))
+    dummy = cheap.hash("buildmax-dummy-password")
+    monkeypatch.setattr(passwords, "_dummy_hash", lambda: dummy)
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def real_password_hashing(fast_password_hashing, monkeypatch):
     """The library-default cost, for a test whose race window is that cost."""
     hasher, dummy = _DEFAULT_HASHING
     monkeypatch.setattr(passwords, "_hasher", hasher)
-    monkeypatch.setattr(passwords, "_DUMMY_HASH", dummy)
+    monkeypatch.setattr(passwords, "_dummy_hash", dummy)
 
 
 async def _rows(app, table, *where) -> list[dict[str, Any]]:

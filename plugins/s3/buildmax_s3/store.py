@@ -34,8 +34,6 @@ from datetime import datetime
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
 from buildmax_hookspecs import (
     BLOB_TMP_DIR,
@@ -147,6 +145,11 @@ class S3BlobStore:
             self._lock, self._loop, self._client = asyncio.Lock(), loop, None
         async with self._lock:
             if self._client is None:
+                # Imported here: aiobotocore takes most of a second to import,
+                # paid otherwise by every process that loads the plugin.
+                from aiobotocore.config import AioConfig
+                from aiobotocore.session import get_session
+
                 settings = self.settings
                 config = AioConfig(
                     s3={"addressing_style": settings.addressing_style},
