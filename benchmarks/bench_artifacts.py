@@ -26,7 +26,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from bench_read import (
     free_port,
     proc_status,
     progress,
+    run_in_scratch,
     spawn,
     start_buildmax,
     wait_ready,
@@ -213,17 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp directory")
     opts = p.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="bench_artifacts-"))
-    try:
-        report = run(opts, workdir)
-    except BenchError as exc:
-        print(f"bench_artifacts: {exc}", file=sys.stderr)
+    report = run_in_scratch("bench_artifacts", opts.keep, lambda workdir: run(opts, workdir))
+    if report is None:
         return 1
-    finally:
-        if opts.keep:
-            progress(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     report["machine"] = {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
     if opts.json:
         print(json.dumps(report, indent=2))

@@ -43,6 +43,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -67,6 +68,23 @@ def progress(message: str) -> None:
 
 class BenchError(Exception):
     """The benchmark could not run (setup failed); printed as one line."""
+
+
+def run_in_scratch(name: str, keep: bool, work: Callable[[Path], dict[str, Any]]) -> dict | None:
+    """``work(workdir)`` in a new temporary directory, removed afterwards
+    unless ``keep``: its report, or ``None`` once a :class:`BenchError` is
+    printed as ``name: why``."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    try:
+        return work(workdir)
+    except BenchError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return None
+    finally:
+        if keep:
+            print(f"[{name}] kept {workdir}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def nearest_rank(values: list[Any], p: float) -> Any:
@@ -691,17 +709,9 @@ def main(argv: list[str] | None = None) -> int:
     if not sys.platform.startswith("linux"):
         print("bench_read: needs Linux (/proc for RSS and CPU)", file=sys.stderr)
         return 2
-    workdir = Path(tempfile.mkdtemp(prefix="bench_read-"))
-    try:
-        report = run(opts, wrk, workdir)
-    except BenchError as exc:
-        print(f"bench_read: {exc}", file=sys.stderr)
+    report = run_in_scratch("bench_read", opts.keep, lambda workdir: run(opts, wrk, workdir))
+    if report is None:
         return 1
-    finally:
-        if opts.keep:
-            progress(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     if opts.json:
         print(json.dumps(report, indent=2))
     else:

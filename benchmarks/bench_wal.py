@@ -34,10 +34,8 @@ import argparse
 import collections
 import json
 import os
-import shutil
 import sqlite3
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -58,7 +56,16 @@ from bench_claims import (
     serve_args,
     setup_space,
 )
-from bench_read import HOST, BenchError, Server, clean_env, free_port, spawn, wait_ready
+from bench_read import (
+    HOST,
+    BenchError,
+    Server,
+    clean_env,
+    free_port,
+    run_in_scratch,
+    spawn,
+    wait_ready,
+)
 
 SAMPLE_S = 0.25
 MIB = 1024 * 1024
@@ -335,17 +342,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="bench_wal-"))
-    try:
-        report = run(opts, workdir)
-    except BenchError as exc:
-        print(f"bench_wal: {exc}", file=sys.stderr)
+    report = run_in_scratch("bench_wal", opts.keep, lambda workdir: run(opts, workdir))
+    if report is None:
         return 1
-    finally:
-        if opts.keep:
-            progress(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     report["machine"] = {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
     if opts.json:
         print(json.dumps(report, indent=2))
