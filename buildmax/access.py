@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import ResourceRef, Transaction
 
 from .auth import Caller
+from .current import current_buildmax
 from .problems import Forbidden, NotFound
 from .roles import SPACE_ROLES
 from .schema import space_members, spaces
@@ -70,8 +71,6 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
 
     ``action`` (e.g. ``space.read``) is what ``buildmax_permission`` is asked.
     """
-    from .app import current_buildmax
-
     app = current_buildmax()
     if len(ref) > 200:
         raise NotFound("no such space")

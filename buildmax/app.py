@@ -10,9 +10,10 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from buildmax_hookspecs import BlobStore, BlobStoreUnavailable
-from quart import Quart, Response, current_app, g, request
+from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
+from . import essentials
 from .audit import AuditLog
 from .auth import TokenToucher
 from .bodies import json_response
@@ -72,11 +73,6 @@ class BuildMax(Quart):
         return found
 
 
-def current_buildmax() -> BuildMax:
-    """The app of the current request, typed."""
-    return cast(BuildMax, current_app._get_current_object())  # type: ignore[attr-defined]
-
-
 def problem_response(problem: Problem) -> Response:
     """Render a problem as ``application/problem+json``."""
     body = problem.to_dict(instance=request.path, request_id=g.get("request_id"))
@@ -109,6 +105,7 @@ def create_app(
     app.clock = clock or SystemClock()
     app.auto_migrate = auto_migrate
     app.plugins = create_plugins(
+        essential=essentials,
         allow=settings.plugin_allow_list,
         strict=settings.strict_plugins,
         trace=settings.trace_plugins,

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Actor
 from quart import g, request
 
+from .current import current_buildmax
 from .problems import TokenScopeRefused, Unauthenticated
 from .schema import tokens
 from .tokens import SECRET_PREFIX, lookup_token
@@ -63,8 +64,6 @@ async def authenticate(accept_scopes: Iterable[str] = ()) -> Caller:
 
 
 async def _load_caller() -> Caller:
-    from .app import current_buildmax
-
     app = current_buildmax()
     secret = bearer_secret()
     if not secret:

@@ -108,6 +108,7 @@ def _trace(pm: pluggy.PluginManager) -> None:
 
 def create_plugins(
     *,
+    essential: object | None = None,
     allow: set[str] | None = None,
     strict: bool = False,
     trace: bool = False,
@@ -115,16 +116,19 @@ def create_plugins(
 ) -> Plugins:
     """Build a fresh plugin manager.
 
-    ``allow`` limits entry-point plugins by name (``None`` = all); ``extra``
-    registers ``(name, plugin)`` pairs directly (tests, embedding).
+    ``essential`` is the kernel's own plugin, registered first under
+    :data:`ESSENTIAL` whatever ``allow`` says (the app factory passes
+    :mod:`buildmax.essentials`); ``allow`` limits entry-point plugins by
+    name (``None`` = all); ``extra`` registers ``(name, plugin)`` pairs
+    directly (tests, embedding).
     """
-    from . import essentials
-
     pm = pluggy.PluginManager(PROJECT_NAME)
     for module in HOOKSPEC_MODULES:
         pm.add_hookspecs(module)
-    infos = [PluginInfo(ESSENTIAL, _kernel_version(), "essential")]
-    pm.register(essentials, name=ESSENTIAL)
+    infos = []
+    if essential is not None:
+        infos.append(PluginInfo(ESSENTIAL, _kernel_version(), "essential"))
+        pm.register(essential, name=ESSENTIAL)
 
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if allow is not None and ep.name not in allow:

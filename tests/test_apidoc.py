@@ -18,8 +18,9 @@ from buildmax_hookspecs import Transaction, hookimpl
 from quart import Blueprint, Response
 
 from buildmax.apidoc import api
-from buildmax.app import create_app, current_buildmax
+from buildmax.app import create_app
 from buildmax.auth import authenticate
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 
 _PARAM = re.compile(r"\{[^}]+\}")

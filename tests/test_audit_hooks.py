@@ -25,10 +25,11 @@ from buildmax_hookspecs import SYSTEM_ACTOR, AuditAction, BlobStore, Migration, 
 from quart import Blueprint, Response
 
 from buildmax.apidoc import api
-from buildmax.app import create_app, current_buildmax
+from buildmax.app import create_app
 from buildmax.audit import AuditError
 from buildmax.bodies import json_response
 from buildmax.config import Config
+from buildmax.current import current_buildmax
 from buildmax.migrations import create_tables
 from buildmax.plugins import ESSENTIAL
 from buildmax.principals import create_principal

@@ -13,7 +13,8 @@ from quart import Blueprint, Response
 
 from buildmax import tokens as token_store
 from buildmax.apidoc import api
-from buildmax.app import create_app, current_buildmax
+from buildmax.app import create_app
+from buildmax.current import current_buildmax
 from buildmax.problems import (
     BlobStoreDown,
     Problem,

@@ -8,6 +8,7 @@ import pytest
 from buildmax_testplugin import Greeter
 from click.testing import CliRunner
 
+from buildmax import essentials
 from buildmax.app import create_app
 from buildmax.plugins import PluginLoadError, create_plugins
 
@@ -81,11 +82,11 @@ def test_a_misspelt_hook_name_is_refused():
 
 @pytest.mark.engine_independent
 def test_the_allow_list_loads_only_named_plugins_and_empty_loads_none():
-    assert {i.name for i in create_plugins(allow={"testplugin"}).infos()} == {
-        "buildmax.essentials",
-        "testplugin",
-    }
-    assert {i.name for i in create_plugins(allow=set()).infos()} == {"buildmax.essentials"}
+    named = create_plugins(essential=essentials, allow={"testplugin"})
+    assert {i.name for i in named.infos()} == {"buildmax.essentials", "testplugin"}
+    # The kernel's own plugin is loaded whatever the allow-list says.
+    none = create_plugins(essential=essentials, allow=set())
+    assert {i.name for i in none.infos()} == {"buildmax.essentials"}
 
 
 @pytest.mark.engine_independent

@@ -322,10 +322,11 @@ def admin_bootstrap(
 @click.option("--requirements", is_flag=True, help="Print name==version lines for pinning.")
 def plugins(requirements: bool) -> None:
     """The server's Python plugins: name, version, source, hooks implemented."""
+    from .. import essentials
     from ..plugins import create_plugins
 
     settings = load_settings(None)
-    infos = create_plugins(allow=settings.plugin_allow_list).infos()
+    infos = create_plugins(essential=essentials, allow=settings.plugin_allow_list).infos()
     if requirements:
         from importlib.metadata import entry_points
 

@@ -8,13 +8,8 @@ SQLite, a pooled row-locking transaction on PostgreSQL) or
 
 from __future__ import annotations
 
-from .base import (
-    Database,
-    DatabaseError,
-    DatabaseLogFull,
-    NestedTransactionError,
-    open_database,
-)
+from .base import Database, DatabaseError, DatabaseLogFull, NestedTransactionError
+from .engines import open_database
 
 __all__ = [
     "Database",

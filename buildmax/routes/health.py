@@ -9,8 +9,8 @@ from quart import Blueprint, Response
 
 from .. import __version__
 from ..apidoc import api, build_openapi
-from ..app import current_buildmax
 from ..bodies import json_response
+from ..current import current_buildmax
 from ..migrations import migration_status
 from ..problems import ServiceUnavailable
 from ..schemas import Health

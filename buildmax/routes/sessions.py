@@ -9,9 +9,9 @@ from buildmax_hookspecs import Actor, Transaction
 from quart import Blueprint, Response, request
 
 from ..apidoc import api
-from ..app import current_buildmax
 from ..auth import authenticate
 from ..bodies import json_response, load_body
+from ..current import current_buildmax
 from ..database.locks import lock
 from ..passwords import verify_password
 from ..principals import find_principal

@@ -11,9 +11,9 @@ from quart import Blueprint, Response, request
 
 from ..access import require_space
 from ..apidoc import api, header_args, query_args
-from ..app import current_buildmax
 from ..auth import authenticate, bearer_secret, still_authorized
 from ..clock import to_rfc3339
+from ..current import current_buildmax
 from ..events import stream
 from ..inputs import INT64_MAX
 from ..schemas import BoundedInteger

@@ -10,9 +10,9 @@ from quart import Blueprint, Response
 
 from ..access import SpaceAccess, require_space
 from ..apidoc import api
-from ..app import current_buildmax
 from ..auth import Caller, authenticate
 from ..bodies import json_response, load_body
+from ..current import current_buildmax
 from ..idempotency import Reply
 from ..pagination import page_body, page_request
 from ..principals import find_member_candidate, find_principal

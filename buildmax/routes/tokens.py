@@ -7,9 +7,9 @@ from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response, request
 
 from ..apidoc import api
-from ..app import current_buildmax
 from ..auth import Caller, authenticate
 from ..bodies import json_response, load_body
+from ..current import current_buildmax
 from ..idempotency import Reply
 from ..pagination import page_body, page_request
 from ..principals import find_principal

@@ -7,10 +7,10 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax.access import require_space
 from buildmax.apidoc import api
-from buildmax.app import current_buildmax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.migrations import create_tables

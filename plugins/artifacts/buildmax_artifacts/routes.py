@@ -28,9 +28,10 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from buildmax.access import SpaceAccess, require_space
 from buildmax.apidoc import api, query_args
-from buildmax.app import BuildMax, blob_store, current_buildmax
+from buildmax.app import BuildMax, blob_store
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
+from buildmax.current import current_buildmax
 from buildmax.database.base import uncancellable
 from buildmax.downloads import open_verified
 from buildmax.ids import new_id

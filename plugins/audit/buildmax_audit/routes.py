@@ -19,10 +19,11 @@ from quart import Blueprint, Response, request
 
 from buildmax.access import require_space
 from buildmax.apidoc import api
-from buildmax.app import BuildMax, current_buildmax
+from buildmax.app import BuildMax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
 from buildmax.clock import from_rfc3339
+from buildmax.current import current_buildmax
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.schemas import Timestamp

@@ -23,10 +23,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from buildmax.access import require_space
 from buildmax.apidoc import api
-from buildmax.app import BuildMax, blob_store, current_buildmax
+from buildmax.app import BuildMax, blob_store
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
+from buildmax.current import current_buildmax
 from buildmax.downloads import open_verified
 from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request

@@ -21,7 +21,7 @@ from buildmax_hookspecs import (
     Verdict,
 )
 
-from buildmax.app import current_buildmax
+from buildmax.current import current_buildmax
 from buildmax.problems import Problem
 from buildmax.spaces import space_pk as find_space_pk
 

@@ -21,11 +21,12 @@ from quart import Blueprint, Response
 
 from buildmax.access import SpaceAccess, require_space
 from buildmax.apidoc import api
-from buildmax.app import BuildMax, current_buildmax
+from buildmax.app import BuildMax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.services import ServiceMissing
 

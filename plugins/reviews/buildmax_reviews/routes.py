@@ -20,10 +20,10 @@ from quart import Blueprint, Response, request
 
 from buildmax.access import SpaceAccess, require_space
 from buildmax.apidoc import api
-from buildmax.app import current_buildmax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed

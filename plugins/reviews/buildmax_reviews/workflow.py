@@ -24,7 +24,7 @@ from buildmax_hookspecs import (
     Verdict,
 )
 
-from buildmax.app import current_buildmax
+from buildmax.current import current_buildmax
 from buildmax.ids import new_id
 from buildmax.spaces import space_pk
 

@@ -7,8 +7,8 @@ from typing import Any
 import click
 from buildmax_hookspecs import Actor, AuditAction, Migration, TaskQueue, Transaction, hookimpl
 
-from buildmax.app import current_buildmax
 from buildmax.background import start_background, stop_background
+from buildmax.current import current_buildmax
 from buildmax.migrations import create_tables
 
 from .membership import member_changed

@@ -13,9 +13,9 @@ from quart import Blueprint, Response, request
 
 from buildmax.access import require_space
 from buildmax.apidoc import api
-from buildmax.app import current_buildmax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.migrations import create_tables
 

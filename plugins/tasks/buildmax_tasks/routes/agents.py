@@ -11,10 +11,10 @@ from quart import Blueprint, Response
 
 from buildmax.access import require_space
 from buildmax.apidoc import api
-from buildmax.app import current_buildmax
 from buildmax.auth import authenticate
 from buildmax.bodies import json_response, load_body
 from buildmax.conflicts import insert_ignoring_conflict
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request

@@ -17,9 +17,9 @@ from quart import Blueprint, Response
 
 from buildmax.access import SpaceAccess, recheck_space, require_space
 from buildmax.apidoc import api
-from buildmax.app import current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response, load_body
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.problems import NotFound
 from buildmax.schema import spaces

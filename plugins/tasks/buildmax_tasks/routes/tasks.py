@@ -13,9 +13,9 @@ from quart import Blueprint, Response, request
 
 from buildmax.access import SpaceAccess, require_space
 from buildmax.apidoc import api
-from buildmax.app import current_buildmax
 from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response, load_body
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
