@@ -607,6 +607,9 @@ def clock() -> ManualClock:
 
 #: Secrets shorter than this are not looked for (they would match by chance).
 MIN_WATCHED_SECRET = 8
+#: Nor are secrets of fewer distinct characters: a generated password of
+#: eight zeros is inside every audit chain's genesis hash (64 zeros).
+MIN_WATCHED_DISTINCT = 3
 
 #: The audit trail's tables (every plugin's tables carry its prefix).
 _AUDIT_TABLES = {
@@ -653,7 +656,11 @@ class SecretWatch:
 
         # As written, and as it reads inside stored JSON (quotes, backslashes
         # and control characters escaped).
-        watched = [v for v in self.values if len(v) >= MIN_WATCHED_SECRET]
+        watched = [
+            v
+            for v in self.values
+            if len(v) >= MIN_WATCHED_SECRET and len(set(v)) >= MIN_WATCHED_DISTINCT
+        ]
         secrets_ = {*watched, *(json.dumps(v, ensure_ascii=False)[1:-1] for v in watched)}
         found = []
         async with app.db.read() as conn:
