@@ -80,9 +80,7 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
         raise NotFound("no such space")
     role = row["role"]
     resource = ResourceRef(type="space", id=row["public_id"], space_id=row["public_id"])
-    opinions = app.plugins.call(
-        "buildmax_permission", actor=caller.actor, action=action, resource=resource
-    )
+    opinions = app.hooks.permission(caller.actor, action, resource)
     override = False
     if False in opinions:
         allowed = False

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from buildmax_hookspecs import BlobStore, BlobStoreUnavailable
@@ -21,6 +20,7 @@ from .clock import Clock, SystemClock
 from .config import Config, load_config
 from .database import Database, DatabaseLogFull, open_database
 from .events import EventHub
+from .hooks import Hooks
 from .idempotency import Idempotency
 from .ids import new_id
 from .inputs import unsafe_text
@@ -57,6 +57,7 @@ class BuildMax(Quart):
     settings: Config
     clock: Clock
     plugins: Plugins
+    hooks: Hooks
     db: Database
     services: Services
     audit: AuditLog
@@ -67,10 +68,7 @@ class BuildMax(Quart):
 
     def migrations(self) -> list[Any]:
         """Every migration the loaded plugins contribute."""
-        found: list[Any] = []
-        for result in self.plugins.call("buildmax_migrations"):
-            found.extend(result)
-        return found
+        return list(self.hooks.migrations())
 
 
 def problem_response(problem: Problem) -> Response:
@@ -111,6 +109,7 @@ def create_app(
         trace=settings.trace_plugins,
         extra=extra_plugins,
     )
+    app.hooks = app.plugins.hooks
     app.db = open_database(
         settings.effective_database_url,
         sqlite_readers=settings.sqlite_readers,
@@ -126,14 +125,13 @@ def create_app(
     app.token_toucher = TokenToucher(app, settings.token_touch_interval_seconds * 1000)
     app.audit = AuditLog(
         app,
-        [a for result in app.plugins.call("buildmax_audit_actions") for a in result],
-        app.plugins.call("buildmax_audit_targets"),
+        app.hooks.audit_actions(),
+        app.hooks.audit_targets(),
     )
     _provide_blob_store(app)
     _provide_services(app)
-    for blueprints in app.plugins.call("buildmax_blueprints", app=app):
-        for blueprint in blueprints:
-            app.register_blueprint(blueprint)
+    for blueprint in app.hooks.blueprints(app):
+        app.register_blueprint(blueprint)
     _install_conventions(app)
 
     @app.before_serving
@@ -149,10 +147,9 @@ def create_app(
 
 def _provide_blob_store(app: BuildMax) -> None:
     factories: dict[str, Any] = {}
-    for impl in app.plugins.pm.hook.buildmax_blob_stores.get_hookimpls():
-        result = cast(Mapping[str, Any], impl.function() or {})
-        for scheme, factory in result.items():
-            factories.setdefault(scheme, (impl.plugin_name, factory))
+    for plugin, offered in app.hooks.blob_stores():
+        for scheme, factory in offered.items():
+            factories.setdefault(scheme, (plugin, factory))
     url = app.settings.effective_blob_store_url
     scheme = urlsplit(url).scheme
     if scheme not in factories:
@@ -165,11 +162,9 @@ def _provide_blob_store(app: BuildMax) -> None:
 
 
 def _provide_services(app: BuildMax) -> None:
-    for impl in app.plugins.pm.hook.buildmax_services.get_hookimpls():
-        kwargs = {name: app for name in impl.argnames}
-        result = cast(Mapping[type, Any] | None, impl.function(**kwargs))
-        if result:
-            app.services.provide_all(result, impl.plugin_name)
+    for plugin, provided in app.hooks.services(app):
+        if provided:
+            app.services.provide_all(provided, plugin)
 
 
 def _install_conventions(app: BuildMax) -> None:
@@ -234,7 +229,7 @@ async def _startup(app: BuildMax) -> None:
                 )
             await migrate(app.db, migrations, app.clock)
         await app.events.start()
-        await app.plugins.acall("buildmax_startup", app=app)
+        await app.hooks.startup(app)
     except BaseException:
         # Whatever did start (a plugin's background task) is stopped again.
         await _shutdown(app)
@@ -242,13 +237,7 @@ async def _startup(app: BuildMax) -> None:
 
 
 async def _shutdown(app: BuildMax) -> None:
-    for impl in app.plugins.pm.hook.buildmax_shutdown.get_hookimpls():
-        try:
-            result = impl.function(**{name: app for name in impl.argnames})
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception("plugin %r failed to shut down", impl.plugin_name)
+    await app.hooks.shutdown(app)
     await app.token_toucher.drain()
     await app.events.stop()
     await close_blob_store(app)
@@ -257,7 +246,7 @@ async def _shutdown(app: BuildMax) -> None:
 
 def blob_store(app: BuildMax) -> BlobStore:
     """The app's blob store service."""
-    return cast(BlobStore, app.services.get(cast(type, BlobStore)))
+    return app.services.get(BlobStore)
 
 
 async def close_blob_store(app: BuildMax) -> None:

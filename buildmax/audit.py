@@ -117,5 +117,5 @@ class AuditLog:
             request_id=request_id,
             admin_override=admin_override,
         )
-        await self._app.plugins.acall("buildmax_audit_record", tx=tx, event=event)
+        await self._app.hooks.audit_record(tx, event)
         return event

@@ -43,7 +43,7 @@ def _register_commands() -> None:
     except (ConfigError, PluginLoadError) as exc:
         click.echo(f"buildmax: {exc}", err=True)
         return
-    plugins.call("buildmax_register_commands", cli=cli)
+    plugins.hooks.register_commands(cli)
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ The kernel's essential plugin cannot be disabled.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,8 @@ from typing import Any
 
 import pluggy
 from buildmax_hookspecs import HOOKSPEC_MODULES, PROJECT_NAME
+
+from .hooks import Hooks
 
 log = logging.getLogger("buildmax.plugins")
 
@@ -48,14 +49,13 @@ class PluginInfo:
 class Plugins:
     """The app's pluggy manager plus what was loaded, skipped and why."""
 
-    def __init__(self, pm: pluggy.PluginManager, infos: list[PluginInfo]) -> None:
+    def __init__(
+        self, pm: pluggy.PluginManager, infos: list[PluginInfo], *, trace: bool = False
+    ) -> None:
         self.pm = pm
         self._infos = infos
-
-    @property
-    def hook(self) -> Any:
-        """The pluggy hook relay (``plugins.hook.buildmax_...``)."""
-        return self.pm.hook
+        #: Every hook call goes through these typed methods.
+        self.hooks = Hooks(pm, trace=trace)
 
     def infos(self) -> list[PluginInfo]:
         """Every plugin seen, with the hooks it implements (loaded ones) or its error."""
@@ -67,31 +67,6 @@ class Plugins:
                 hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [])
             result.append(PluginInfo(info.name, info.version, info.source, hooks, info.error))
         return result
-
-    def call(self, name: str, **kwargs: Any) -> list[Any]:
-        """Call a synchronous hook; results of every implementation, ``None`` dropped."""
-        return list(getattr(self.pm.hook, name)(**kwargs))
-
-    async def acall(self, name: str, **kwargs: Any) -> list[Any]:
-        """Call a hook whose implementations may return awaitables, and await them.
-
-        pluggy is synchronous: an async hook implementation returns a
-        coroutine, which is awaited here. This is the one place that does it.
-        """
-        pending = list(getattr(self.pm.hook, name)(**kwargs))
-        results = []
-        try:
-            while pending:
-                result = pending.pop(0)
-                if inspect.isawaitable(result):
-                    result = await result
-                if result is not None:
-                    results.append(result)
-        finally:
-            for left in pending:  # after a failure: never started, never awaited
-                if inspect.iscoroutine(left):
-                    left.close()
-        return results
 
 
 def _trace(pm: pluggy.PluginManager) -> None:
@@ -158,7 +133,7 @@ def create_plugins(
         raise PluginLoadError(f"plugin {exc.plugin!r}: {exc}") from exc
     if trace:
         _trace(pm)
-    return Plugins(pm, infos)
+    return Plugins(pm, infos, trace=trace)
 
 
 def _kernel_version() -> str:

@@ -93,8 +93,33 @@ def test_the_allow_list_loads_only_named_plugins_and_empty_loads_none():
 def test_tracing_logs_every_hook_call(caplog):
     plugins = create_plugins(allow=set(), trace=True)
     with caplog.at_level(logging.INFO, logger="buildmax.plugins"):
-        plugins.call("buildmax_migrations")
+        plugins.hooks.migrations()
     assert "hook buildmax_migrations" in caplog.text
+
+
+async def test_tracing_logs_the_hooks_called_plugin_by_plugin_too(buildmax_settings, caplog):
+    """Blob stores, services, start-up and shutdown included: every hook an
+    app calls from its creation to its end is in the log, with the plugins
+    that answered."""
+    settings = buildmax_settings.replace(trace_plugins=True)
+    with caplog.at_level(logging.INFO, logger="buildmax.plugins"):
+        app = create_app(settings, auto_migrate=True)
+        async with app.test_app():
+            pass
+    traced = caplog.text
+    for hook in (
+        "buildmax_blob_stores",
+        "buildmax_services",
+        "buildmax_blueprints",
+        "buildmax_migrations",
+        "buildmax_audit_actions",
+        "buildmax_startup",
+        "buildmax_shutdown",
+    ):
+        assert f"hook {hook} -> [" in traced, hook
+        assert f"hook {hook} done" in traced, hook
+    assert "hook buildmax_blob_stores -> ['buildmax.essentials'" in traced
+    assert "'testplugin'" in traced.split("hook buildmax_services -> ", 1)[1].splitlines()[0]
 
 
 async def test_disabling_a_plugin_after_its_migration_ran_still_starts(buildmax_settings, app):

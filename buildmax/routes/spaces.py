@@ -277,9 +277,8 @@ async def _announce(
     """Tell the plugins that ``target``'s membership changed
     (``buildmax_member_changed``), in the change's transaction and before
     its event is published, which locks the space row until commit."""
-    await current_buildmax().plugins.acall(
-        "buildmax_member_changed",
-        tx=tx,
+    await current_buildmax().hooks.member_changed(
+        tx,
         space_id=access.public_id,
         principal_id=target["public_id"],
         role=role,

@@ -30,7 +30,7 @@ def installed_graders() -> dict[str, Any]:
 
     plugins = create_plugins(strict=os.environ.get("BUILDMAX_STRICT_PLUGINS") == "1")
     graders: dict[str, Any] = {}
-    for offered in plugins.call("buildmax_graders"):
+    for offered in plugins.hooks.graders():
         for name, factory in (offered or {}).items():
             if name in graders and graders[name] is not factory:
                 raise click.ClickException(f"two plugins offer a grader named {name!r}")

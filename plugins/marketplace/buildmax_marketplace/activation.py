@@ -57,9 +57,8 @@ async def refusal(
     app: BuildMax, tx: Transaction, space_id: str, row: dict[str, Any], actor: Actor
 ) -> str | None:
     """Why the activation policy refuses ``row`` in the space, or ``None``."""
-    for verdict in await app.plugins.acall(
-        "buildmax_activation_policy",
-        tx=tx,
+    for verdict in await app.hooks.activation_policy(
+        tx,
         space_id=space_id,
         release=release_ref(row),
         actor=actor,

@@ -46,8 +46,8 @@ async def save_revision(
         instructions=instructions,
         plugins=tuple(names),
     )
-    for verdict in await ch.app.plugins.acall(
-        "buildmax_agent_revision", tx=ch.tx, space_id=ch.space_id, revision=ref, actor=ch.actor
+    for verdict in await ch.app.hooks.agent_revision(
+        ch.tx, space_id=ch.space_id, revision=ref, actor=ch.actor
     ):
         if isinstance(verdict, Verdict) and verdict.outcome == "deny":
             raise AgentRevisionRefused(verdict.reason or "a plugin refused this agent revision")

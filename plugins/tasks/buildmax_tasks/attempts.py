@@ -339,9 +339,8 @@ async def _check_submission(
         evidence=body["evidence"],
         artifacts=tuple(body["artifacts"]),
     )
-    verdicts = await ch.app.plugins.acall(
-        "buildmax_submission_check",
-        tx=ch.tx,
+    verdicts = await ch.app.hooks.submission_check(
+        ch.tx,
         task=task_ref(task),
         attempt=attempt_ref(attempt),
         submission=submission,

@@ -326,9 +326,7 @@ async def _claim(
                 stage=task["stage"],
             )
         )
-    for verdict in await ch.app.plugins.acall(
-        "buildmax_claim_check", tx=ch.tx, task=task_ref(task), principal=ch.actor
-    ):
+    for verdict in await ch.app.hooks.claim_check(ch.tx, task_ref(task), ch.actor):
         if isinstance(verdict, Verdict) and verdict.outcome == "deny":
             raise Skip(ClaimVetoed(verdict.reason or "a claim check refused this claim"))
     attempt_id = new_id("at")
@@ -586,9 +584,7 @@ async def _run_environment(
 ) -> dict[str, Any]:
     ref = agent_revision_ref(agent_revision) if agent_revision else None
     merged: dict[str, Any] = {}
-    for answer in await ch.app.plugins.acall(
-        "buildmax_run_environment", tx=ch.tx, attempt=attempt, agent_revision=ref
-    ):
+    for answer in await ch.app.hooks.run_environment(ch.tx, attempt=attempt, agent_revision=ref):
         for key, value in dict(answer).items():
             if key in merged:
                 raise RunEnvironmentRefused(f"two plugins both answered {key!r}")

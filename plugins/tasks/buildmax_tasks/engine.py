@@ -61,9 +61,9 @@ class StageEngine:
     def from_plugins(cls, plugins: Any) -> StageEngine:
         """Collect the stages of every loaded plugin."""
         found = []
-        for impl in plugins.pm.hook.buildmax_workflow_stages.get_hookimpls():
-            for spec in impl.function() or ():
-                found.append(Stage(spec, impl.plugin_name))
+        for plugin, specs in plugins.hooks.workflow_stages():
+            for spec in specs:
+                found.append(Stage(spec, plugin))
         return cls(found)
 
     def known(self, name: str | None) -> bool:
@@ -96,9 +96,8 @@ class StageEngine:
             subject = await load_task_by_pk(ch.tx, task["subject_task_id"], for_update=True)
             await complete(ch, task, **values)
             task = {**task, "state": "done"}
-        verdicts = await ch.app.plugins.acall(
-            "buildmax_attempt_submitted",
-            tx=ch.tx,
+        verdicts = await ch.app.hooks.attempt_submitted(
+            ch.tx,
             task=task_ref(task),
             attempt=attempt_ref(attempt),
             submission=submission_ref(submission),
@@ -178,9 +177,8 @@ class StageEngine:
             await set_task(
                 ch, subject["id"], state="waiting", stage=stage.spec.name, **(values or {})
             )
-            await ch.app.plugins.acall(
-                "buildmax_stage_entered",
-                tx=ch.tx,
+            await ch.app.hooks.stage_entered(
+                ch.tx,
                 subject=task_ref({**subject, "state": "waiting", "stage": stage.spec.name}),
                 stage=stage.spec.name,
                 work=[task_ref(row) for row in await _loaded(ch, work)],

@@ -1,0 +1,259 @@
+"""The hooks of the contract, called through one typed method each.
+
+Every call of a hook goes through :class:`Hooks` (``app.hooks``): its
+methods take the hook's arguments by name and type and return what the
+implementations answered, ``None`` dropped, in pluggy's order. An async
+implementation returns an awaitable, which the async methods await here and
+nowhere else. Hooks whose answers the kernel needs per plugin (blob stores,
+services, workflow stages, shutdown) are called one implementation at a
+time by :meth:`Hooks.each`, which ``BUILDMAX_TRACE_PLUGINS=1`` logs like
+every other call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pluggy
+from buildmax_hookspecs import (
+    Actor,
+    AgentRevisionRef,
+    AttemptRef,
+    AuditAction,
+    AuditEvent,
+    GraderFactory,
+    Migration,
+    ReleaseRef,
+    ResourceRef,
+    StageSpec,
+    SubmissionRef,
+    TaskRef,
+    Transaction,
+    Verdict,
+)
+from buildmax_hookspecs.storage import BlobStoreFactory
+
+log = logging.getLogger("buildmax.plugins")
+
+
+class Hooks:
+    """The app's hook calls (see the module docstring)."""
+
+    def __init__(self, pm: pluggy.PluginManager, *, trace: bool = False) -> None:
+        self._pm = pm
+        self._trace = trace
+
+    # -- how hooks are called ----------------------------------------------------
+
+    def _call(self, name: str, **kwargs: Any) -> list[Any]:
+        return list(getattr(self._pm.hook, name)(**kwargs))
+
+    async def _acall(self, name: str, **kwargs: Any) -> list[Any]:
+        pending = self._call(name, **kwargs)
+        results = []
+        try:
+            while pending:
+                result = pending.pop(0)
+                if inspect.isawaitable(result):
+                    result = await result
+                if result is not None:
+                    results.append(result)
+        finally:
+            for left in pending:  # after a failure: never started, never awaited
+                if inspect.iscoroutine(left):
+                    left.close()
+        return results
+
+    def each(self, name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """``(plugin name, answer)`` of every implementation of the hook
+        ``name``, in registration order, each given the arguments it names.
+        An answer may be an awaitable, for the caller to await."""
+        impls = getattr(self._pm.hook, name).get_hookimpls()
+        if self._trace:
+            log.info("hook %s -> %s", name, [impl.plugin_name for impl in impls])
+        answers = []
+        for impl in impls:
+            answer = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            if answer is not None:
+                answers.append((impl.plugin_name, answer))
+        if self._trace:
+            log.info("hook %s done", name)
+        return answers
+
+    # -- the app -----------------------------------------------------------------
+
+    async def startup(self, app: Any) -> None:
+        """``buildmax_startup``: the app is starting, its database migrated."""
+        await self._acall("buildmax_startup", app=app)
+
+    async def shutdown(self, app: Any) -> None:
+        """``buildmax_shutdown``, plugin by plugin: one that fails is logged
+        and the others still shut down."""
+        impls = self._pm.hook.buildmax_shutdown.get_hookimpls()
+        if self._trace:
+            log.info("hook buildmax_shutdown -> %s", [impl.plugin_name for impl in impls])
+        for impl in impls:
+            try:
+                result = impl.function(**{arg: app for arg in impl.argnames})
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("plugin %r failed to shut down", impl.plugin_name)
+        if self._trace:
+            log.info("hook buildmax_shutdown done")
+
+    def blueprints(self, app: Any) -> list[Any]:
+        """``buildmax_blueprints``: every plugin's blueprints, in one list."""
+        return [bp for found in self._call("buildmax_blueprints", app=app) for bp in found]
+
+    def register_commands(self, cli: Any) -> None:
+        """``buildmax_register_commands``: plugins add their commands to ``cli``."""
+        self._call("buildmax_register_commands", cli=cli)
+
+    def migrations(self) -> list[Migration]:
+        """``buildmax_migrations``: every plugin's migrations, in one list."""
+        return [m for found in self._call("buildmax_migrations") for m in found]
+
+    def services(self, app: Any) -> list[tuple[str, Mapping[type, Any]]]:
+        """``buildmax_services``: ``(plugin, {Protocol: implementation})``."""
+        return self.each("buildmax_services", app=app)
+
+    # -- audit ---------------------------------------------------------------------
+
+    def audit_actions(self) -> list[AuditAction]:
+        """``buildmax_audit_actions``: every declared action, in one list."""
+        return [a for found in self._call("buildmax_audit_actions") for a in found]
+
+    def audit_targets(self) -> list[Mapping[str, str]]:
+        """``buildmax_audit_targets``: each plugin's target kinds."""
+        return self._call("buildmax_audit_targets")
+
+    async def audit_record(self, tx: Transaction, event: AuditEvent) -> None:
+        """``buildmax_audit_record``: an event to write inside ``tx``."""
+        await self._acall("buildmax_audit_record", tx=tx, event=event)
+
+    # -- access ----------------------------------------------------------------------
+
+    def permission(self, actor: Actor, action: str, resource: ResourceRef) -> list[bool]:
+        """``buildmax_permission``: each plugin's allow (``True``) or deny."""
+        return self._call("buildmax_permission", actor=actor, action=action, resource=resource)
+
+    async def member_changed(
+        self,
+        tx: Transaction,
+        *,
+        space_id: str,
+        principal_id: str,
+        role: str | None,
+        previous_role: str | None,
+        actor: Actor,
+    ) -> None:
+        """``buildmax_member_changed``: a membership changed inside ``tx``."""
+        await self._acall(
+            "buildmax_member_changed",
+            tx=tx,
+            space_id=space_id,
+            principal_id=principal_id,
+            role=role,
+            previous_role=previous_role,
+            actor=actor,
+        )
+
+    # -- extensions --------------------------------------------------------------------
+
+    def graders(self) -> list[Mapping[str, GraderFactory]]:
+        """``buildmax_graders``: each plugin's graders by name."""
+        return self._call("buildmax_graders")
+
+    def blob_stores(self) -> list[tuple[str, Mapping[str, BlobStoreFactory]]]:
+        """``buildmax_blob_stores``: ``(plugin, {scheme: factory})``."""
+        return self.each("buildmax_blob_stores")
+
+    # -- the workflow ------------------------------------------------------------------
+
+    def workflow_stages(self) -> list[tuple[str, Iterable[StageSpec]]]:
+        """``buildmax_workflow_stages``: ``(plugin, its stages)``."""
+        return self.each("buildmax_workflow_stages")
+
+    async def stage_entered(
+        self,
+        tx: Transaction,
+        *,
+        subject: TaskRef,
+        stage: str,
+        work: Sequence[TaskRef],
+        actor: Actor,
+    ) -> None:
+        """``buildmax_stage_entered``: a subject entered ``stage`` inside ``tx``."""
+        await self._acall(
+            "buildmax_stage_entered", tx=tx, subject=subject, stage=stage, work=work, actor=actor
+        )
+
+    async def claim_check(self, tx: Transaction, task: TaskRef, principal: Actor) -> list[Verdict]:
+        """``buildmax_claim_check``: each plugin's verdict on a claim."""
+        return await self._acall("buildmax_claim_check", tx=tx, task=task, principal=principal)
+
+    async def submission_check(
+        self,
+        tx: Transaction,
+        *,
+        task: TaskRef,
+        attempt: AttemptRef,
+        submission: SubmissionRef,
+        actor: Actor,
+    ) -> list[Verdict]:
+        """``buildmax_submission_check``: each plugin's verdict on a submission."""
+        return await self._acall(
+            "buildmax_submission_check",
+            tx=tx,
+            task=task,
+            attempt=attempt,
+            submission=submission,
+            actor=actor,
+        )
+
+    async def attempt_submitted(
+        self,
+        tx: Transaction,
+        *,
+        task: TaskRef,
+        attempt: AttemptRef,
+        submission: SubmissionRef,
+        actor: Actor,
+    ) -> list[Verdict]:
+        """``buildmax_attempt_submitted``: each plugin's verdict on a hand-in."""
+        return await self._acall(
+            "buildmax_attempt_submitted",
+            tx=tx,
+            task=task,
+            attempt=attempt,
+            submission=submission,
+            actor=actor,
+        )
+
+    async def run_environment(
+        self, tx: Transaction, *, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+    ) -> list[Mapping[str, Any]]:
+        """``buildmax_run_environment``: what each plugin adds to a run."""
+        return await self._acall(
+            "buildmax_run_environment", tx=tx, attempt=attempt, agent_revision=agent_revision
+        )
+
+    async def agent_revision(
+        self, tx: Transaction, *, space_id: str, revision: AgentRevisionRef, actor: Actor
+    ) -> list[Verdict]:
+        """``buildmax_agent_revision``: each plugin's verdict on a new revision."""
+        return await self._acall(
+            "buildmax_agent_revision", tx=tx, space_id=space_id, revision=revision, actor=actor
+        )
+
+    async def activation_policy(
+        self, tx: Transaction, *, space_id: str, release: ReleaseRef, actor: Actor
+    ) -> list[Verdict]:
+        """``buildmax_activation_policy``: each plugin's verdict on an activation."""
+        return await self._acall(
+            "buildmax_activation_policy", tx=tx, space_id=space_id, release=release, actor=actor
+        )
