@@ -13,7 +13,6 @@ artifact). This plugin never imports the tasks plugin.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 from buildmax_hookspecs import TaskQueue
 
@@ -41,7 +40,7 @@ class Link:
 def task_queue(app: BuildMax) -> TaskQueue:
     """The tasks plugin's service; 422 when it is not loaded."""
     try:
-        return cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+        return app.services.get(TaskQueue)
     except ServiceMissing:
         raise ValidationFailed("task and attempt need the tasks plugin") from None
 

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import json
 import re
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import BlobNotFound, TaskQueue, Transaction
@@ -452,7 +452,7 @@ async def _run_pins(app: BuildMax, attempt_id: str) -> tuple[Any, list[dict[str,
 
 def task_queue(app: BuildMax) -> TaskQueue:
     """The tasks plugin's service."""
-    return cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+    return app.services.get(TaskQueue)
 
 
 @blueprint.get("/v1/attempts/<attempt>/packages")

@@ -13,7 +13,7 @@ curation mode (``PUT /curation``).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from buildmax_hookspecs import TaskQueue, Transaction
 from marshmallow import RAISE, Schema, fields, validate
@@ -54,7 +54,7 @@ class CurationBody(Schema):
 async def _agents(app: BuildMax, conn: Transaction, space_id: str) -> dict[str, list[str]]:
     """Each of the space's agents and the plugins its current revision names."""
     try:
-        queue = cast(TaskQueue, app.services.get(cast(type, TaskQueue)))
+        queue = app.services.get(TaskQueue)
     except ServiceMissing:
         return {}
     return {r.agent_name: list(r.plugins) for r in await queue.agents(conn, space_id)}

@@ -9,7 +9,7 @@ steered only through the ``TaskQueue`` service.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import (
@@ -61,7 +61,7 @@ KIND_OF_STAGE = {REVIEW.name: "review", INTEGRATE.name: "integration"}
 
 def task_queue() -> TaskQueue:
     """The tasks plugin's service, on the app of the current request."""
-    return cast(TaskQueue, current_buildmax().services.get(cast(type, TaskQueue)))
+    return current_buildmax().services.get(TaskQueue)
 
 
 async def stage_entered(
