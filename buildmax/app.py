@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from buildmax_hookspecs import BlobStore, BlobStoreUnavailable
+from buildmax_hookspecs import BlobStore, BlobStoreUnavailable, Migration
 from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
@@ -66,9 +66,9 @@ class BuildMax(Quart):
     token_toucher: TokenToucher
     auto_migrate: bool
 
-    def migrations(self) -> list[Any]:
+    def migrations(self) -> list[Migration]:
         """Every migration the loaded plugins contribute."""
-        return list(self.hooks.migrations())
+        return self.hooks.migrations()
 
 
 def problem_response(problem: Problem) -> Response:

@@ -12,9 +12,10 @@ every other call.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -39,12 +40,25 @@ from buildmax_hookspecs.storage import BlobStoreFactory
 log = logging.getLogger("buildmax.plugins")
 
 
+def _log_call(name: str, impls: Sequence[Any]) -> None:
+    log.info("hook %s -> %s", name, [impl.plugin_name for impl in impls])
+
+
+def _log_done(name: str) -> None:
+    log.info("hook %s done", name)
+
+
 class Hooks:
     """The app's hook calls (see the module docstring)."""
 
     def __init__(self, pm: pluggy.PluginManager, *, trace: bool = False) -> None:
         self._pm = pm
         self._trace = trace
+        if trace:
+            pm.add_hookcall_monitoring(
+                lambda name, impls, kwargs: _log_call(name, impls),
+                lambda outcome, name, impls, kwargs: _log_done(name),
+            )
 
     # -- how hooks are called ----------------------------------------------------
 
@@ -67,20 +81,27 @@ class Hooks:
                     left.close()
         return results
 
+    @contextlib.contextmanager
+    def _implementations(self, name: str) -> Iterator[list[Any]]:
+        """The implementations of hook ``name`` in registration order, for a
+        caller that calls them one by one; traced like pluggy's own calls."""
+        impls = getattr(self._pm.hook, name).get_hookimpls()
+        if self._trace:
+            _log_call(name, impls)
+        yield impls
+        if self._trace:
+            _log_done(name)
+
     def each(self, name: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """``(plugin name, answer)`` of every implementation of the hook
         ``name``, in registration order, each given the arguments it names.
         An answer may be an awaitable, for the caller to await."""
-        impls = getattr(self._pm.hook, name).get_hookimpls()
-        if self._trace:
-            log.info("hook %s -> %s", name, [impl.plugin_name for impl in impls])
         answers = []
-        for impl in impls:
-            answer = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-            if answer is not None:
-                answers.append((impl.plugin_name, answer))
-        if self._trace:
-            log.info("hook %s done", name)
+        with self._implementations(name) as impls:
+            for impl in impls:
+                answer = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+                if answer is not None:
+                    answers.append((impl.plugin_name, answer))
         return answers
 
     # -- the app -----------------------------------------------------------------
@@ -92,18 +113,14 @@ class Hooks:
     async def shutdown(self, app: Any) -> None:
         """``buildmax_shutdown``, plugin by plugin: one that fails is logged
         and the others still shut down."""
-        impls = self._pm.hook.buildmax_shutdown.get_hookimpls()
-        if self._trace:
-            log.info("hook buildmax_shutdown -> %s", [impl.plugin_name for impl in impls])
-        for impl in impls:
-            try:
-                result = impl.function(**{arg: app for arg in impl.argnames})
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("plugin %r failed to shut down", impl.plugin_name)
-        if self._trace:
-            log.info("hook buildmax_shutdown done")
+        with self._implementations("buildmax_shutdown") as impls:
+            for impl in impls:
+                try:
+                    result = impl.function(**{arg: app for arg in impl.argnames})
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("plugin %r failed to shut down", impl.plugin_name)
 
     def blueprints(self, app: Any) -> list[Any]:
         """``buildmax_blueprints``: every plugin's blueprints, in one list."""

@@ -10,10 +10,9 @@ The kernel's essential plugin cannot be disabled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
 
 import pluggy
 from buildmax_hookspecs import HOOKSPEC_MODULES, PROJECT_NAME
@@ -69,18 +68,6 @@ class Plugins:
         return result
 
 
-def _trace(pm: pluggy.PluginManager) -> None:
-    def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        log.info("hook %s -> %s", hook_name, [impl.plugin_name for impl in impls])
-
-    def after(
-        outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> None:
-        log.info("hook %s done", hook_name)
-
-    pm.add_hookcall_monitoring(before, after)
-
-
 def create_plugins(
     *,
     essential: object | None = None,
@@ -131,8 +118,6 @@ def create_plugins(
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         raise PluginLoadError(f"plugin {exc.plugin!r}: {exc}") from exc
-    if trace:
-        _trace(pm)
     return Plugins(pm, infos, trace=trace)
 
 

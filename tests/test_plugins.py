@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from buildmax_hookspecs import hookimpl
 from buildmax_testplugin import Greeter
 from click.testing import CliRunner
 
@@ -190,3 +191,30 @@ async def test_a_permission_hook_can_deny_a_member(app, client, make_principal, 
     assert renamed.status_code == 403
     assert shown.status_code == 200
     assert (await shown.get_json())["name"] == space.slug
+
+
+async def test_a_plugin_failing_to_shut_down_is_logged_and_the_others_still_shut_down(
+    buildmax_settings, caplog
+):
+    stopped = []
+
+    class Failing:
+        @hookimpl
+        async def buildmax_shutdown(self, app):
+            raise RuntimeError("cannot stop")
+
+    class Stopping:
+        @hookimpl
+        def buildmax_shutdown(self, app):
+            stopped.append(app)
+
+    app = create_app(
+        buildmax_settings,
+        auto_migrate=True,
+        extra_plugins=[("stopping", Stopping()), ("failing", Failing())],
+    )
+    with caplog.at_level(logging.ERROR, logger="buildmax.plugins"):
+        async with app.test_app():
+            pass
+    assert stopped == [app]
+    assert "plugin 'failing' failed to shut down" in caplog.text
