@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
@@ -25,6 +25,9 @@ from .bodies import validate
 from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .pagination import PageQuery
 from .schemas import Timestamp
+
+if TYPE_CHECKING:
+    from .app import BuildMax
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -151,7 +154,7 @@ def _any_but_null(
     return {}
 
 
-def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
+def build_openapi(app: BuildMax, title: str, version: str) -> dict[str, Any]:
     """The OpenAPI 3 document of every declared route of ``app``."""
     marshmallow = MarshmallowPlugin()
     spec = APISpec(title=title, version=version, openapi_version="3.0.3", plugins=[marshmallow])
@@ -183,7 +186,7 @@ def build_openapi(app: Any, title: str, version: str) -> dict[str, Any]:
             {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
             for name in _PARAM.findall(rule.rule)
         ]
-        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             view = app.view_functions[rule.endpoint]
             paths.setdefault(path, {})[method.lower()] = _operation(doc, params, view)
     for path, operations in sorted(paths.items()):

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from buildmax_hookspecs import BlobStore, BlobStoreUnavailable, Migration
+from buildmax_hookspecs import App, BlobStore, BlobStoreUnavailable, Migration
 from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
@@ -110,6 +110,7 @@ def create_app(
         extra=extra_plugins,
     )
     app.hooks = app.plugins.hooks
+    app.hooks.attach(app)
     app.db = open_database(
         settings.effective_database_url,
         sqlite_readers=settings.sqlite_readers,
@@ -244,7 +245,7 @@ async def _shutdown(app: BuildMax) -> None:
     await app.db.close()
 
 
-def blob_store(app: BuildMax) -> BlobStore:
+def blob_store(app: App) -> BlobStore:
     """The app's blob store service."""
     return app.services.get(BlobStore)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import Actor
+from buildmax_hookspecs import Actor, App
 from quart import g, request
 
 from .current import current_buildmax
@@ -104,7 +104,7 @@ def token_refusal(row: dict[str, object] | None, now: int) -> str | None:
     return None
 
 
-async def still_authorized(app: Any, secret: str, space_pk: int, caller: Caller) -> bool:
+async def still_authorized(app: App, secret: str, space_pk: int, caller: Caller) -> bool:
     """For long-lived responses (event streams): is the token still good and
     the caller still allowed in the space (by its current system role or
     membership)? Checked again as the response goes on, so a revocation, a

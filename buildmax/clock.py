@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
+from buildmax_hookspecs import Clock
 
-class Clock(Protocol):
-    """Something that tells the time in UTC epoch milliseconds."""
-
-    def now_ms(self) -> int:
-        """The current time in UTC epoch milliseconds."""
+__all__ = ["Clock", "ManualClock", "SystemClock", "from_rfc3339", "to_rfc3339"]
 
 
 class SystemClock:

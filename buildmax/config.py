@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+from buildmax_hookspecs import App
+
 ENV_PREFIX = "BUILDMAX_"
 
 
@@ -253,7 +255,7 @@ def integer_settings(cls: type[S], plugin: str, raw: Mapping[str, Any], *, minim
     return cls(**raw)
 
 
-def plugin_settings(app: Any, plugin: str, parse: Callable[[Mapping[str, Any]], S]) -> S:
+def plugin_settings(app: App, plugin: str, parse: Callable[[Mapping[str, Any]], S]) -> S:
     """``app``'s ``[plugins.<plugin>]`` table parsed by ``parse``, once: the
     result is kept on the app."""
     key = f"{plugin}.settings"
@@ -261,4 +263,4 @@ def plugin_settings(app: Any, plugin: str, parse: Callable[[Mapping[str, Any]], 
     if cached is None:
         cached = parse(app.settings.plugins.get(plugin, {}))
         app.extensions[key] = cached
-    return cached  # type: ignore[no-any-return]
+    return cached

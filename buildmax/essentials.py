@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import AuditAction, Migration, hookimpl
+from buildmax_hookspecs import App, AuditAction, Migration, hookimpl
 
 from .background import start_background, stop_background
 from .blobstore import FileBlobStore
 from .migrations import KERNEL, create_tables
 from .schema import KERNEL_TABLES, sign_in_failures
+
+if TYPE_CHECKING:
+    from .app import BuildMax
 
 log = logging.getLogger("buildmax.essentials")
 
@@ -27,7 +30,7 @@ _SWEEPER = "buildmax.sweeper"
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Any]:
+def buildmax_blueprints(app: App) -> list[Any]:
     from .routes import kernel_blueprints
 
     return kernel_blueprints()
@@ -122,7 +125,7 @@ def buildmax_audit_targets() -> dict[str, str]:
     }
 
 
-async def _sweep_forever(app: Any) -> None:
+async def _sweep_forever(app: BuildMax) -> None:
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
         try:
@@ -131,7 +134,7 @@ async def _sweep_forever(app: Any) -> None:
             log.exception("housekeeping sweep failed")
 
 
-async def sweep(app: Any) -> None:
+async def sweep(app: BuildMax) -> None:
     """Delete expired idempotency receipts and sign-in failures past their window."""
     await app.idempotency.sweep()
     horizon = app.clock.now_ms() - app.settings.sign_in_window_seconds * 1000
@@ -140,10 +143,10 @@ async def sweep(app: Any) -> None:
 
 
 @hookimpl
-def buildmax_startup(app: Any) -> None:
+def buildmax_startup(app: BuildMax) -> None:
     start_background(app, _SWEEPER, _sweep_forever(app))
 
 
 @hookimpl
-async def buildmax_shutdown(app: Any) -> None:
+async def buildmax_shutdown(app: App) -> None:
     await stop_background(app, _SWEEPER)

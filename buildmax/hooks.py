@@ -7,7 +7,9 @@ implementation returns an awaitable, which the async methods await here and
 nowhere else. Hooks whose answers the kernel needs per plugin (blob stores,
 services, workflow stages, shutdown) are called one implementation at a
 time by :meth:`Hooks.each`, which ``BUILDMAX_TRACE_PLUGINS=1`` logs like
-every other call.
+every other call. Hooks called inside a transaction also receive the app
+the facade was attached to (:meth:`Hooks.attach`), so an implementation has
+it whether the change came from a request or from a background job.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pluggy
 from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
+    App,
     AttemptRef,
     AuditAction,
     AuditEvent,
@@ -54,11 +57,23 @@ class Hooks:
     def __init__(self, pm: pluggy.PluginManager, *, trace: bool = False) -> None:
         self._pm = pm
         self._trace = trace
+        self._app: App | None = None
         if trace:
             pm.add_hookcall_monitoring(
                 lambda name, impls, kwargs: _log_call(name, impls),
                 lambda outcome, name, impls, kwargs: _log_done(name),
             )
+
+    def attach(self, app: App) -> None:
+        """Give ``app`` to every hook called inside a transaction."""
+        self._app = app
+
+    @property
+    def app(self) -> App:
+        """The attached app (hooks that change data need one)."""
+        if self._app is None:
+            raise RuntimeError("these hooks serve no app: create_app() attaches one")
+        return self._app
 
     # -- how hooks are called ----------------------------------------------------
 
@@ -106,11 +121,11 @@ class Hooks:
 
     # -- the app -----------------------------------------------------------------
 
-    async def startup(self, app: Any) -> None:
+    async def startup(self, app: App) -> None:
         """``buildmax_startup``: the app is starting, its database migrated."""
         await self._acall("buildmax_startup", app=app)
 
-    async def shutdown(self, app: Any) -> None:
+    async def shutdown(self, app: App) -> None:
         """``buildmax_shutdown``, plugin by plugin: one that fails is logged
         and the others still shut down."""
         with self._implementations("buildmax_shutdown") as impls:
@@ -122,7 +137,7 @@ class Hooks:
                 except Exception:
                     log.exception("plugin %r failed to shut down", impl.plugin_name)
 
-    def blueprints(self, app: Any) -> list[Any]:
+    def blueprints(self, app: App) -> list[Any]:
         """``buildmax_blueprints``: every plugin's blueprints, in one list."""
         return [bp for found in self._call("buildmax_blueprints", app=app) for bp in found]
 
@@ -134,7 +149,7 @@ class Hooks:
         """``buildmax_migrations``: every plugin's migrations, in one list."""
         return [m for found in self._call("buildmax_migrations") for m in found]
 
-    def services(self, app: Any) -> list[tuple[str, Mapping[type, Any]]]:
+    def services(self, app: App) -> list[tuple[str, Mapping[type, Any]]]:
         """``buildmax_services``: ``(plugin, {Protocol: implementation})``."""
         return self.each("buildmax_services", app=app)
 
@@ -150,7 +165,7 @@ class Hooks:
 
     async def audit_record(self, tx: Transaction, event: AuditEvent) -> None:
         """``buildmax_audit_record``: an event to write inside ``tx``."""
-        await self._acall("buildmax_audit_record", tx=tx, event=event)
+        await self._acall("buildmax_audit_record", app=self.app, tx=tx, event=event)
 
     # -- access ----------------------------------------------------------------------
 
@@ -171,6 +186,7 @@ class Hooks:
         """``buildmax_member_changed``: a membership changed inside ``tx``."""
         await self._acall(
             "buildmax_member_changed",
+            app=self.app,
             tx=tx,
             space_id=space_id,
             principal_id=principal_id,
@@ -206,12 +222,20 @@ class Hooks:
     ) -> None:
         """``buildmax_stage_entered``: a subject entered ``stage`` inside ``tx``."""
         await self._acall(
-            "buildmax_stage_entered", tx=tx, subject=subject, stage=stage, work=work, actor=actor
+            "buildmax_stage_entered",
+            app=self.app,
+            tx=tx,
+            subject=subject,
+            stage=stage,
+            work=work,
+            actor=actor,
         )
 
     async def claim_check(self, tx: Transaction, task: TaskRef, principal: Actor) -> list[Verdict]:
         """``buildmax_claim_check``: each plugin's verdict on a claim."""
-        return await self._acall("buildmax_claim_check", tx=tx, task=task, principal=principal)
+        return await self._acall(
+            "buildmax_claim_check", app=self.app, tx=tx, task=task, principal=principal
+        )
 
     async def submission_check(
         self,
@@ -225,6 +249,7 @@ class Hooks:
         """``buildmax_submission_check``: each plugin's verdict on a submission."""
         return await self._acall(
             "buildmax_submission_check",
+            app=self.app,
             tx=tx,
             task=task,
             attempt=attempt,
@@ -244,6 +269,7 @@ class Hooks:
         """``buildmax_attempt_submitted``: each plugin's verdict on a hand-in."""
         return await self._acall(
             "buildmax_attempt_submitted",
+            app=self.app,
             tx=tx,
             task=task,
             attempt=attempt,
@@ -256,7 +282,11 @@ class Hooks:
     ) -> list[Mapping[str, Any]]:
         """``buildmax_run_environment``: what each plugin adds to a run."""
         return await self._acall(
-            "buildmax_run_environment", tx=tx, attempt=attempt, agent_revision=agent_revision
+            "buildmax_run_environment",
+            app=self.app,
+            tx=tx,
+            attempt=attempt,
+            agent_revision=agent_revision,
         )
 
     async def agent_revision(
@@ -264,7 +294,12 @@ class Hooks:
     ) -> list[Verdict]:
         """``buildmax_agent_revision``: each plugin's verdict on a new revision."""
         return await self._acall(
-            "buildmax_agent_revision", tx=tx, space_id=space_id, revision=revision, actor=actor
+            "buildmax_agent_revision",
+            app=self.app,
+            tx=tx,
+            space_id=space_id,
+            revision=revision,
+            actor=actor,
         )
 
     async def activation_policy(
@@ -272,5 +307,10 @@ class Hooks:
     ) -> list[Verdict]:
         """``buildmax_activation_policy``: each plugin's verdict on an activation."""
         return await self._acall(
-            "buildmax_activation_policy", tx=tx, space_id=space_id, release=release, actor=actor
+            "buildmax_activation_policy",
+            app=self.app,
+            tx=tx,
+            space_id=space_id,
+            release=release,
+            actor=actor,
         )

@@ -6,11 +6,14 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..config import Config, ConfigError, apply_log_level, load_config
+
+if TYPE_CHECKING:
+    from ..app import BuildMax
 
 T = TypeVar("T")
 
@@ -60,7 +63,7 @@ async def _open_app(settings: Config) -> Any:
     return app
 
 
-async def _require_current_schema(app: Any, plugins: Collection[str] | None) -> None:
+async def _require_current_schema(app: BuildMax, plugins: Collection[str] | None) -> None:
     from ..migrations import MigrationError, migration_status
 
     statuses = await migration_status(app.db, app.migrations())

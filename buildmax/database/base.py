@@ -153,7 +153,8 @@ class Tx:
 
 
 class Database(Protocol):
-    """The engine-independent database interface."""
+    """The engine-independent database interface: what plugins see of it
+    (:class:`buildmax_hookspecs.Database`), and opening and closing."""
 
     dialect: str
     url: str

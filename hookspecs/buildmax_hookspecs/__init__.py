@@ -6,6 +6,7 @@ Protocols services implement. This package imports nothing of BuildMax.
 """
 
 from . import app, audit, auth, graders, storage, workflow
+from .kernel import App, AuditTrail, Clock, Database, EventStream, ServiceRegistry, Settings
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
     BLOB_TMP_DIR,
@@ -52,9 +53,11 @@ __all__ = [
     "SYSTEM_ACTOR",
     "Actor",
     "AgentRevisionRef",
+    "App",
     "AttemptRef",
     "AuditAction",
     "AuditEvent",
+    "AuditTrail",
     "BlobDigestMismatch",
     "BlobKeyError",
     "BlobNotFound",
@@ -62,6 +65,9 @@ __all__ = [
     "BlobStore",
     "BlobStoreUnavailable",
     "BlobTooLarge",
+    "Clock",
+    "Database",
+    "EventStream",
     "Grade",
     "Grader",
     "GraderFactory",
@@ -71,6 +77,8 @@ __all__ = [
     "ResourceRef",
     "Row",
     "RunEnvironmentRefused",
+    "ServiceRegistry",
+    "Settings",
     "StageSpec",
     "SubmissionRef",
     "TaskQueue",

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
+from .kernel import App
 from .markers import hookspec
 from .records import Migration
 
 
 @hookspec
-def buildmax_startup(app: Any) -> Awaitable[None] | None:
+def buildmax_startup(app: App) -> Awaitable[None] | None:
     """Start the plugin's background work (reapers, sweeps, caches).
 
     Called by the kernel once per server process, after the database is
@@ -22,7 +23,7 @@ def buildmax_startup(app: Any) -> Awaitable[None] | None:
 
 
 @hookspec
-def buildmax_shutdown(app: Any) -> Awaitable[None] | None:
+def buildmax_shutdown(app: App) -> Awaitable[None] | None:
     """Stop the plugin's background work.
 
     Called by the kernel once when the process stops, after in-flight
@@ -33,7 +34,7 @@ def buildmax_shutdown(app: Any) -> Awaitable[None] | None:
 
 
 @hookspec
-def buildmax_blueprints(app: Any) -> Iterable[Any] | None:
+def buildmax_blueprints(app: App) -> Iterable[Any] | None:
     """Quart blueprints this plugin serves.
 
     Called once by the app factory while the app is built, before start-up.
@@ -64,7 +65,7 @@ def buildmax_migrations() -> Iterable[Migration] | None:
 
 
 @hookspec
-def buildmax_services(app: Any) -> Mapping[type, Any] | None:
+def buildmax_services(app: App) -> Mapping[type, Any] | None:
     """Implementations of contract Protocols this plugin provides.
 
     Called once by the app factory after every plugin is registered. Return a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Iterable, Mapping
 
+from .kernel import App
 from .markers import hookspec
 from .protocols import Transaction
 from .records import AuditAction, AuditEvent
@@ -33,7 +34,7 @@ def buildmax_audit_targets() -> Mapping[str, str] | None:
 
 
 @hookspec
-def buildmax_audit_record(tx: Transaction, event: AuditEvent) -> Awaitable[None] | None:
+def buildmax_audit_record(app: App, tx: Transaction, event: AuditEvent) -> Awaitable[None] | None:
     """Persist an audit event inside the caller's transaction.
 
     Called by the kernel's ``record_audit`` from inside the write

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
+from .kernel import App
 from .markers import hookspec
 from .protocols import Transaction
 from .records import Actor, ResourceRef
@@ -24,6 +25,7 @@ def buildmax_permission(actor: Actor, action: str, resource: ResourceRef) -> boo
 
 @hookspec
 def buildmax_member_changed(
+    app: App,
     tx: Transaction,
     space_id: str,
     principal_id: str,

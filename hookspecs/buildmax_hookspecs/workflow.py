@@ -3,7 +3,11 @@
 The tasks plugin owns task state and calls these hooks; stage plugins
 (reviews, integration) and the marketplace answer them. Every hook that
 takes ``tx`` is called inside the write transaction of the change, so what a
-plugin writes there commits if and only if the change does.
+plugin writes there commits if and only if the change does. Every such hook
+also receives ``app`` (:class:`~buildmax_hookspecs.App`): a hook may fire
+from a background job as well as from a request, so an implementation uses
+the app it is given for the clock, the audit trail and other plugins'
+services.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .kernel import App
 from .markers import hookspec
 from .protocols import Transaction
 from .records import (
@@ -38,7 +43,7 @@ def buildmax_workflow_stages() -> Iterable[StageSpec] | None:
 
 @hookspec
 def buildmax_stage_entered(
-    tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
+    app: App, tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
 ) -> Awaitable[None] | None:
     """A submission of ``subject`` entered ``stage``: ``work`` are the linked
     work items just created for it (by slot); ``actor`` handed in the work
@@ -54,7 +59,7 @@ def buildmax_stage_entered(
 
 @hookspec
 def buildmax_claim_check(
-    tx: Transaction, task: TaskRef, principal: Actor
+    app: App, tx: Transaction, task: TaskRef, principal: Actor
 ) -> Verdict | Awaitable[Verdict | None] | None:
     """Refuse a claim of ``task`` by ``principal`` (e.g. a reviewer who
     submitted the work under review).
@@ -69,7 +74,12 @@ def buildmax_claim_check(
 
 @hookspec
 def buildmax_submission_check(
-    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef, actor: Actor
+    app: App,
+    tx: Transaction,
+    task: TaskRef,
+    attempt: AttemptRef,
+    submission: SubmissionRef,
+    actor: Actor,
 ) -> Verdict | Awaitable[Verdict | None] | None:
     """Refuse a submission before it is recorded (e.g. one naming artifacts
     that are not evidence of its task).
@@ -88,7 +98,12 @@ def buildmax_submission_check(
 
 @hookspec
 def buildmax_attempt_submitted(
-    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef, actor: Actor
+    app: App,
+    tx: Transaction,
+    task: TaskRef,
+    attempt: AttemptRef,
+    submission: SubmissionRef,
+    actor: Actor,
 ) -> Verdict | Awaitable[Verdict | None] | None:
     """Judge work handed in.
 
@@ -109,7 +124,7 @@ def buildmax_attempt_submitted(
 
 @hookspec
 def buildmax_run_environment(
-    tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+    app: App, tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
 ) -> Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None:
     """What a run must have, resolved when an attempt is claimed (plugin pins).
 
@@ -126,7 +141,7 @@ def buildmax_run_environment(
 
 @hookspec
 def buildmax_agent_revision(
-    tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
+    app: App, tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
 ) -> Verdict | Awaitable[Verdict | None] | None:
     """Validate an agent revision before it is saved.
 
@@ -140,7 +155,7 @@ def buildmax_agent_revision(
 
 @hookspec
 def buildmax_activation_policy(
-    tx: Transaction, space_id: str, release: ReleaseRef, actor: Actor
+    app: App, tx: Transaction, space_id: str, release: ReleaseRef, actor: Actor
 ) -> Verdict | Awaitable[Verdict | None] | None:
     """May ``release`` be activated in ``space_id`` (or a pin moved onto it)?
 

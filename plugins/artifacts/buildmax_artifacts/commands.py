@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from buildmax_hookspecs import App
 
 from buildmax.commands.identity import CommandError, Remote, connected, space_option
 from buildmax.commands.server import (
@@ -197,7 +198,7 @@ def gc_command(
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
-    async def work(app: Any) -> Any:
+    async def work(app: App) -> Any:
         grace = artifact_settings(app).gc_grace_seconds if grace_seconds is None else grace_seconds
         with click.progressbar(length=0, label="collecting", file=sys.stderr) as bar:
             return await collect(app, grace_ms=grace * 1000, dry_run=dry_run, progress=bar.update)

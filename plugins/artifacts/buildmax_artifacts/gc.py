@@ -15,10 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR, BlobStore
+from buildmax_hookspecs import SYSTEM_ACTOR, App, BlobStore
 
 from buildmax.app import blob_store
 from buildmax.schema import spaces
@@ -44,7 +43,7 @@ class GcReport:
 
 
 async def collect(
-    app: Any,
+    app: App,
     *,
     grace_ms: int,
     dry_run: bool = False,
@@ -86,7 +85,7 @@ async def collect(
 _SPACE_OF_KEY = re.compile(rf"^{KEY_PREFIX}/space/([^/]+)/sha256/[0-9a-f]{{64}}$")
 
 
-async def _delete_orphan(app: Any, store: BlobStore, key: str, older_than: int) -> bool:
+async def _delete_orphan(app: App, store: BlobStore, key: str, older_than: int) -> bool:
     """Delete an orphan unless an upload could be about to use it.
 
     The space's quota row is locked first, as every reservation locks it, so
@@ -125,7 +124,7 @@ async def _delete_orphan(app: Any, store: BlobStore, key: str, older_than: int) 
         return await store.delete(key)
 
 
-async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[str]:
+async def _tombstone_lost(app: App, key: str, now: int, dry_run: bool) -> list[str]:
     select = (
         sa.select(artifacts.c.public_id, artifacts.c.size, spaces.c.public_id.label("space"))
         .join(spaces, spaces.c.id == artifacts.c.space_id)
@@ -157,7 +156,7 @@ async def _tombstone_lost(app: Any, key: str, now: int, dry_run: bool) -> list[s
     return [row["public_id"] for row in rows]
 
 
-async def _release_stale(app: Any, older_than: int, dry_run: bool) -> int:
+async def _release_stale(app: App, older_than: int, dry_run: bool) -> int:
     select = (
         sa.select(uploads, spaces.c.public_id.label("space"))
         .join(spaces, spaces.c.id == uploads.c.space_id)

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 from buildmax_hookspecs import (
+    App,
     AttemptRef,
     AuditAction,
     Migration,
@@ -32,7 +33,7 @@ def buildmax_migrations() -> list[Migration]:
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Any]:
+def buildmax_blueprints(app: App) -> list[Any]:
     from .routes import blueprint
 
     artifact_settings(app)  # a bad [plugins.artifacts] table stops the app being built
@@ -98,14 +99,14 @@ async def buildmax_submission_check(
 
 
 @hookimpl
-def buildmax_startup(app: Any) -> None:
+def buildmax_startup(app: App) -> None:
     from .retention import maintain_forever
 
     start_background(app, _MAINTENANCE, maintain_forever(app))
 
 
 @hookimpl
-async def buildmax_shutdown(app: Any) -> None:
+async def buildmax_shutdown(app: App) -> None:
     await stop_background(app, _MAINTENANCE)
 
 

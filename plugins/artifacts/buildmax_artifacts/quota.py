@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import Actor, Transaction
+from buildmax_hookspecs import Actor, App, Transaction
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.ids import new_id
@@ -82,7 +82,7 @@ _MOVE = (
 
 
 async def reserve(
-    app: Any, settings: ArtifactSettings, space_pk: int, space_id: str, size: int, principal_pk: int
+    app: App, settings: ArtifactSettings, space_pk: int, space_id: str, size: int, principal_pk: int
 ) -> Reservation:
     """Set ``size`` bytes aside in the deployment's and the space's quota;
     :class:`QuotaExceeded` (and nothing changed) when either is full."""
@@ -141,7 +141,7 @@ async def settle(
 
 
 async def tombstoned(
-    app: Any,
+    app: App,
     tx: Transaction,
     actor: Actor,
     action: str,
@@ -173,7 +173,7 @@ async def free(tx: Transaction, space_id: str, size: int) -> None:
         await tx.execute(_MOVE, {"scope": scope, "reserved": 0, "stored": -size})
 
 
-async def release(app: Any, reservation: Reservation) -> None:
+async def release(app: App, reservation: Reservation) -> None:
     """End a reservation whose upload failed, in its own transaction."""
     async with app.db.write() as tx:
         await settle(tx, reservation, 0, artifact_settings(app))

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR
+from buildmax_hookspecs import SYSTEM_ACTOR, App
 
 from buildmax.schema import spaces
 
@@ -23,7 +22,7 @@ log = logging.getLogger("buildmax_artifacts.retention")
 DAY_MS = 86_400_000
 
 
-async def expire(app: Any, retention_days: int | None = None) -> list[str]:
+async def expire(app: App, retention_days: int | None = None) -> list[str]:
     """Tombstone unpinned artifacts older than the retention (the configured
     one unless given; 0 keeps everything); their public ids."""
     days = artifact_settings(app).retention_days if retention_days is None else retention_days
@@ -81,7 +80,7 @@ async def expire(app: Any, retention_days: int | None = None) -> list[str]:
             return expired
 
 
-async def maintain_forever(app: Any) -> None:
+async def maintain_forever(app: App) -> None:
     """Apply retention and collect garbage every ``sweep_interval_seconds``."""
     settings = artifact_settings(app)
     while True:

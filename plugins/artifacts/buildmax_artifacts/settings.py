@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from buildmax_hookspecs import App
+
 from buildmax.config import ConfigError, integer_settings, plugin_settings
 
 MIB = 2**20
@@ -45,6 +47,6 @@ class ArtifactSettings:
         return settings
 
 
-def artifact_settings(app: Any) -> ArtifactSettings:
+def artifact_settings(app: App) -> ArtifactSettings:
     """The app's artifacts settings (parsed once, kept on the app)."""
     return plugin_settings(app, "artifacts", ArtifactSettings.from_mapping)

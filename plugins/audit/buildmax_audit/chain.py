@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import AuditEvent, Transaction
+from buildmax_hookspecs import App, AuditEvent, Transaction
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.audit import canonical_json
@@ -62,7 +62,7 @@ def chain_of(space_id: str | None) -> str:
     return SYSTEM_CHAIN if space_id is None else space_id
 
 
-async def chain_named(app: Any, ref: str) -> str | None:
+async def chain_named(app: App, ref: str) -> str | None:
     """The chain ``ref`` names: ``system``, or a space by slug or public id
     (``None`` when no space has that name)."""
     if ref == SYSTEM_CHAIN:

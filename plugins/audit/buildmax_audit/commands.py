@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Any
 
 import click
+from buildmax_hookspecs import App
 
 from buildmax.clock import from_rfc3339, to_rfc3339
 from buildmax.commands.server import (
@@ -39,7 +39,7 @@ def _time(name: str, value: str | None) -> int | None:
         ) from None
 
 
-async def _chain(app: Any, space: str | None) -> str | None:
+async def _chain(app: App, space: str | None) -> str | None:
     from .chain import chain_named
 
     if space is None:
@@ -91,7 +91,7 @@ def export_command(
     start, end = _time("--since", since), _time("--until", until)
     directory = os.path.dirname(os.path.abspath(output))
 
-    async def work(app: Any) -> tuple[int, int]:
+    async def work(app: App) -> tuple[int, int]:
         slices = await plan(app, since=start, until=end, chain=await _chain(app, space))
         total = sum(piece.size for piece in slices)
         if output == "-":
@@ -167,7 +167,7 @@ def verify_command(
     else:
         settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
-        async def work(app: Any) -> list[ChainReport]:
+        async def work(app: App) -> list[ChainReport]:
             return await verify_database(app, await _chain(app, space))
 
         reports = with_app(settings, work, schema_of=_TABLES_READ)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from buildmax_hookspecs import App
 
 from buildmax.clock import to_rfc3339
 
@@ -55,7 +56,7 @@ def _line(item: dict[str, Any]) -> str:
 
 
 async def plan(
-    app: Any, *, since: int | None = None, until: int | None = None, chain: str | None = None
+    app: App, *, since: int | None = None, until: int | None = None, chain: str | None = None
 ) -> list[ChainSlice]:
     """The slice of every chain (or of ``chain``) an export covers."""
     slices = []
@@ -88,7 +89,7 @@ async def plan(
 
 
 async def export_lines(
-    app: Any,
+    app: App,
     slices: list[ChainSlice],
     *,
     since: int | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from buildmax_hookspecs import AuditAction, AuditEvent, Migration, Transaction, hookimpl
+from buildmax_hookspecs import App, AuditAction, AuditEvent, Migration, Transaction, hookimpl
 
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
@@ -42,7 +42,7 @@ def buildmax_audit_actions() -> list[AuditAction]:
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Any]:
+def buildmax_blueprints(app: App) -> list[Any]:
     from .routes import blueprint
 
     audit_settings(app)  # a bad [plugins.audit] table stops the app being built
@@ -57,11 +57,11 @@ def buildmax_register_commands(cli: click.Group) -> None:
 
 
 @hookimpl
-def buildmax_startup(app: Any) -> None:
+def buildmax_startup(app: App) -> None:
     if audit_settings(app).retention_days > 0:
         start_background(app, _SWEEPER, sweep_forever(app))
 
 
 @hookimpl
-async def buildmax_shutdown(app: Any) -> None:
+async def buildmax_shutdown(app: App) -> None:
     await stop_background(app, _SWEEPER)

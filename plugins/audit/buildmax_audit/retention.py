@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR
+from buildmax_hookspecs import SYSTEM_ACTOR, App
 
 from .schema import RETENTION_ACTION, SYSTEM_CHAIN, chains, events
 from .settings import audit_settings
@@ -35,7 +34,7 @@ class Swept:
     through_seq: int
 
 
-async def sweep(app: Any, retention_days: int | None = None) -> list[Swept]:
+async def sweep(app: App, retention_days: int | None = None) -> list[Swept]:
     """Apply retention once (the configured limit unless ``retention_days``
     is given; 0 keeps everything). What was removed, per chain."""
     days = audit_settings(app).retention_days if retention_days is None else retention_days
@@ -50,7 +49,7 @@ async def sweep(app: Any, retention_days: int | None = None) -> list[Swept]:
     return swept
 
 
-async def _sweep_chain(app: Any, chain: str, horizon: int, days: int) -> Swept | None:
+async def _sweep_chain(app: App, chain: str, horizon: int, days: int) -> Swept | None:
     async with app.db.write() as tx:
         # Held to COMMIT: appends to this chain and a second sweeper wait.
         head = await tx.fetch_one(
@@ -101,7 +100,7 @@ async def _sweep_chain(app: Any, chain: str, horizon: int, days: int) -> Swept |
     return Swept(chain, removed, through)
 
 
-async def sweep_forever(app: Any) -> None:
+async def sweep_forever(app: App) -> None:
     """Sweep every ``sweep_interval_seconds`` while retention is set."""
     settings = audit_settings(app)
     if settings.retention_days <= 0:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from buildmax_hookspecs import App
+
 from buildmax.config import ConfigError, integer_settings, plugin_settings
 
 #: A retention longer than a century is a mistake, not a policy.
@@ -36,6 +38,6 @@ class AuditSettings:
         return settings
 
 
-def audit_settings(app: Any) -> AuditSettings:
+def audit_settings(app: App) -> AuditSettings:
     """The app's audit settings (parsed once, kept on the app)."""
     return plugin_settings(app, "audit", AuditSettings.from_mapping)

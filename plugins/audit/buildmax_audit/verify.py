@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import sqlalchemy as sa
+from buildmax_hookspecs import App
 
 from .chain import RECORD_FIELDS, chain_hash, record_of
 from .schema import RETENTION_ACTION, chains, events
@@ -123,7 +124,7 @@ class ChainCheck:
 _EVENT_COLUMNS = [events.c[name] for name in (*RECORD_FIELDS, "hash")]
 
 
-async def chain_heads(app: Any, only: str | None = None) -> list[dict[str, Any]]:
+async def chain_heads(app: App, only: str | None = None) -> list[dict[str, Any]]:
     """Every chain's head and anchor (or just ``only``'s), sorted by chain."""
     query = sa.select(chains).order_by(chains.c.chain)
     if only is not None:
@@ -133,7 +134,7 @@ async def chain_heads(app: Any, only: str | None = None) -> list[dict[str, Any]]
 
 
 async def stored_events(
-    app: Any, chain: str, first: int, last: int | None = None
+    app: App, chain: str, first: int, last: int | None = None
 ) -> AsyncIterator[dict[str, Any]]:
     """The stored events of ``chain`` from sequence ``first`` (to ``last``),
     in order, read in batches (memory stays bounded)."""
@@ -156,13 +157,13 @@ async def stored_events(
         after = rows[-1]["seq"]
 
 
-async def _head(app: Any, chain: str) -> dict[str, Any] | None:
+async def _head(app: App, chain: str) -> dict[str, Any] | None:
     async with app.db.read() as conn:
         row = await conn.fetch_one(sa.select(chains).where(chains.c.chain == chain))
     return None if row is None else dict(row)
 
 
-async def _anchor_recorded(app: Any, head: dict[str, Any]) -> bool:
+async def _anchor_recorded(app: App, head: dict[str, Any]) -> bool:
     """Whether the chain's newest retention event names its anchor (each
     sweep appends one after moving the anchor)."""
     async with app.db.read() as conn:
@@ -181,7 +182,7 @@ async def _anchor_recorded(app: Any, head: dict[str, Any]) -> bool:
     )
 
 
-async def verify_chain(app: Any, chain: str) -> ChainReport:
+async def verify_chain(app: App, chain: str) -> ChainReport:
     """Verify one chain of a live database: events appended while it runs
     are checked too, and a retention sweep that moves the anchor meanwhile
     makes it start again from the new anchor."""
@@ -210,7 +211,7 @@ async def verify_chain(app: Any, chain: str) -> ChainReport:
         return report
 
 
-async def verify_database(app: Any, only: str | None = None) -> list[ChainReport]:
+async def verify_database(app: App, only: str | None = None) -> list[ChainReport]:
     """Verify every chain in the database (or just ``only``)."""
     heads = await chain_heads(app, only)
     reports = [await verify_chain(app, head["chain"]) for head in heads]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
+    App,
     AttemptRef,
     AuditAction,
     Migration,
@@ -23,6 +24,9 @@ from . import runs
 from .activation import eligibility_verdict
 from .schema import TABLES
 from .settings import marketplace_settings
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 _RELEASE_KEYS = frozenset({"version", "sha256_prefix"})
 _ACTIVATION_KEYS = _RELEASE_KEYS | {"plugin"}
@@ -41,7 +45,7 @@ def buildmax_migrations() -> list[Migration]:
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Any]:
+def buildmax_blueprints(app: App) -> list[Any]:
     from .routes import blueprint
     from .spaces import blueprint as space_blueprint
 
@@ -66,16 +70,16 @@ def buildmax_activation_policy(
 
 @hookimpl
 async def buildmax_agent_revision(
-    tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
+    app: BuildMax, tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
 ) -> Verdict | None:
-    return await runs.agent_revision(tx, space_id, revision, actor)
+    return await runs.agent_revision(app, tx, space_id, revision, actor)
 
 
 @hookimpl
 async def buildmax_run_environment(
-    tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+    app: BuildMax, tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
 ) -> dict[str, Any]:
-    return await runs.run_environment(tx, attempt, agent_revision)
+    return await runs.run_environment(app, tx, attempt, agent_revision)
 
 
 @hookimpl

@@ -10,7 +10,7 @@ refuses the claim.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from buildmax_hookspecs import (
     Actor,
@@ -21,21 +21,22 @@ from buildmax_hookspecs import (
     Verdict,
 )
 
-from buildmax.current import current_buildmax
 from buildmax.problems import Problem
 from buildmax.spaces import space_pk as find_space_pk
 
 from .activation import activation, curation_mode, pin, refusal
 
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
+
 
 async def agent_revision(
-    tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
+    app: BuildMax, tx: Transaction, space_id: str, revision: AgentRevisionRef, actor: Actor
 ) -> Verdict | None:
     """Refuse a revision naming a plugin its curated space has not
     activated; in an open space, activate what it names (``automatic``)."""
     if not revision.plugins:
         return None
-    app = current_buildmax()
     space_pk = await find_space_pk(tx, space_id)
     assert space_pk is not None
     mode = await curation_mode(tx, space_pk)
@@ -65,7 +66,7 @@ async def agent_revision(
 
 
 async def run_environment(
-    tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+    app: BuildMax, tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
 ) -> dict[str, Any]:
     """The run's pins: every plugin its agent names, resolved against the
     task's space's enabled activations (``RunEnvironmentRefused`` naming the
@@ -75,7 +76,6 @@ async def run_environment(
         return {"plugins": {"agent_revision_id": None, "pins": []}}
     space_pk = await find_space_pk(tx, attempt.space_id)
     assert space_pk is not None
-    app = current_buildmax()
     claimant = Actor(
         principal_id=attempt.claimant_id,
         kind=attempt.claimant_kind,  # type: ignore[arg-type]

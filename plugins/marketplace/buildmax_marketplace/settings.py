@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from buildmax_hookspecs import App
+
 from buildmax.config import ConfigError, integer_settings, plugin_settings
 
 from .package import Limits
@@ -42,6 +44,6 @@ class MarketplaceSettings:
         return Limits(self.max_entries, self.max_extracted_bytes, self.max_ratio)
 
 
-def marketplace_settings(app: Any) -> MarketplaceSettings:
+def marketplace_settings(app: App) -> MarketplaceSettings:
     """The app's marketplace settings (parsed once, kept on the app)."""
     return plugin_settings(app, "marketplace", MarketplaceSettings.from_mapping)

@@ -378,7 +378,7 @@ async def test_an_agent_whose_space_is_not_the_runs_space_is_treated_as_no_agent
         lease_expires_at=0,
     )
     async with market.app.db.read() as conn:
-        assert await run_environment(conn, attempt, elsewhere) == {
+        assert await run_environment(market.app, conn, attempt, elsewhere) == {
             "plugins": {"agent_revision_id": None, "pins": []}
         }
 

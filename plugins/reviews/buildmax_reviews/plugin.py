@@ -8,6 +8,7 @@ from typing import Any
 import click
 from buildmax_hookspecs import (
     Actor,
+    App,
     AttemptRef,
     AuditAction,
     Migration,
@@ -38,7 +39,7 @@ def buildmax_migrations() -> list[Migration]:
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Any]:
+def buildmax_blueprints(app: App) -> list[Any]:
     from .routes import blueprint
 
     return [blueprint]
@@ -58,21 +59,28 @@ def buildmax_workflow_stages() -> list[StageSpec]:
 
 @hookimpl
 async def buildmax_stage_entered(
-    tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
+    app: App, tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
 ) -> None:
-    await workflow.stage_entered(tx, subject, stage, work, actor)
+    await workflow.stage_entered(app, tx, subject, stage, work, actor)
 
 
 @hookimpl
-async def buildmax_claim_check(tx: Transaction, task: TaskRef, principal: Actor) -> Verdict | None:
-    return await workflow.claim_check(tx, task, principal)
+async def buildmax_claim_check(
+    app: App, tx: Transaction, task: TaskRef, principal: Actor
+) -> Verdict | None:
+    return await workflow.claim_check(app, tx, task, principal)
 
 
 @hookimpl
 async def buildmax_attempt_submitted(
-    tx: Transaction, task: TaskRef, attempt: AttemptRef, submission: SubmissionRef, actor: Actor
+    app: App,
+    tx: Transaction,
+    task: TaskRef,
+    attempt: AttemptRef,
+    submission: SubmissionRef,
+    actor: Actor,
 ) -> Verdict | None:
-    return await workflow.attempt_submitted(tx, task, attempt, submission, actor)
+    return await workflow.attempt_submitted(app, tx, task, attempt, submission, actor)
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import TaskRef, Transaction
+from buildmax_hookspecs import TaskQueue, TaskRef, Transaction
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 from quart import Blueprint, Response, request
 
@@ -31,7 +31,7 @@ from buildmax.schemas import Pattern, StrictBoolean, revision_number
 
 from .candidates import FindingIn
 from .schema import DECISIONS, KINDS, activities, findings, integrations, reviews
-from .workflow import activity_view, stale, task_queue
+from .workflow import activity_view, stale
 
 blueprint = Blueprint("reviews", __name__)
 
@@ -230,7 +230,7 @@ def _item_view(
 
 async def _render(conn: Transaction, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Items with their work items' states and their findings, in two reads."""
-    queue = task_queue()
+    queue = current_buildmax().services.get(TaskQueue)
     ids = {r["work_task_id"] for r in rows} | {r["subject_task_id"] for r in rows}
     work = dict(await queue.tasks(conn, sorted(ids)))
     found: dict[str, list[dict[str, Any]]] = {}
@@ -339,7 +339,7 @@ async def record_review(space: str, ident: str) -> Response:
     caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
     access = await require_space(space, "member", caller, "reviews.record")
     data = await load_body(ReviewBody())
-    queue = task_queue()
+    queue = app.services.get(TaskQueue)
 
     async def work(tx: Transaction) -> Reply:
         row = await _find(tx, access, task)
@@ -425,7 +425,7 @@ async def resolve_finding(space: str, finding: str) -> Response:
         if row is None:
             raise NotFound("no such finding in this space")
         if caller.actor.scope_type == "attempt":
-            attempt = await task_queue().attempt(tx, str(caller.actor.scope_id))
+            attempt = await app.services.get(TaskQueue).attempt(tx, str(caller.actor.scope_id))
             if attempt is None or attempt.task_id != row["subject_task_id"]:
                 raise Forbidden("an attempt's token resolves the findings of its own task only")
         if row["resolved_at"] is None:

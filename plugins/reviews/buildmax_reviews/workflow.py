@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import (
     SYSTEM_ACTOR,
     Actor,
+    App,
     AttemptRef,
     StageSpec,
     SubmissionRef,
@@ -24,7 +25,6 @@ from buildmax_hookspecs import (
     Verdict,
 )
 
-from buildmax.current import current_buildmax
 from buildmax.ids import new_id
 from buildmax.spaces import space_pk
 
@@ -59,26 +59,21 @@ STAGES = (REVIEW, INTEGRATE)
 KIND_OF_STAGE = {REVIEW.name: "review", INTEGRATE.name: "integration"}
 
 
-def task_queue() -> TaskQueue:
-    """The tasks plugin's service, on the app of the current request."""
-    return current_buildmax().services.get(TaskQueue)
-
-
 async def stage_entered(
-    tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
+    app: App, tx: Transaction, subject: TaskRef, stage: str, work: Sequence[TaskRef], actor: Actor
 ) -> None:
     """Record one activity per work item; with a policy that does not allow
     automatic integration, park each integration on a human's decision."""
     kind = KIND_OF_STAGE.get(stage)
     if kind is None or not work:
         return
-    queue = task_queue()
+    queue = app.services.get(TaskQueue)
     submission_id = work[0].submission_id
     assert submission_id is not None, "stage work names its submission"
     submission = await queue.submission(tx, submission_id)
     assert submission is not None
     policy = await queue.policy(tx, subject.project_id)
-    now = current_buildmax().clock.now_ms()
+    now = app.clock.now_ms()
     pk = await space_pk(tx, subject.space_id)
     assert pk is not None, "the space of a task exists"
     for item in work:
@@ -133,15 +128,16 @@ async def not_independent(
     return None
 
 
-async def claim_check(tx: Transaction, task: TaskRef, principal: Actor) -> Verdict | None:
+async def claim_check(app: App, tx: Transaction, task: TaskRef, principal: Actor) -> Verdict | None:
     """Refuse a review slot to a principal who is not independent."""
     if task.stage != REVIEW.name or task.submission_id is None:
         return None
-    reason = await not_independent(tx, task_queue(), task, principal.principal_id)
+    reason = await not_independent(tx, app.services.get(TaskQueue), task, principal.principal_id)
     return Verdict("deny", reason) if reason else None
 
 
 async def attempt_submitted(
+    app: App,
     tx: Transaction,
     task: TaskRef,
     attempt: AttemptRef,
@@ -159,11 +155,12 @@ async def attempt_submitted(
     activity = await tx.fetch_one(sa.select(activities).where(activities.c.work_task_id == task.id))
     assert activity is not None, "every stage work item has its activity"
     if task.stage == REVIEW.name:
-        return await _review(tx, task, attempt, submission, actor, dict(activity))
-    return await _integration(tx, task, attempt, submission, actor, dict(activity))
+        return await _review(app, tx, task, attempt, submission, actor, dict(activity))
+    return await _integration(app, tx, task, attempt, submission, actor, dict(activity))
 
 
 async def _review(
+    app: App,
     tx: Transaction,
     task: TaskRef,
     attempt: AttemptRef,
@@ -171,8 +168,7 @@ async def _review(
     actor: Actor,
     activity: dict[str, Any],
 ) -> Verdict:
-    app = current_buildmax()
-    queue = task_queue()
+    queue = app.services.get(TaskQueue)
     review = parse(ReviewIn(), submission.candidate, "review")
     human = attempt.claimant_kind == "human"
     if review["human"] and not human:
@@ -282,6 +278,7 @@ async def _approvals(tx: Transaction, submission_id: str) -> tuple[int, int]:
 
 
 async def _integration(
+    app: App,
     tx: Transaction,
     task: TaskRef,
     attempt: AttemptRef,
@@ -289,7 +286,6 @@ async def _integration(
     actor: Actor,
     activity: dict[str, Any],
 ) -> Verdict:
-    app = current_buildmax()
     outcome = parse(IntegrationIn(), submission.candidate, "integration")
     integration_id = new_id("ig")
     target = activity["target"] or ""

@@ -194,7 +194,7 @@ async def test_independence_is_checked_again_when_the_review_is_recorded(flow, m
     subject, handed = await flow.implemented()
     first, second = handed["work_ids"]
 
-    async def no_opinion(tx, task, principal):
+    async def no_opinion(app, tx, task, principal):
         return None
 
     monkeypatch.setattr(workflow, "claim_check", no_opinion)
@@ -225,7 +225,7 @@ async def test_the_author_cannot_record_a_review_even_holding_the_slot(flow, mon
     _subject, handed = await flow.implemented()
     (review_task,) = handed["work_ids"]
 
-    async def no_opinion(tx, task, principal):
+    async def no_opinion(app, tx, task, principal):
         return None
 
     monkeypatch.setattr(workflow, "claim_check", no_opinion)

@@ -7,16 +7,19 @@ audit event and outbox event carries the same actor, space and moment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from buildmax_hookspecs import Actor, Transaction
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 
 @dataclass
 class Change:
     """The context of one write transaction."""
 
-    app: Any
+    app: BuildMax
     tx: Transaction
     actor: Actor
     space_pk: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import StageSpec, Verdict
@@ -24,6 +24,9 @@ from .change import Change
 from .lifecycle import TERMINAL, cancel_linked_work, complete, finish, reopen, set_task
 from .records import attempt_ref, load_task, load_task_by_pk, submission_ref, task_ref
 from .schema import policies, projects, submissions, task_revisions, tasks
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 VERDICTS = ("pending", "pass", "changes", "reject")
 #: A stage's reason is kept (on the task and the audit trail) up to this length.
@@ -313,13 +316,13 @@ async def _create_linked_work(
 ENGINE_KEY = "buildmax_tasks.engine"
 
 
-def stage_engine(app: Any) -> StageEngine:
+def stage_engine(app: BuildMax) -> StageEngine:
     """The app's stage engine (built from its plugins on first use)."""
     engine = app.extensions.get(ENGINE_KEY)
     if engine is None:
         engine = StageEngine.from_plugins(app.plugins)
         app.extensions[ENGINE_KEY] = engine
-    return engine  # type: ignore[no-any-return]
+    return engine
 
 
 def stranded(engine: StageEngine, row: dict[str, Any]) -> bool:

@@ -12,7 +12,7 @@ by whoever changed the membership, with the reason.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, Transaction
@@ -23,6 +23,9 @@ from buildmax.schema import principals, spaces
 from .attempts import give_up, locked
 from .change import Change
 from .schema import attempts
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 _ACTIVE_OF = (
     sa.select(attempts.c.public_id)
@@ -43,7 +46,7 @@ def _reason(role: str | None) -> str:
 
 
 async def member_changed(
-    app: Any, tx: Transaction, space_id: str, principal_id: str, role: str | None, actor: Actor
+    app: BuildMax, tx: Transaction, space_id: str, principal_id: str, role: str | None, actor: Actor
 ) -> None:
     """Release every active attempt ``principal_id`` holds in ``space_id``
     when its new ``role`` (``None``: gone) runs no work."""

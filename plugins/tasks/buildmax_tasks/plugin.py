@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from buildmax_hookspecs import Actor, AuditAction, Migration, TaskQueue, Transaction, hookimpl
 
 from buildmax.background import start_background, stop_background
-from buildmax.current import current_buildmax
 from buildmax.migrations import create_tables
 
 from .membership import member_changed
@@ -16,6 +15,9 @@ from .queue import SqlTaskQueue
 from .reaper import reap_forever
 from .schema import TABLES, TABLES_2
 from .settings import task_settings
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 _REAPER = "buildmax_tasks.reaper"
 
@@ -35,7 +37,7 @@ def buildmax_migrations() -> list[Migration]:
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Any]:
+def buildmax_blueprints(app: BuildMax) -> list[Any]:
     from .routes import blueprints
 
     task_settings(app)  # a bad [plugins.tasks] table stops the app being built
@@ -43,7 +45,7 @@ def buildmax_blueprints(app: Any) -> list[Any]:
 
 
 @hookimpl
-def buildmax_services(app: Any) -> dict[type, Any]:
+def buildmax_services(app: BuildMax) -> dict[type, Any]:
     return {TaskQueue: SqlTaskQueue(app)}
 
 
@@ -55,7 +57,7 @@ def buildmax_register_commands(cli: click.Group) -> None:
 
 
 @hookimpl
-def buildmax_startup(app: Any) -> None:
+def buildmax_startup(app: BuildMax) -> None:
     from .routes import tasks_state
     from .routes.attempts import TOKEN_KIND, remint_attempt_token
 
@@ -66,15 +68,15 @@ def buildmax_startup(app: Any) -> None:
 
 
 @hookimpl
-async def buildmax_shutdown(app: Any) -> None:
+async def buildmax_shutdown(app: BuildMax) -> None:
     await stop_background(app, _REAPER)
 
 
 @hookimpl
 async def buildmax_member_changed(
-    tx: Transaction, space_id: str, principal_id: str, role: str | None, actor: Actor
+    app: BuildMax, tx: Transaction, space_id: str, principal_id: str, role: str | None, actor: Actor
 ) -> None:
-    await member_changed(current_buildmax(), tx, space_id, principal_id, role, actor)
+    await member_changed(app, tx, space_id, principal_id, role, actor)
 
 
 @hookimpl

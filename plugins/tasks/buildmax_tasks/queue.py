@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import (
@@ -39,11 +39,14 @@ from .records import (
 from .schema import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
 from .settings import task_settings
 
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
+
 
 class SqlTaskQueue:
     """:class:`buildmax_hookspecs.TaskQueue` over the tasks plugin's tables."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: BuildMax) -> None:
         self._app = app
 
     async def task(self, conn: Transaction, task_id: str) -> TaskRef | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR
@@ -20,11 +20,14 @@ from .lifecycle import retire_lapsed
 from .records import ATTEMPT_SELECT, load_task_by_pk
 from .schema import attempts
 
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
+
 log = logging.getLogger("buildmax.tasks.reaper")
 BATCH = 50
 
 
-async def reap(app: Any) -> int:
+async def reap(app: BuildMax) -> int:
     """Expire every attempt whose lease has lapsed; how many."""
     total = 0
     while True:
@@ -50,7 +53,7 @@ async def reap(app: Any) -> int:
             return total
 
 
-async def reap_forever(app: Any, interval: float) -> None:
+async def reap_forever(app: BuildMax, interval: float) -> None:
     """Run :func:`reap` every ``interval`` seconds until cancelled."""
     while True:
         await asyncio.sleep(interval)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from buildmax_hookspecs import App
 from marshmallow import Schema, ValidationError, fields, validate
 
 from buildmax.schemas import (
@@ -206,7 +205,7 @@ class DependenciesOut(Schema):
 # -- claims and attempts -----------------------------------------------------
 
 
-def _lease_max_seconds(app: Any) -> int:
+def _lease_max_seconds(app: App) -> int:
     return task_settings(app).lease_max_seconds
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from buildmax_hookspecs import App
+
 from buildmax.config import ConfigError, integer_settings, plugin_settings
 
 
@@ -32,6 +34,6 @@ class TaskSettings:
         return settings
 
 
-def task_settings(app: Any) -> TaskSettings:
+def task_settings(app: App) -> TaskSettings:
     """The app's tasks settings (parsed once, kept on the app)."""
     return plugin_settings(app, "tasks", TaskSettings.from_mapping)

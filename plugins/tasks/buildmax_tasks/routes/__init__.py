@@ -5,7 +5,6 @@ write, lease bounds and override rights."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from buildmax_hookspecs import Transaction
 from quart import Blueprint
@@ -27,7 +26,7 @@ class TasksState:
     settings: TaskSettings
 
 
-def tasks_state(app: Any) -> TasksState:
+def tasks_state(app: BuildMax) -> TasksState:
     """The plugin's state on ``app`` (built on first use)."""
     return TasksState(stage_engine(app), task_settings(app))
 

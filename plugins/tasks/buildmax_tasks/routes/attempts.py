@@ -9,7 +9,7 @@ token (for its own attempt only) or the claimant's own token.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
@@ -51,6 +51,9 @@ from ..views import attempt_body, submission_body, task_body
 from . import change, lease_ms, may_override, tasks_state
 from .projects import find_project
 from .tasks import agent_pk, render_one, task_children, task_or_404
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
@@ -141,7 +144,7 @@ async def claim(space: str, task: str) -> Response:
     return await app.idempotency.run(caller, work)
 
 
-async def _recover_lapsed(app: Any, caller: Caller, access: SpaceAccess, task: str) -> None:
+async def _recover_lapsed(app: BuildMax, caller: Caller, access: SpaceAccess, task: str) -> None:
     """Retire the task's lapsed attempt in a transaction of its own, so the
     recovery stands even when the claim that follows is refused (a task
     whose attempts are spent is then failed, whatever the reaper does)."""
