@@ -28,12 +28,13 @@ from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
 
-from . import __version__
+from . import __version__, problems
+from .problems import Problem
 
 DEFAULT_URL = "http://127.0.0.1:8420"
 URL_ENV = "BUILDMAX_URL"
@@ -58,6 +59,18 @@ class BuildMaxError(Exception):
     was not a problem document; ``body`` is the parsed answer.
     """
 
+    #: The server's declaration of the problem this class is raised for
+    #: (``class StaleGeneration(Conflict, answers=problems.StaleGeneration)``):
+    #: its slug, status and title are written there only.
+    answers: ClassVar[type[Problem] | None] = None
+
+    def __init_subclass__(cls, *, answers: type[Problem] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.answers = answers
+        if answers is not None:
+            said = cls.__doc__ or answers.__doc__ or f"{answers.title}."
+            cls.__doc__ = f"{answers.status} ``{answers.slug}``: {said}"
+
     def __init__(self, status: int, slug: str, title: str, detail: str, body: Any) -> None:
         self.status = status
         self.slug = slug
@@ -75,8 +88,8 @@ class Forbidden(BuildMaxError):
     """403: the principal or the token's scope may not do this."""
 
 
-class TokenScopeRefused(Forbidden):
-    """403 ``token-scope-refused``: a scoped token used outside its scope."""
+class TokenScopeRefused(Forbidden, answers=problems.TokenScopeRefused):
+    """a scoped token used outside its scope."""
 
 
 class NotFound(BuildMaxError):
@@ -87,8 +100,12 @@ class Conflict(BuildMaxError):
     """409: the current state does not allow this."""
 
 
-class IdempotencyInProgress(Conflict):
-    """409 ``idempotency-in-progress``: the first request with this key still runs."""
+class NameTaken(Conflict, answers=problems.NameTaken):
+    """the name is already used (a principal's, or a project's or agent's in its space)."""
+
+
+class IdempotencyInProgress(Conflict, answers=problems.IdempotencyInProgress):
+    """the first request with this key still runs."""
 
 
 class PayloadTooLarge(BuildMaxError):
@@ -109,21 +126,30 @@ class ValidationError(BuildMaxError):
         return f"{super().__str__()} ({fields})" if fields else super().__str__()
 
 
-class IdempotencyKeyReused(ValidationError):
-    """422 ``idempotency-key-reused``: the key was used with another body."""
+class IdempotencyKeyReused(ValidationError, answers=problems.IdempotencyKeyReused):
+    """the key was used with another body."""
 
 
 class TooManyRequests(BuildMaxError):
     """429: slow down."""
 
 
-class BlobCorrupted(BuildMaxError):
-    """410 ``blob-corrupted``: the server's stored bytes of what was asked
+class BlobCorrupted(BuildMaxError, answers=problems.BlobCorrupted):
+    """the server's stored bytes of what was asked
     for no longer match their recorded size or sha256 (it sent none)."""
+
+
+class BlobMissing(BuildMaxError, answers=problems.BlobMissing):
+    """the stored bytes of what was asked for (an
+    artifact's, a release package's) are gone from the server's blob store."""
 
 
 class ServerError(BuildMaxError):
     """5xx: the server (or a proxy in front of it) failed."""
+
+
+class BlobStoreUnavailable(ServerError, answers=problems.BlobStoreDown):
+    """the server's blob store does not answer; retry later."""
 
 
 class Redirected(BuildMaxError):
@@ -176,13 +202,6 @@ class LoginFileError(ValueError):
     """The login file exists but cannot be used."""
 
 
-_BY_SLUG: dict[str, type[BuildMaxError]] = {
-    "blob-corrupted": BlobCorrupted,
-    "token-scope-refused": TokenScopeRefused,
-    "idempotency-in-progress": IdempotencyInProgress,
-    "idempotency-key-reused": IdempotencyKeyReused,
-}
-
 _BY_STATUS: dict[int, type[BuildMaxError]] = {
     401: Unauthenticated,
     403: Forbidden,
@@ -198,19 +217,8 @@ def _messages(value: Any) -> str:
     return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
 
-def register_error_classes(classes: Mapping[str, type[BuildMaxError]]) -> None:
-    """Raise each class for problems of its slug: how a plugin's client gives
-    its own problems typed exceptions. A slug maps to one class."""
-    for slug, kind in classes.items():
-        known = _BY_SLUG.setdefault(slug, kind)
-        if known is not kind:
-            raise ValueError(f"problem {slug!r} already raises {known.__qualname__}")
-
-
-def error_class(status: int, slug: str) -> type[BuildMaxError]:
-    """The exception class for an error answer: by slug, else by status."""
-    if slug in _BY_SLUG:
-        return _BY_SLUG[slug]
+def _status_class(status: int) -> type[BuildMaxError]:
+    """The class of an error answer that has no class of its own."""
     if status >= 500:
         return ServerError
     if 300 <= status < 400:
@@ -218,23 +226,69 @@ def error_class(status: int, slug: str) -> type[BuildMaxError]:
     return _BY_STATUS.get(status, BuildMaxError)
 
 
-def error_from_response(response: httpx.Response) -> BuildMaxError:
-    """The typed exception for an error answer (problem document or not)."""
-    status = response.status_code
-    body = _decode(response)
-    kind = body.get("type") if isinstance(body, dict) else None
-    if isinstance(body, dict) and isinstance(kind, str):
-        slug = kind.removeprefix(PROBLEM_TYPE_PREFIX)
-        title = str(body.get("title") or response.reason_phrase)
-        detail = str(body.get("detail") or title)
-    else:
-        slug = f"http-{status}"
-        title = response.reason_phrase
-        detail = (body.strip()[:200] if isinstance(body, str) else "") or title
-    if _refused(response) and not response.is_error:
-        location = response.headers.get("location", "")[:200]
-        detail = f"{detail}: it redirects to {location!r}, which this client does not follow"
-    return error_class(status, slug)(status, slug, title, detail, body)
+class ProblemErrors:
+    """Which exception a client raises for each problem slug: the class
+    declared for the slug (``answers=``), else the class of the status.
+
+    Every client has its own: the kernel's problems are in it from the
+    start, and a plugin's client adds its own when it wraps a kernel client
+    (:class:`OverClient`), so two clients never share a registration."""
+
+    def __init__(self, *classes: type[BuildMaxError]) -> None:
+        self._by_slug: dict[str, type[BuildMaxError]] = {}
+        self.add(*classes)
+
+    def add(self, *classes: type[BuildMaxError]) -> None:
+        """Raise each class for the problem it answers. A class whose base
+        is not its problem's status class, or a slug another class already
+        answers here, is a ``ValueError``."""
+        for kind in classes:
+            problem = kind.answers
+            if problem is None:
+                raise ValueError(f"{kind.__qualname__} answers no problem (answers=...)")
+            base = _status_class(problem.status)
+            if not issubclass(kind, base):
+                raise ValueError(
+                    f"{kind.__qualname__} answers {problem.status} {problem.slug!r}, so it "
+                    f"derives from {base.__qualname__}"
+                )
+            known = self._by_slug.setdefault(problem.slug, kind)
+            if known is not kind:
+                raise ValueError(f"problem {problem.slug!r} already raises {known.__qualname__}")
+
+    def error_class(self, status: int, slug: str) -> type[BuildMaxError]:
+        """The exception class for an error answer: by slug, else by status."""
+        return self._by_slug.get(slug) or _status_class(status)
+
+    def error_from(self, response: httpx.Response) -> BuildMaxError:
+        """The typed exception for an error answer (problem document or not)."""
+        status = response.status_code
+        body = _decode(response)
+        kind = body.get("type") if isinstance(body, dict) else None
+        if isinstance(body, dict) and isinstance(kind, str):
+            slug = kind.removeprefix(PROBLEM_TYPE_PREFIX)
+            title = str(body.get("title") or response.reason_phrase)
+            detail = str(body.get("detail") or title)
+        else:
+            slug = f"http-{status}"
+            title = response.reason_phrase
+            detail = (body.strip()[:200] if isinstance(body, str) else "") or title
+        if _refused(response) and not response.is_error:
+            location = response.headers.get("location", "")[:200]
+            detail = f"{detail}: it redirects to {location!r}, which this client does not follow"
+        return self.error_class(status, slug)(status, slug, title, detail, body)
+
+
+#: The kernel's problems that have a class of their own.
+KERNEL_ERRORS = (
+    TokenScopeRefused,
+    NameTaken,
+    IdempotencyInProgress,
+    IdempotencyKeyReused,
+    BlobCorrupted,
+    BlobMissing,
+    BlobStoreUnavailable,
+)
 
 
 def _refused(response: httpx.Response) -> bool:
@@ -392,6 +446,8 @@ class _KernelRoutes(Calls[_One, _Many, _Done]):
         self.url, self.token = resolve(url, token)
         self.retries = retries
         self.backoff = backoff
+        #: The exception classes this client raises (plugin clients add theirs).
+        self.errors = ProblemErrors(*KERNEL_ERRORS)
 
     def url_for(self, path: str) -> str:
         """The absolute URL a request for ``path`` (a path, or a full URL)
@@ -444,7 +500,7 @@ class _KernelRoutes(Calls[_One, _Many, _Done]):
         if isinstance(outcome, httpx.TransportError):
             raise Unreachable(self.url, outcome) from outcome
         if _refused(outcome):
-            raise error_from_response(outcome)
+            raise self.errors.error_from(outcome)
         return _decode(outcome)
 
     # -- principals and sessions --
@@ -641,7 +697,7 @@ class Client(_KernelRoutes[dict[str, Any], list[dict[str, Any]], None]):
         try:
             if _refused(response):
                 response.read()
-                raise error_from_response(response)
+                raise self.errors.error_from(response)
             yield response
         except httpx.TransportError as exc:  # the answer broke off mid-body
             raise IncompleteDownload(_where(request), exc) from exc
@@ -758,7 +814,7 @@ class AsyncClient(
         try:
             if _refused(response):
                 await response.aread()
-                raise error_from_response(response)
+                raise self.errors.error_from(response)
             yield response
         except httpx.TransportError as exc:  # the answer broke off mid-body
             raise IncompleteDownload(_where(request), exc) from exc
@@ -814,10 +870,15 @@ def sign_in(url: str, name: str, password: str, **options: Any) -> dict[str, Any
 class OverClient:
     """Base of a plugin's synchronous client: its calls go through a kernel
     :class:`Client` (which the caller opens and closes), so they share its
-    connection, retries, idempotency keys and paging."""
+    connection, retries, idempotency keys and paging. Wrapping a client
+    makes it raise the plugin's exceptions (``ERRORS``) for its problems."""
+
+    #: The plugin's exception classes, each declared with ``answers=``.
+    ERRORS: ClassVar[tuple[type[BuildMaxError], ...]] = ()
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        client.errors.add(*self.ERRORS)
 
     def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
         return cast(dict[str, Any], self.client.request(method, path, json=json))
@@ -832,8 +893,11 @@ class OverClient:
 class OverAsyncClient:
     """The asynchronous twin of :class:`OverClient`, over an :class:`AsyncClient`."""
 
+    ERRORS: ClassVar[tuple[type[BuildMaxError], ...]] = ()
+
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
+        client.errors.add(*self.ERRORS)
 
     async def _one(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
         return cast(dict[str, Any], await self.client.request(method, path, json=json))

@@ -27,16 +27,10 @@ from collections.abc import AsyncIterator
 
 from buildmax_hookspecs import BlobNotFound, BlobStore, BlobStoreUnavailable
 
-from .problems import Problem
+from .problems import BlobCorrupted
 from .streaming import ResponseAborted
 
 log = logging.getLogger("buildmax.downloads")
-
-
-class BlobCorrupted(Problem):
-    """410: the stored bytes no longer match their recorded size or sha256."""
-
-    status, slug, title = 410, "blob-corrupted", "The stored bytes no longer match their record"
 
 
 class VerifiedBlob:

@@ -9,7 +9,7 @@ from buildmax_hookspecs import Transaction
 
 from .conflicts import insert_ignoring_conflict
 from .ids import new_id
-from .problems import Conflict
+from .problems import NameTaken
 from .schema import principals, space_members
 
 PUBLIC_COLUMNS = (
@@ -49,7 +49,7 @@ async def create_principal(
         .returning(*PUBLIC_COLUMNS)
     )
     if row is None:
-        raise Conflict(f"a principal named {name!r} already exists", slug="name-taken")
+        raise NameTaken(f"a principal named {name!r} already exists")
     return dict(row)
 
 

@@ -91,6 +91,31 @@ class Conflict(Problem):
     status, slug, title = 409, "conflict", "Conflict"
 
 
+class NameTaken(Conflict):
+    """409: the name is already used (a principal's on the server; a
+    project's or an agent's in its space)."""
+
+    slug, title = "name-taken", "The name is already used"
+
+
+class SlugTaken(Conflict):
+    """409: another space already has this slug."""
+
+    slug, title = "slug-taken", "The space slug is already used"
+
+
+class LastOwner(Conflict):
+    """409: the change would leave the space without an owner."""
+
+    slug, title = "last-owner", "A space needs at least one owner"
+
+
+class LastAdmin(Conflict):
+    """409: the change would leave no enabled system admin."""
+
+    slug, title = "last-admin", "The server needs an enabled system admin"
+
+
 class IdempotencyInProgress(Problem):
     status, slug, title = 409, "idempotency-in-progress", "A request with this key is in progress"
 
@@ -105,6 +130,19 @@ class UnsupportedMediaType(Problem):
 
 class ValidationFailed(Problem):
     status, slug, title = 422, "validation-error", "The request did not validate"
+
+
+class BlobMissing(Problem):
+    """410: the stored bytes of a record (an artifact, a release package)
+    are gone from the blob store."""
+
+    status, slug, title = 410, "blob-missing", "The stored bytes are gone from the blob store"
+
+
+class BlobCorrupted(Problem):
+    """410: the stored bytes no longer match their recorded size or sha256."""
+
+    status, slug, title = 410, "blob-corrupted", "The stored bytes no longer match their record"
 
 
 class IdempotencyKeyReused(Problem):

@@ -9,7 +9,7 @@ from buildmax_hookspecs import Transaction
 
 from .conflicts import insert_ignoring_conflict
 from .ids import new_id
-from .problems import Conflict
+from .problems import Conflict, LastOwner, SlugTaken
 from .schema import principals, space_members, spaces
 
 
@@ -31,7 +31,7 @@ async def create_space(
         )
     )
     if row is None:
-        raise Conflict(f"a space with slug {slug!r} already exists", slug="slug-taken")
+        raise SlugTaken(f"a space with slug {slug!r} already exists")
     await tx.execute(
         space_members.insert().values(
             space_id=row["id"], principal_id=owner_pk, role="owner", created_at=now
@@ -75,7 +75,7 @@ async def put_member(
             raise Conflict("the membership changed meanwhile; retry")
         return None
     if previous == "owner" and role != "owner" and await owner_count(tx, space_pk) <= 1:
-        raise Conflict("a space needs at least one owner", slug="last-owner")
+        raise LastOwner("a space needs at least one owner")
     await tx.execute(
         sa.update(space_members)
         .where(space_members.c.space_id == space_pk, space_members.c.principal_id == principal_pk)
@@ -90,7 +90,7 @@ async def remove_member(tx: Transaction, space_pk: int, principal_pk: int) -> st
     if role is None:
         return None
     if role == "owner" and await owner_count(tx, space_pk) <= 1:
-        raise Conflict("a space needs at least one owner", slug="last-owner")
+        raise LastOwner("a space needs at least one owner")
     await tx.execute(
         sa.delete(space_members).where(
             space_members.c.space_id == space_pk, space_members.c.principal_id == principal_pk

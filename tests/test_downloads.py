@@ -20,7 +20,8 @@ from buildmax_hookspecs import BlobNotFound, BlobRef, BlobStoreUnavailable
 
 from buildmax import blobstore
 from buildmax.blobstore import FileBlobStore
-from buildmax.downloads import BlobCorrupted, open_verified
+from buildmax.downloads import open_verified
+from buildmax.problems import BlobCorrupted
 from buildmax.streaming import ResponseAborted
 
 pytestmark = pytest.mark.engine_independent

@@ -22,7 +22,7 @@ from ..principals import (
     find_principal,
     lock_admins,
 )
-from ..problems import Conflict, Forbidden, NotFound, ValidationFailed
+from ..problems import Forbidden, LastAdmin, NotFound, ValidationFailed
 from ..schema import principals, tokens
 from ..schemas import (
     PRINCIPAL_OUT,
@@ -207,7 +207,7 @@ async def _update(ref: str | None) -> Response:
                 sa.update(principals).where(principals.c.id == target["id"]).values(**values)
             )
         if await count_admins(tx) == 0:
-            raise Conflict("this would leave no enabled system admin", slug="last-admin")
+            raise LastAdmin("this would leave no enabled system admin")
         ended = []
         if password_hash is not None:
             ended = await _end_other_sessions(tx, target["id"], caller.token_pk, now)

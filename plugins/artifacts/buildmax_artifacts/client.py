@@ -14,7 +14,8 @@ streams into a temporary file beside the destination and renames it into
 place only when its sha256 is the artifact's. Neither is retried on its own:
 a body that failed half-way is sent again by calling again.
 
-Importing this module gives the plugin's problems typed exceptions.
+Wrapping a kernel client with one of these gives it the plugin's problems as
+typed exceptions (:data:`ERRORS`).
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from buildmax.client import (
+    BlobMissing,
+    BlobStoreUnavailable,
     BuildMaxError,
     Calls,
     Conflict,
     OverAsyncClient,
     OverClient,
-    ServerError,
     ValidationError,
     present,
-    register_error_classes,
     space_path,
 )
+from buildmax_artifacts import problems
 
 #: Bytes read from disk per piece of an upload or written per piece of a download.
 PIECE = 256 * 1024
@@ -51,34 +53,25 @@ for _suffix, _type in ((".log", "text/plain"), (".patch", "text/x-diff"), (".dif
     _TYPES.add_type(_type, _suffix)
 
 
-class QuotaExceeded(Conflict):
-    """409 ``quota-exceeded``: the artifact would exceed a storage quota."""
+class QuotaExceeded(Conflict, answers=problems.QuotaExceeded):
+    """the artifact would exceed a storage quota."""
 
 
-class DigestMismatch(ValidationError):
-    """422 ``digest-mismatch``: the bytes are not the ones the sha256 names."""
+class DigestMismatch(ValidationError, answers=problems.DigestMismatch):
+    """the bytes are not the ones the sha256 names."""
 
 
-class BlobMissing(BuildMaxError):
-    """410 ``blob-missing``: the artifact's bytes are gone from the store."""
-
-
-class BlobStoreUnavailable(ServerError):
-    """503 ``blob-store-unavailable``: retry later."""
+class RangeNotSatisfiable(BuildMaxError, answers=problems.RangeNotSatisfiable):
+    """the byte range asked for lies outside the artifact."""
 
 
 class CorruptDownload(Exception):
     """The downloaded bytes are not the artifact's (nothing was written)."""
 
 
-register_error_classes(
-    {
-        "quota-exceeded": QuotaExceeded,
-        "digest-mismatch": DigestMismatch,
-        "blob-missing": BlobMissing,
-        "blob-store-unavailable": BlobStoreUnavailable,
-    }
-)
+#: The plugin's exception classes, one per problem of :mod:`buildmax_artifacts.problems`
+#: (bytes gone from the store raise the kernel's :class:`~buildmax.client.BlobMissing`).
+ERRORS: tuple[type[BuildMaxError], ...] = (QuotaExceeded, DigestMismatch, RangeNotSatisfiable)
 
 _One = TypeVar("_One")
 _Many = TypeVar("_Many")
@@ -177,6 +170,8 @@ class _ArtifactRoutes(Calls[_One, _Many, _Done]):
 class ArtifactsClient(OverClient, _ArtifactRoutes[dict[str, Any], list[dict[str, Any]], None]):
     """The artifacts plugin's calls over a synchronous :class:`~buildmax.client.Client`."""
 
+    ERRORS = ERRORS
+
     def upload(
         self,
         space: str,
@@ -245,6 +240,8 @@ class AsyncArtifactsClient(
 ):
     """The asynchronous twin of :class:`ArtifactsClient`, over an
     :class:`~buildmax.client.AsyncClient`."""
+
+    ERRORS = ERRORS
 
     async def upload(
         self,
@@ -322,4 +319,5 @@ __all__ = [
     "CorruptDownload",
     "DigestMismatch",
     "QuotaExceeded",
+    "RangeNotSatisfiable",
 ]

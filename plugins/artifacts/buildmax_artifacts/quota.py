@@ -17,16 +17,12 @@ from buildmax_hookspecs import Actor, App, Transaction
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.ids import new_id
-from buildmax.problems import Conflict
 
+from .problems import QuotaExceeded
 from .schema import quotas, uploads
 from .settings import ArtifactSettings, artifact_settings
 
 DEPLOYMENT = "deployment"
-
-
-class QuotaExceeded(Conflict):
-    slug, title = "quota-exceeded", "The artifact would exceed a storage quota"
 
 
 @dataclass(frozen=True)

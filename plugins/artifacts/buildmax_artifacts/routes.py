@@ -37,9 +37,9 @@ from buildmax.downloads import open_verified
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
+    BlobMissing,
     NotFound,
     PayloadTooLarge,
-    Problem,
     ValidationFailed,
 )
 from buildmax.schema import principals
@@ -47,6 +47,7 @@ from buildmax.schemas import Pattern, Timestamp, revision_number
 from buildmax.streaming import allow_body
 
 from .links import MAX_REASON, Link, requested_link, task_queue
+from .problems import DigestMismatch, RangeNotSatisfiable
 from .quota import Reservation, release, reserve, settle, tombstoned
 from .schema import artifacts
 from .settings import artifact_settings
@@ -59,18 +60,6 @@ _MEDIA_TYPE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: Media types shown inline; everything else is served as an attachment.
 INLINE = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "text/plain"})
-
-
-class DigestMismatch(ValidationFailed):
-    slug, title = "digest-mismatch", "The bytes are not the ones the sha256 names"
-
-
-class BlobMissing(Problem):
-    status, slug, title = 410, "blob-missing", "The artifact's bytes are gone from the store"
-
-
-class RangeNotSatisfiable(Problem):
-    status, slug, title = 416, "range-not-satisfiable", "The range is outside the artifact"
 
 
 class ArtifactOut(Schema):

@@ -18,15 +18,12 @@ from packaging.version import Version
 
 from buildmax.app import BuildMax
 from buildmax.conflicts import insert_ignoring_conflict
-from buildmax.problems import NotFound, ValidationFailed
+from buildmax.problems import NotFound
 from buildmax.schema import principals
 
 from .catalog import release, releases_of
+from .problems import ActivationRefused
 from .schema import activations, curation, plugins, releases
-
-
-class ActivationRefused(ValidationFailed):
-    slug, title = "activation-refused", "The activation policy refused this release"
 
 
 def release_ref(row: dict[str, Any]) -> ReleaseRef:

@@ -26,27 +26,16 @@ from packaging.version import Version
 
 from buildmax.app import BuildMax, blob_store
 from buildmax.conflicts import insert_ignoring_conflict
-from buildmax.problems import Conflict, PayloadTooLarge, ValidationFailed
+from buildmax.problems import PayloadTooLarge
 from buildmax.schema import principals
 
 from .package import CHUNK, Package, PackageRefused, inspect
+from .problems import PackageInvalid, PluginArchived, ReleaseExists
 from .schema import plugins, releases
 from .settings import marketplace_settings
 
 #: The blob store prefix of this plugin's packages.
 KEY_PREFIX = "marketplace"
-
-
-class PackageInvalid(ValidationFailed):
-    slug, title = "package-invalid", "The release archive was refused"
-
-
-class ReleaseExists(Conflict):
-    slug, title = "release-exists", "This version was published with other bytes"
-
-
-class PluginArchived(Conflict):
-    slug, title = "plugin-archived", "The plugin is archived"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from buildmax.current import current_buildmax
 from buildmax.downloads import open_verified
 from buildmax.idempotency import Reply
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import Conflict, Forbidden, NotFound, PayloadTooLarge, Problem
+from buildmax.problems import BlobMissing, Conflict, Forbidden, NotFound, PayloadTooLarge
 from buildmax.schema import principals
 from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
@@ -42,20 +42,13 @@ from .catalog import (
     releases_of,
     spool,
 )
+from .problems import ReleaseDigestMismatch
 from .schema import plugins, releases
 from .settings import marketplace_settings
 
 blueprint = Blueprint("catalog", __name__)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
-
-
-class DigestMismatch(Conflict):
-    slug, title = "release-digest-mismatch", "The digest named is not this release's"
-
-
-class BlobGone(Problem):
-    status, slug, title = 410, "package-missing", "The package's bytes are missing from the store"
 
 
 class ReasonBody(Schema):
@@ -276,7 +269,7 @@ async def package_response(app: BuildMax, row: dict[str, Any]) -> Response:
             blob_store(app), row["blob_key"], size=row["size"], sha256=row["sha256"], what=what
         )
     except BlobNotFound:
-        raise BlobGone(f"the bytes of {what} are missing from the store") from None
+        raise BlobMissing(f"the bytes of {what} are missing from the store") from None
     first = body.first
     extension = "zip" if first.startswith(b"PK") else "tar.gz"
     response = Response(body, content_type="application/octet-stream")
@@ -385,7 +378,7 @@ async def eligibility(name: str, version: str) -> Response:
     async def work(tx: Transaction) -> Reply:
         row = await _release_or_404(tx, name, version)
         if data["sha256"] != row["sha256"]:
-            raise DigestMismatch(
+            raise ReleaseDigestMismatch(
                 f"{name} {row['version']} has sha256 {row['sha256'][:12]}…, not the release "
                 "you read; read its capability report again",
                 sha256=row["sha256"],

@@ -297,7 +297,7 @@ DAMAGE = {
     "same size, sent in pieces": ("incomplete download", "its sha256 is"),
     "larger": ("410 blob-corrupted", "bytes, not the recorded"),
     "smaller": ("410 blob-corrupted", "bytes, not the recorded"),
-    "deleted": ("410 package-missing", "missing"),
+    "deleted": ("410 blob-missing", "missing"),
 }
 
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from buildmax.client import (
+    BuildMaxError,
     Calls,
     Conflict,
     Forbidden,
@@ -28,40 +29,39 @@ from buildmax.client import (
     OverClient,
     ValidationError,
     present,
-    register_error_classes,
     space_path,
 )
+from buildmax_reviews import problems
 
 _One = TypeVar("_One")
 _Many = TypeVar("_Many")
 _Done = TypeVar("_Done")
 
 
-class InvalidReview(ValidationError):
-    """422 ``invalid-review``: the review or integration handed in is not valid."""
+class InvalidReview(ValidationError, answers=problems.InvalidReview):
+    """the review or integration handed in is not valid."""
 
 
-class NotIndependent(Forbidden):
-    """403 ``reviewer-not-independent``: the reviewer submitted the work, or
+class NotIndependent(Forbidden, answers=problems.NotIndependent):
+    """the reviewer submitted the work, or
     holds another review slot of the same submission."""
 
 
-class HumanReviewRefused(Forbidden):
-    """403 ``human-review-refused``: only a human records a human review."""
+class HumanReviewRefused(Forbidden, answers=problems.HumanReviewRefused):
+    """only a human records a human review."""
 
 
-class ReviewStale(Conflict):
-    """409 ``review-stale``: the subject's criteria changed since it was submitted."""
+class ReviewStale(Conflict, answers=problems.ReviewStale):
+    """the subject's criteria changed since it was submitted."""
 
 
-ERROR_CLASSES = {
-    "invalid-review": InvalidReview,
-    "reviewer-not-independent": NotIndependent,
-    "human-review-refused": HumanReviewRefused,
-    "review-stale": ReviewStale,
-}
-"""The exception class of each of the plugin's problem slugs."""
-register_error_classes(ERROR_CLASSES)
+#: The plugin's exception classes, one per problem of :mod:`buildmax_reviews.problems`.
+ERRORS: tuple[type[BuildMaxError], ...] = (
+    InvalidReview,
+    NotIndependent,
+    HumanReviewRefused,
+    ReviewStale,
+)
 
 
 def finding(
@@ -186,6 +186,8 @@ class _ReviewRoutes(Calls[_One, _Many, _Done]):
 class ReviewsClient(OverClient, _ReviewRoutes[dict[str, Any], list[dict[str, Any]], None]):
     """The reviews plugin's calls over a synchronous :class:`~buildmax.client.Client`."""
 
+    ERRORS = ERRORS
+
 
 class AsyncReviewsClient(
     OverAsyncClient,
@@ -193,3 +195,5 @@ class AsyncReviewsClient(
 ):
     """The asynchronous twin of :class:`ReviewsClient`, over an
     :class:`~buildmax.client.AsyncClient`."""
+
+    ERRORS = ERRORS

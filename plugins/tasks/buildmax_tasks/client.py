@@ -40,9 +40,12 @@ from buildmax.client import (
     OverClient,
     ValidationError,
     present,
-    register_error_classes,
     space_path,
 )
+from buildmax.client import (
+    NameTaken as NameTaken,  # the kernel's, raised for a project or agent name too
+)
+from buildmax_tasks import problems
 
 # -- errors -------------------------------------------------------------------
 
@@ -67,24 +70,24 @@ class _NamesHolder(BuildMaxError):
         )
 
 
-class TaskNotClaimable(Conflict):
-    """409 ``task-not-claimable``: the task is not ready."""
+class TaskNotClaimable(Conflict, answers=problems.TaskNotClaimable):
+    """the task is not ready."""
 
 
-class TaskClaimed(_NamesHolder, Conflict):
-    """409 ``task-claimed``: another attempt holds the task (see ``holder``)."""
+class TaskClaimed(_NamesHolder, Conflict, answers=problems.TaskClaimed):
+    """another attempt holds the task (see ``holder``)."""
 
 
-class ResourceReserved(_NamesHolder, Conflict):
-    """409 ``resource-reserved``: a resource the task needs is reserved (see ``holder``)."""
+class ResourceReserved(_NamesHolder, Conflict, answers=problems.ResourceReserved):
+    """a resource the task needs is reserved (see ``holder``)."""
 
 
-class TaskParked(Conflict):
-    """409 ``task-parked``: the task waits for a decision."""
+class TaskParked(Conflict, answers=problems.TaskParked):
+    """the task waits for a decision."""
 
 
-class TaskHeld(Forbidden):
-    """403 ``task-held``: a hold refuses claims (or, when stopped, renewals)."""
+class TaskHeld(Forbidden, answers=problems.TaskHeld):
+    """a hold refuses claims (or, when stopped, renewals)."""
 
     @property
     def hold(self) -> dict[str, Any] | None:
@@ -97,81 +100,75 @@ class TaskHeld(Forbidden):
         return f"{super().__str__()} (hold {hold.get('id')})" if hold else super().__str__()
 
 
-class ClaimVetoed(Forbidden):
-    """403 ``claim-vetoed``: a claim check refused the claim."""
+class ClaimVetoed(Forbidden, answers=problems.ClaimVetoed):
+    """a claim check refused the claim."""
 
 
-class StageNotLoaded(Conflict):
-    """409 ``stage-not-loaded``: the work belongs to a stage whose plugin is not loaded."""
+class StageNotLoaded(Conflict, answers=problems.StageNotLoaded):
+    """the work belongs to a stage whose plugin is not loaded."""
 
 
-class RunEnvironmentUnresolved(ValidationError):
-    """422 ``run-environment-unresolved``: no run environment for the claim."""
+class RunEnvironmentUnresolved(ValidationError, answers=problems.RunEnvironmentUnresolved):
+    """no run environment for the claim."""
 
 
-class StaleGeneration(Conflict):
-    """409 ``stale-generation``: the attempt's generation is not the one sent."""
+class StaleGeneration(Conflict, answers=problems.StaleGeneration):
+    """the attempt's generation is not the one sent."""
 
 
-class LeaseLapsed(Conflict):
-    """409 ``lease-lapsed``: the attempt's lease ran out."""
+class LeaseLapsed(Conflict, answers=problems.LeaseLapsed):
+    """the attempt's lease ran out."""
 
 
-class AttemptEnded(Conflict):
-    """409 ``attempt-ended``: the attempt was submitted, released, failed or canceled."""
+class AttemptEnded(Conflict, answers=problems.AttemptEnded):
+    """the attempt was submitted, released, failed or canceled."""
 
 
-class NotAttemptOwner(Forbidden):
-    """403 ``not-attempt-owner``: only the attempt's owner may do this."""
+class NotAttemptOwner(Forbidden, answers=problems.NotAttemptOwner):
+    """only the attempt's owner may do this."""
 
 
-class DependencyCycle(Conflict):
-    """409 ``dependency-cycle``: the prerequisite would close a cycle."""
+class DependencyCycle(Conflict, answers=problems.DependencyCycle):
+    """the prerequisite would close a cycle."""
 
 
-class RevisionConflict(Conflict):
-    """409 ``revision-conflict``: the record changed since it was read."""
+class RevisionConflict(Conflict, answers=problems.RevisionConflict):
+    """the record changed since it was read."""
 
 
-class InvalidState(Conflict):
-    """409 ``invalid-state``: the record's state does not allow this."""
+class InvalidState(Conflict, answers=problems.InvalidState):
+    """the record's state does not allow this."""
 
 
-class SubmissionRefused(ValidationError):
-    """422 ``submission-refused``: a plugin refused the submission (for
+class SubmissionRefused(ValidationError, answers=problems.SubmissionRefused):
+    """a plugin refused the submission (for
     example an artifact it names is not evidence of its task)."""
 
 
-class AgentRevisionRefused(ValidationError):
-    """422 ``agent-revision-refused``: a plugin refused the agent revision."""
+class AgentRevisionRefused(ValidationError, answers=problems.AgentRevisionRefused):
+    """a plugin refused the agent revision."""
 
 
-class NameTaken(Conflict):
-    """409 ``name-taken``: the name is already used in the space."""
-
-
-ERROR_CLASSES: dict[str, type[BuildMaxError]] = {
-    "task-not-claimable": TaskNotClaimable,
-    "task-claimed": TaskClaimed,
-    "resource-reserved": ResourceReserved,
-    "task-parked": TaskParked,
-    "task-held": TaskHeld,
-    "claim-vetoed": ClaimVetoed,
-    "stage-not-loaded": StageNotLoaded,
-    "run-environment-unresolved": RunEnvironmentUnresolved,
-    "stale-generation": StaleGeneration,
-    "lease-lapsed": LeaseLapsed,
-    "attempt-ended": AttemptEnded,
-    "not-attempt-owner": NotAttemptOwner,
-    "dependency-cycle": DependencyCycle,
-    "revision-conflict": RevisionConflict,
-    "invalid-state": InvalidState,
-    "submission-refused": SubmissionRefused,
-    "agent-revision-refused": AgentRevisionRefused,
-    "name-taken": NameTaken,
-}
-"""The exception class of each of the plugin's problem slugs."""
-register_error_classes(ERROR_CLASSES)
+#: The plugin's exception classes, one per problem of :mod:`buildmax_tasks.problems`.
+ERRORS: tuple[type[BuildMaxError], ...] = (
+    TaskNotClaimable,
+    TaskClaimed,
+    ResourceReserved,
+    TaskParked,
+    TaskHeld,
+    ClaimVetoed,
+    StageNotLoaded,
+    RunEnvironmentUnresolved,
+    StaleGeneration,
+    LeaseLapsed,
+    AttemptEnded,
+    NotAttemptOwner,
+    DependencyCycle,
+    RevisionConflict,
+    InvalidState,
+    SubmissionRefused,
+    AgentRevisionRefused,
+)
 
 
 # -- the calls ------------------------------------------------------------------
@@ -608,6 +605,8 @@ class TasksClient(OverClient, _TaskRoutes[dict[str, Any], list[dict[str, Any]], 
     """The tasks plugin's calls over a synchronous :class:`~buildmax.client.Client`
     (which the caller opens and closes)."""
 
+    ERRORS = ERRORS
+
 
 class AsyncTasksClient(
     OverAsyncClient,
@@ -615,3 +614,5 @@ class AsyncTasksClient(
 ):
     """The asynchronous twin of :class:`TasksClient`, over an
     :class:`~buildmax.client.AsyncClient`: the same calls, awaited."""
+
+    ERRORS = ERRORS

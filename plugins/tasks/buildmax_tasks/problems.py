@@ -1,4 +1,8 @@
-"""The tasks plugin's problem types (``urn:buildmax:problem:<slug>``)."""
+"""The tasks plugin's problem types (``urn:buildmax:problem:<slug>``).
+
+A project or agent name used twice in a space is the kernel's 409
+``name-taken`` (:class:`buildmax.problems.NameTaken`), as a principal's is.
+"""
 
 from __future__ import annotations
 
@@ -71,7 +75,3 @@ class SubmissionRefused(ValidationFailed):
 
 class AgentRevisionRefused(ValidationFailed):
     slug, title = "agent-revision-refused", "A plugin refused the agent revision"
-
-
-class NameTaken(Conflict):
-    slug, title = "name-taken", "The name is already used in this space"

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import pytest
 from buildmax_tasks import problems
 from buildmax_tasks.client import (
-    ERROR_CLASSES,
+    ERRORS,
     AsyncTasksClient,
     AttemptEnded,
     DependencyCycle,
@@ -31,7 +31,6 @@ from buildmax_tasks.client import (
     TasksClient,
 )
 
-from buildmax import client as kernel_client
 from buildmax.client import (
     AsyncClient,
     Client,
@@ -40,7 +39,6 @@ from buildmax.client import (
     NotFound,
     TokenScopeRefused,
     ValidationError,
-    register_error_classes,
 )
 from buildmax.testing import PrincipalHandle
 
@@ -96,19 +94,34 @@ def test_every_problem_of_the_plugin_has_a_typed_exception_of_its_status() -> No
         for kind in vars(problems).values()
         if inspect.isclass(kind) and kind.__module__ == problems.__name__
     }
-    assert set(ERROR_CLASSES) == set(slugs)
+    assert {kind.answers.slug for kind in ERRORS if kind.answers} == set(slugs)
     base = {403: Forbidden, 409: Conflict, 422: ValidationError}
-    for slug, status in slugs.items():
-        assert kernel_client.error_class(status, slug) is ERROR_CLASSES[slug]
-        assert issubclass(ERROR_CLASSES[slug], base[status]), slug
+    with Client(url="http://127.0.0.1:9", token="t") as bare:
+        tasks = TasksClient(bare)
+        for kind in ERRORS:
+            slug = kind.answers.slug  # type: ignore[union-attr]
+            assert tasks.client.errors.error_class(slugs[slug], slug) is kind
+            assert issubclass(kind, base[slugs[slug]]), slug
+            assert kind.__doc__.startswith(f"{slugs[slug]} ``{slug}``: "), kind.__doc__
 
 
 @pytest.mark.engine_independent
-def test_a_slug_cannot_be_given_to_a_second_class() -> None:
-    register_error_classes({"stale-generation": StaleGeneration})
-    with pytest.raises(ValueError, match="stale-generation"):
-        register_error_classes({"stale-generation": Conflict})
-    assert kernel_client.error_class(409, "stale-generation") is StaleGeneration
+def test_the_typed_exceptions_belong_to_the_client_that_a_tasks_client_wraps() -> None:
+    with (
+        Client(url="http://127.0.0.1:9", token="t") as wrapped,
+        Client(url="http://127.0.0.1:9", token="t") as bare,
+    ):
+        TasksClient(wrapped)
+        TasksClient(wrapped)  # wrapping twice adds nothing twice
+        assert wrapped.errors.error_class(409, "stale-generation") is StaleGeneration
+        # Nothing is registered process-wide: a client nobody wrapped
+        # raises the class of the status.
+        assert bare.errors.error_class(409, "stale-generation") is Conflict
+        with pytest.raises(ValueError, match="stale-generation"):
+            wrapped.errors.add(type("Other", (Conflict,), {}, answers=problems.StaleGeneration))
+        with pytest.raises(ValueError, match="derives from Conflict"):
+            bare.errors.add(type("Wrong", (Forbidden,), {}, answers=problems.StaleGeneration))
+        assert wrapped.errors.error_class(409, "stale-generation") is StaleGeneration
 
 
 # -- the loop ---------------------------------------------------------------------

@@ -18,10 +18,10 @@ from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import NotFound
+from buildmax.problems import NameTaken, NotFound
 
 from ..agents import save_revision
-from ..problems import NameTaken, RevisionConflict
+from ..problems import RevisionConflict
 from ..schema import agent_revisions, agents
 from ..schemas import (
     AgentCreate,

@@ -17,10 +17,10 @@ from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import NotFound
+from buildmax.problems import NameTaken, NotFound
 
 from ..engine import current_policy
-from ..problems import NameTaken, RevisionConflict
+from ..problems import RevisionConflict
 from ..schema import policies, projects
 from ..schemas import (
     PolicyBody,
