@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, App
@@ -20,9 +20,16 @@ from quart import g, request
 from .current import current_buildmax
 from .problems import TokenScopeRefused, Unauthenticated
 from .schema import tokens
-from .tokens import SECRET_PREFIX, lookup_token
+from .tokens import SECRET_PREFIX, lookup_token, lookup_token_pk
+
+if TYPE_CHECKING:
+    from .app import BuildMax
 
 log = logging.getLogger("buildmax.auth")
+
+#: The ASGI scope key of an in-process request's caller (set by
+#: :mod:`buildmax.internal` only: a request from the network never has it).
+ACTING_CALLER = "buildmax.acting_caller"
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,9 @@ async def authenticate(accept_scopes: Iterable[str] = ()) -> Caller:
 
 async def _load_caller() -> Caller:
     app = current_buildmax()
+    acting = request.scope.get(ACTING_CALLER)
+    if isinstance(acting, Caller):
+        return await _reload(app, acting)
     secret = bearer_secret()
     if not secret:
         raise Unauthenticated("send an API token as 'Authorization: Bearer <token>'")
@@ -78,6 +88,23 @@ async def _load_caller() -> Caller:
         raise Unauthenticated(refusal)
     assert row is not None
     app.token_toucher.touch(row["token_pk"], row["last_used_at"], now)
+    return _caller_of(row)
+
+
+async def _reload(app: BuildMax, acting: Caller) -> Caller:
+    """An in-process request's caller (:mod:`buildmax.internal`), as its
+    token and principal stand now: revoked, expired or disabled since the
+    caller was authenticated is 401, and a changed system role counts."""
+    async with app.db.read() as conn:
+        row = await lookup_token_pk(conn, acting.token_pk)
+    refusal = token_refusal(row, app.clock.now_ms())
+    if refusal is not None:
+        raise Unauthenticated(refusal)
+    assert row is not None
+    return _caller_of(row)
+
+
+def _caller_of(row: dict[str, Any]) -> Caller:
     actor = Actor(
         principal_id=row["principal_id"],
         kind=row["kind"],

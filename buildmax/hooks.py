@@ -211,6 +211,10 @@ class Hooks:
         """``buildmax_workflow_stages``: ``(plugin, its stages)``."""
         return self.each("buildmax_workflow_stages")
 
+    def submission_extensions(self) -> list[tuple[str, Iterable[str]]]:
+        """``buildmax_submission_extensions``: ``(plugin, its names)``."""
+        return self.each("buildmax_submission_extensions")
+
     async def stage_entered(
         self,
         tx: Transaction,

@@ -205,32 +205,39 @@ async def shorten_scope(tx: Transaction, scope_type: str, scope_id: str, *, expi
     return len(rows)
 
 
+_TOKEN_AND_PRINCIPAL = sa.select(
+    tokens.c.id.label("token_pk"),
+    tokens.c.public_id.label("token_id"),
+    tokens.c.scope_type,
+    tokens.c.scope_id,
+    tokens.c.expires_at,
+    tokens.c.revoked_at,
+    tokens.c.last_used_at,
+    principals.c.id.label("principal_pk"),
+    principals.c.public_id.label("principal_id"),
+    principals.c.kind,
+    principals.c.name,
+    principals.c.system_role,
+    principals.c.disabled_at,
+).select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))
 #: One indexed read per request: the token, its principal, nothing cached.
 #: Built once, so it is compiled once.
-_LOOKUP = (
-    sa.select(
-        tokens.c.id.label("token_pk"),
-        tokens.c.public_id.label("token_id"),
-        tokens.c.scope_type,
-        tokens.c.scope_id,
-        tokens.c.expires_at,
-        tokens.c.revoked_at,
-        tokens.c.last_used_at,
-        principals.c.id.label("principal_pk"),
-        principals.c.public_id.label("principal_id"),
-        principals.c.kind,
-        principals.c.name,
-        principals.c.system_role,
-        principals.c.disabled_at,
-    )
-    .select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))
-    .where(tokens.c.verifier == sa.bindparam("verifier"))
-)
+_LOOKUP = _TOKEN_AND_PRINCIPAL.where(tokens.c.verifier == sa.bindparam("verifier"))
+
+
+_LOOKUP_BY_PK = _TOKEN_AND_PRINCIPAL.where(tokens.c.id == sa.bindparam("token_pk"))
 
 
 async def lookup_token(conn: Transaction, secret: str) -> dict[str, Any] | None:
     """The token row joined with its principal, whatever its state, or ``None``."""
     row = await conn.fetch_one(_LOOKUP, {"verifier": verifier_of(secret)})
+    return dict(row) if row is not None else None
+
+
+async def lookup_token_pk(conn: Transaction, token_pk: int) -> dict[str, Any] | None:
+    """:func:`lookup_token` by the token's key (a caller already
+    authenticated, whose token may since have been revoked)."""
+    row = await conn.fetch_one(_LOOKUP_BY_PK, {"token_pk": token_pk})
     return dict(row) if row is not None else None
 
 

@@ -226,7 +226,10 @@ class SubmissionRef:
     """The immutable candidate an attempt handed in. ``artifacts`` are the
     public ids of the artifacts it names, in the order given (the artifacts
     plugin checks them through ``buildmax_submission_check``); ``evidence``
-    is free-form and checked by nobody."""
+    is free-form and checked by nobody. ``extensions`` is the data handed in
+    for other plugins, by the name each declared
+    (``buildmax_submission_extensions``): present only while the hand-in's
+    hooks run, never kept by the tasks plugin."""
 
     id: str
     task_id: str
@@ -238,6 +241,7 @@ class SubmissionRef:
     candidate: Mapping[str, Any] = field(default_factory=dict)
     evidence: Mapping[str, Any] = field(default_factory=dict)
     artifacts: tuple[str, ...] = ()
+    extensions: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,21 @@ def buildmax_submission_check(
 
 
 @hookspec
+def buildmax_submission_extensions() -> Iterable[str] | None:
+    """The names under which a submission may carry this plugin's data.
+
+    A submit body's ``extensions`` object maps such a name to any JSON
+    value (64 KiB in all); a name no loaded plugin declares is refused (422
+    ``validation-error``, nothing recorded). The data reaches
+    ``buildmax_submission_check`` and ``buildmax_attempt_submitted`` as
+    ``submission.extensions[name]``: refuse it in the first, record your own
+    rows from it in the second, and they commit with the submission or not
+    at all. The tasks plugin does not keep it. Called once when the app is
+    built; a name declared by two plugins is a start-up error.
+    """
+
+
+@hookspec
 def buildmax_attempt_submitted(
     app: App,
     tx: Transaction,

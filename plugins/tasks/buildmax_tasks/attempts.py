@@ -249,6 +249,11 @@ async def submit(
 
     Every ``buildmax_submission_check`` is asked first; a refusal is 422
     ``submission-refused`` with nothing written."""
+    unknown = engine.unknown_extensions(body["extensions"])
+    if unknown:
+        raise ValidationFailed(
+            "the submission carries data no loaded plugin takes", errors={"extensions": unknown}
+        )
     public_id = new_id("sb")
     await _check_submission(ch, attempt, task, public_id, body)
     pk = await ch.tx.fetch_val(
@@ -306,6 +311,7 @@ async def submit(
         "task_public_id": task["public_id"],
         "attempt_public_id": attempt["public_id"],
         "submitted_by_public_id": attempt["claimant_public_id"],
+        "extensions": body["extensions"],
     }
     task = {**task, "current_submission_id": pk, "state": "claimed"}
     outcome = await engine.submitted(
@@ -338,6 +344,7 @@ async def _check_submission(
         candidate=body["candidate"],
         evidence=body["evidence"],
         artifacts=tuple(body["artifacts"]),
+        extensions=body["extensions"],
     )
     verdicts = await ch.app.hooks.submission_check(
         ch.tx,

@@ -462,18 +462,21 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
         candidate: dict[str, Any] | None = None,
         evidence: dict[str, Any] | None = None,
         artifacts: Sequence[str] | None = None,
+        extensions: dict[str, Any] | None = None,
     ) -> _One:
         """Hand in the attempt's work (the owner): ``submission``, ``task``
         and the workflow ``stage`` it entered (``None`` when it is done).
         ``artifacts`` are the ids of the artifacts handed in as evidence (of
         this attempt or its task; others are refused with
-        :class:`SubmissionRefused`)."""
+        :class:`SubmissionRefused`). ``extensions`` carries data for other
+        plugins by the name each declared, committed with the submission."""
         body = present(
             generation=generation,
             summary=summary,
             candidate=candidate,
             evidence=evidence,
             artifacts=_listed(artifacts),
+            extensions=extensions or None,
         )
         return self._one("POST", space_path(space, "attempts", attempt, "submit"), json=body)
 

@@ -12,6 +12,7 @@ verdict's finding ids, ``reject`` fails it. Only the engine writes task state.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,9 @@ class Stage:
 class StageEngine:
     """The loaded stages, in order."""
 
-    def __init__(self, stages: list[Stage]) -> None:
+    def __init__(self, stages: list[Stage], extensions: Mapping[str, str] | None = None) -> None:
+        #: Who takes each name of a submission's ``extensions``: name -> plugin.
+        self.extensions = dict(extensions or {})
         names: dict[str, str] = {}
         for stage in stages:
             if stage.spec.name in names:
@@ -62,12 +65,30 @@ class StageEngine:
 
     @classmethod
     def from_plugins(cls, plugins: Any) -> StageEngine:
-        """Collect the stages of every loaded plugin."""
+        """Collect the stages and the submission extensions of every loaded plugin."""
         found = []
         for plugin, specs in plugins.hooks.workflow_stages():
             for spec in specs:
                 found.append(Stage(spec, plugin))
-        return cls(found)
+        extensions: dict[str, str] = {}
+        for plugin, names in plugins.hooks.submission_extensions():
+            for name in names:
+                if name in extensions:
+                    raise StageError(
+                        f"submission extension {name!r} is declared by both "
+                        f"{extensions[name]!r} and {plugin!r}"
+                    )
+                extensions[name] = plugin
+        return cls(found, extensions)
+
+    def unknown_extensions(self, handed: Mapping[str, Any]) -> dict[str, list[str]]:
+        """The names of a submission's ``extensions`` no loaded plugin takes,
+        each with why (for a 422's ``errors``)."""
+        return {
+            name: ["no loaded plugin takes submission data under this name"]
+            for name in handed
+            if name not in self.extensions
+        }
 
     def known(self, name: str | None) -> bool:
         """True when a stage of that name is loaded."""

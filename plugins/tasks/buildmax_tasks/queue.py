@@ -197,7 +197,13 @@ class SqlTaskQueue:
                 state=task["state"],
             )
         row, locked = await fenced(ch, attempt_id, at, authority)
-        body = {"summary": summary, "candidate": dict(candidate), "evidence": {}, "artifacts": []}
+        body = {
+            "summary": summary,
+            "candidate": dict(candidate),
+            "evidence": {},
+            "artifacts": [],
+            "extensions": {},
+        }
         submission, _ = await submit(ch, stage_engine(self._app), row, locked, body)
         after = await load_task(tx, task_id)
         assert after is not None

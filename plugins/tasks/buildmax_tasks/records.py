@@ -217,6 +217,8 @@ def submission_ref(row: dict[str, Any]) -> SubmissionRef:
         candidate=json.loads(row["candidate"]),
         evidence=json.loads(row["evidence"]),
         artifacts=tuple(submission_artifact_ids(row)),
+        # Only a hand-in in progress has them: they are never stored.
+        extensions=row.get("extensions") or {},
     )
 
 

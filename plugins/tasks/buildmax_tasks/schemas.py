@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from buildmax_hookspecs import App
 from marshmallow import Schema, ValidationError, fields, validate
 
@@ -283,9 +286,22 @@ class CancelAttemptBody(Generation):
 MAX_SUBMISSION_ARTIFACTS = 100
 
 
+#: The most bytes of JSON a submission carries for other plugins (``extensions``).
+MAX_SUBMISSION_EXTENSION_BYTES = 64 * 1024
+
+
 def _distinct(values: list[str]) -> None:
     if len(set(values)) != len(values):
         raise ValidationError("Each artifact is named once.")
+
+
+def _extensions_size(value: dict[str, Any]) -> None:
+    size = len(json.dumps(value, separators=(",", ":")).encode())
+    if size > MAX_SUBMISSION_EXTENSION_BYTES:
+        raise ValidationError(
+            f"The extensions take {size} bytes of JSON; at most "
+            f"{MAX_SUBMISSION_EXTENSION_BYTES} are accepted."
+        )
 
 
 class SubmitBody(Generation):
@@ -297,6 +313,16 @@ class SubmitBody(Generation):
         load_default=list,
         validate=[validate.Length(max=MAX_SUBMISSION_ARTIFACTS), _distinct],
         metadata={"description": "Public ids of the artifacts handed in as evidence"},
+    )
+    extensions = fields.Dict(
+        keys=fields.String(validate=validate.Length(min=1, max=64)),
+        values=fields.Raw(),
+        load_default=dict,
+        validate=_extensions_size,
+        metadata={
+            "description": "Data for other plugins, by the name each declared (for example "
+            "lessons learned); committed with the submission or not at all"
+        },
     )
 
 

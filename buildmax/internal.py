@@ -1,0 +1,122 @@
+"""The HTTP API, called in-process with a caller's identity.
+
+This is how a plugin reads another plugin's views and performs its
+operations (a board listing tasks, a tool claiming one, an importer
+creating them): through the same routes as every client, so the same role
+checks, validation, limits, idempotency, audit events and stream events
+apply, and the acting principal is the caller, never the plugin::
+
+    caller = await authenticate()
+    api = InternalApi(current_buildmax(), caller)
+    ready = await api.get(f"/v1/spaces/{space}/ready", params={"limit": "20"})
+    claimed = await api.request("POST", f"/v1/spaces/{space}/claims", json={})
+
+The request never leaves the process (no socket, no token secret): the
+caller rides in the request's ASGI scope, which a request from the network
+cannot set, and is checked again as its token and principal stand now. An
+error answer raises the same :class:`~buildmax.problems.Problem`, so a route
+that lets it propagate answers its own caller with it. Call it outside any
+write transaction: each call is a request of its own, with its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, cast
+
+import httpx
+
+from .auth import ACTING_CALLER, Caller
+from .database.base import refuse_nested
+from .problems import PROBLEM_TYPE_PREFIX, Problem
+
+if TYPE_CHECKING:
+    from hypercorn.typing import HTTPScope
+
+    from .app import BuildMax
+
+#: The base URL in-process requests are addressed to (they reach no network).
+INTERNAL_URL = "http://buildmax.internal"
+#: Members of a problem document that are not extra members.
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "request_id"})
+
+
+class InternalApi:
+    """The HTTP API of ``app``, called in-process as ``caller``."""
+
+    def __init__(self, app: BuildMax, caller: Caller) -> None:
+        self._app = app
+        self.caller = caller
+
+    async def _asgi(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        acting = cast("HTTPScope", {**scope, ACTING_CALLER: self.caller})
+        await self._app(acting, receive, send)  # type: ignore[arg-type]
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        """The decoded answer of a 2xx (``None`` when empty); the answer's
+        :class:`~buildmax.problems.Problem` for any other status."""
+        refuse_nested()
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        transport = httpx.ASGITransport(app=self._asgi)
+        async with httpx.AsyncClient(transport=transport, base_url=INTERNAL_URL) as client:
+            response = await client.request(method, path, json=json, params=params, headers=headers)
+        if response.is_success:
+            return response.json() if response.content else None
+        raise _problem_of(response)
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """``GET path``: the decoded answer."""
+        return await self.request("GET", path, params=params)
+
+    async def paginate(
+        self, path: str, params: Mapping[str, str] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every item of a list route, page after page (``next_cursor``)."""
+        query = dict(params or {})
+        while True:
+            page = await self.get(path, query)
+            for item in page["items"]:
+                yield item
+            if not page.get("next_cursor"):
+                return
+            query["cursor"] = page["next_cursor"]
+
+
+def _problem_of(response: httpx.Response) -> Problem:
+    """The problem an error answer stands for, extra members and
+    ``Retry-After`` kept."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    headers = (
+        {"Retry-After": response.headers["Retry-After"]}
+        if "Retry-After" in response.headers
+        else {}
+    )
+    if not isinstance(body, dict) or not str(body.get("type", "")).startswith(PROBLEM_TYPE_PREFIX):
+        return Problem(
+            status=response.status_code, slug=f"http-{response.status_code}", headers=headers
+        )
+    extra = {key: value for key, value in body.items() if key not in _PROBLEM_MEMBERS}
+    return Problem(
+        str(body.get("detail") or ""),
+        status=response.status_code,
+        slug=str(body["type"]).removeprefix(PROBLEM_TYPE_PREFIX),
+        title=str(body.get("title") or ""),
+        headers=headers,
+        **extra,
+    )

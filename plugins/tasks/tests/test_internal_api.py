@@ -1,0 +1,143 @@
+"""The in-process API (``buildmax.internal``): how a plugin reads another
+plugin's views and performs its operations as its own caller.
+
+A throwaway "board" plugin serves two routes the way a dashboard or an MCP
+tool would: a board of ready work read through the tasks plugin's list
+route, and "take the next task" performed through its claim route. It
+imports nothing of the tasks plugin and touches none of its tables; the
+API's role checks, idempotency and audit apply to the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from buildmax_hookspecs import hookimpl
+from buildmax_tasks.schema import attempts
+from quart import Blueprint, Response, request
+
+from buildmax.app import create_app
+from buildmax.auth import Caller, authenticate
+from buildmax.bodies import json_response
+from buildmax.current import current_buildmax
+from buildmax.database.base import NestedTransactionError
+from buildmax.internal import InternalApi
+from buildmax.problems import Problem
+from buildmax.schema import tokens
+
+from .conftest import PROBLEM
+
+board = Blueprint("board", __name__)
+
+
+@board.get("/v1/spaces/<space>/board")
+async def show_board(space: str) -> Response:
+    """The space's ready work, every page of it, as the caller may see it."""
+    api = InternalApi(current_buildmax(), await authenticate())
+    ready = [task async for task in api.paginate(f"/v1/spaces/{space}/ready", {"limit": "1"})]
+    return json_response({"ready": [task["id"] for task in ready]})
+
+
+@board.post("/v1/spaces/<space>/board/take")
+async def take(space: str) -> Response:
+    """Claim the next ready task for the caller."""
+    api = InternalApi(current_buildmax(), await authenticate())
+    claimed = await api.request(
+        "POST",
+        f"/v1/spaces/{space}/claims",
+        json={},
+        idempotency_key=request.headers.get("Idempotency-Key"),
+    )
+    return json_response({"task": claimed["task"]["id"], "attempt": claimed["attempt"]["id"]}, 201)
+
+
+class Board:
+    @hookimpl
+    def buildmax_blueprints(self) -> list[Blueprint]:
+        return [board]
+
+
+@pytest.fixture
+async def app(buildmax_settings, clock):
+    application = create_app(
+        buildmax_settings, clock=clock, extra_plugins=[("board", Board())], auto_migrate=True
+    )
+    async with application.test_app():
+        yield application
+
+
+async def token_pk(app: Any, principal_pk: int) -> int:
+    async with app.db.read() as conn:
+        return int(
+            await conn.fetch_val(
+                sa.select(tokens.c.id).where(tokens.c.principal_id == principal_pk)
+            )
+        )
+
+
+async def test_the_board_reads_every_page_of_the_list_route_as_the_caller(work):
+    made = [await work.task(f"task {n}") for n in range(3)]
+    listed = await work.call("GET", "/board", work.viewer, expect=200)
+    direct = await work.call("GET", "/ready", work.viewer, expect=200)
+    assert sorted(listed["ready"]) == sorted(t["id"] for t in made)
+    assert listed["ready"] == [t["id"] for t in direct["items"]]
+
+
+async def test_a_caller_the_api_refuses_is_refused_by_the_board_with_the_same_problem(
+    work, make_principal
+):
+    outsider = await make_principal("agent")
+    direct = await work.call("GET", "/ready", outsider)
+    shown = await work.call("GET", "/board", outsider)
+    assert shown["type"] == direct["type"] and shown["status"] == direct["status"] >= 403
+    assert shown["detail"] == direct["detail"]
+
+
+async def test_take_claims_as_the_caller_under_the_apis_checks_and_audit(work, audit_log):
+    task = await work.task()
+    refused = await work.call("POST", "/board/take", work.viewer, expect=403)
+    assert refused["type"].startswith(PROBLEM)
+    assert await work.rows(attempts) == []
+
+    taken = await work.call("POST", "/board/take", work.agent, expect=201, key="take-1")
+    again = await work.call("POST", "/board/take", work.agent, expect=201, key="take-1")
+    assert taken == again and taken["task"] == task["id"]
+    (attempt,) = await work.rows(attempts)
+    assert (attempt["public_id"], attempt["claimant_id"]) == (taken["attempt"], work.agent.pk)
+    (event,) = audit_log.of("task.claimed")
+    assert event.actor_id == work.agent.id
+
+
+async def test_a_background_job_acts_as_a_caller_whose_token_is_checked_again(work):
+    await work.task()
+    app = work.app
+    caller = Caller(
+        actor=None,  # type: ignore[arg-type]  # rebuilt from the token as it stands
+        principal_pk=work.agent.pk,
+        token_pk=await token_pk(app, work.agent.pk),
+    )
+    api = InternalApi(app, caller)
+    page = await api.get(f"/v1/spaces/{work.space.id}/ready")
+    assert len(page["items"]) == 1
+    async with app.db.write() as tx:
+        await tx.execute(
+            sa.update(tokens).where(tokens.c.id == caller.token_pk).values(revoked_at=1)
+        )
+    with pytest.raises(Problem) as refused:
+        await api.request("POST", f"/v1/spaces/{work.space.id}/claims", json={})
+    assert (refused.value.status, refused.value.slug) == (401, "unauthenticated")
+    assert await work.rows(attempts) == []
+
+
+async def test_it_refuses_to_run_inside_a_write_transaction(work):
+    app = work.app
+    caller = Caller(
+        actor=None,  # type: ignore[arg-type]
+        principal_pk=work.agent.pk,
+        token_pk=await token_pk(app, work.agent.pk),
+    )
+    async with app.db.write():
+        with pytest.raises(NestedTransactionError):
+            await InternalApi(app, caller).get(f"/v1/spaces/{work.space.id}/ready")
