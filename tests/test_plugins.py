@@ -218,3 +218,12 @@ async def test_a_plugin_failing_to_shut_down_is_logged_and_the_others_still_shut
             pass
     assert stopped == [app]
     assert "plugin 'failing' failed to shut down" in caplog.text
+
+
+async def test_a_hook_that_changes_data_needs_the_app_the_facade_was_attached_to(app) -> None:
+    """Plugins loaded for a command (no app) cannot call a transaction's
+    hooks with a missing ``app``: they say why instead."""
+    detached = create_plugins(allow=set())
+    with pytest.raises(RuntimeError, match="create_app"):
+        await detached.hooks.claim_check(None, None, None)  # type: ignore[arg-type]
+    assert app.hooks.app is app

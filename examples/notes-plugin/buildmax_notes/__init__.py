@@ -16,7 +16,7 @@ from buildmax.ids import new_id
 from buildmax.migrations import create_tables
 from buildmax.pagination import page_body, page_request
 from buildmax.schema import Id, Millis, spaces
-from buildmax_hookspecs import AuditAction, Migration, Transaction, hookimpl
+from buildmax_hookspecs import App, AuditAction, Migration, Transaction, hookimpl
 from marshmallow import Schema, fields, validate
 from quart import Blueprint, Response
 
@@ -115,7 +115,7 @@ async def list_notes(space: str) -> Response:
 
 
 @hookimpl
-def buildmax_blueprints(app: Any) -> list[Blueprint]:
+def buildmax_blueprints(app: App) -> list[Blueprint]:
     return [blueprint]
 
 
