@@ -16,7 +16,8 @@ caller rides in the request's ASGI scope, which a request from the network
 cannot set, and is checked again as its token and principal stand now. An
 error answer raises the same :class:`~buildmax.problems.Problem`, so a route
 that lets it propagate answers its own caller with it. Call it outside any
-write transaction: each call is a request of its own, with its own.
+write transaction: each call is a request of its own, with its own (and
+from the task that would hold one: a task it started cannot be told apart).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import httpx
 
 from .auth import ACTING_CALLER, Caller
 from .database.base import refuse_nested
-from .problems import PROBLEM_TYPE_PREFIX, Problem
+from .idempotency import HEADER
+from .problems import PROBLEM_TYPE_PREFIX, BadRequest, Problem
 
 if TYPE_CHECKING:
     from hypercorn.typing import HTTPScope
@@ -69,13 +71,25 @@ class InternalApi:
         """The decoded answer of a 2xx (``None`` when empty); the answer's
         :class:`~buildmax.problems.Problem` for any other status."""
         refuse_nested()
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        headers: dict[bytes, bytes] = {}
+        if idempotency_key:
+            try:  # as a header from the network arrives: latin-1, checked by the route
+                headers[HEADER.encode()] = idempotency_key.encode("latin-1")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters") from None
         transport = httpx.ASGITransport(app=self._asgi)
         async with httpx.AsyncClient(transport=transport, base_url=INTERNAL_URL) as client:
             response = await client.request(method, path, json=json, params=params, headers=headers)
-        if response.is_success:
-            return response.json() if response.content else None
-        raise _problem_of(response)
+        if not response.is_success:
+            raise _problem_of(response)
+        if not response.content:
+            return None
+        if response.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise ValueError(
+                f"{method} {path} answers {response.headers.get('content-type')!r}: the "
+                "in-process API reads JSON routes only"
+            )
+        return response.json()
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """``GET path``: the decoded answer."""

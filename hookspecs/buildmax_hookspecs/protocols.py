@@ -248,10 +248,12 @@ class TaskQueue(Protocol):
         summary: str,
         candidate: Mapping[str, Any],
         generation: int | None = None,
+        extensions: Mapping[str, Any] | None = None,
     ) -> Mapping[str, Any]:
         """Hand in work on ``task_id`` for ``actor``, exactly as the submit
         route does (``buildmax_attempt_submitted`` judges it, the stage
-        engine applies the verdict).
+        engine applies the verdict); ``extensions`` carries other plugins'
+        data under the names they declared, as a submit body's does.
 
         When ``actor`` holds the task's active attempt, that attempt is
         handed in (fenced at ``generation`` when given). When the task is

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
@@ -344,7 +345,7 @@ async def _check_submission(
         candidate=body["candidate"],
         evidence=body["evidence"],
         artifacts=tuple(body["artifacts"]),
-        extensions=body["extensions"],
+        extensions=MappingProxyType(body["extensions"]),
     )
     verdicts = await ch.app.hooks.submission_check(
         ch.tx,

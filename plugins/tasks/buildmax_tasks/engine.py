@@ -72,7 +72,17 @@ class StageEngine:
                 found.append(Stage(spec, plugin))
         extensions: dict[str, str] = {}
         for plugin, names in plugins.hooks.submission_extensions():
+            if isinstance(names, str):
+                raise StageError(
+                    f"plugin {plugin!r} declares its submission extensions as a string; "
+                    "return a list of names"
+                )
             for name in names:
+                if not isinstance(name, str) or not 1 <= len(name) <= 64:
+                    raise StageError(
+                        f"plugin {plugin!r} declares submission extension {name!r}: a name is "
+                        "a string of 1 to 64 characters"
+                    )
                 if name in extensions:
                     raise StageError(
                         f"submission extension {name!r} is declared by both "

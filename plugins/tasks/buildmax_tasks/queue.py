@@ -160,6 +160,7 @@ class SqlTaskQueue:
         summary: str,
         candidate: Mapping[str, Any],
         generation: int | None = None,
+        extensions: Mapping[str, Any] | None = None,
     ) -> Mapping[str, Any]:
         # The caller checked the actor's role in the task's space.
         task = await load_task(tx, task_id)
@@ -202,7 +203,7 @@ class SqlTaskQueue:
             "candidate": dict(candidate),
             "evidence": {},
             "artifacts": [],
-            "extensions": {},
+            "extensions": dict(extensions or {}),
         }
         submission, _ = await submit(ch, stage_engine(self._app), row, locked, body)
         after = await load_task(tx, task_id)

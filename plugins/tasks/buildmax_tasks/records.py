@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
@@ -218,7 +219,7 @@ def submission_ref(row: dict[str, Any]) -> SubmissionRef:
         evidence=json.loads(row["evidence"]),
         artifacts=tuple(submission_artifact_ids(row)),
         # Only a hand-in in progress has them: they are never stored.
-        extensions=row.get("extensions") or {},
+        extensions=MappingProxyType(row.get("extensions") or {}),
     )
 
 

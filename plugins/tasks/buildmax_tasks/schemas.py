@@ -296,7 +296,10 @@ def _distinct(values: list[str]) -> None:
 
 
 def _extensions_size(value: dict[str, Any]) -> None:
-    size = len(json.dumps(value, separators=(",", ":")).encode())
+    try:
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+    except RecursionError:
+        raise ValidationError("The extensions are nested too deeply.") from None
     if size > MAX_SUBMISSION_EXTENSION_BYTES:
         raise ValidationError(
             f"The extensions take {size} bytes of JSON; at most "
@@ -316,7 +319,7 @@ class SubmitBody(Generation):
     )
     extensions = fields.Dict(
         keys=fields.String(validate=validate.Length(min=1, max=64)),
-        values=fields.Raw(),
+        values=fields.Raw(allow_none=True),
         load_default=dict,
         validate=_extensions_size,
         metadata={

@@ -141,3 +141,59 @@ async def test_it_refuses_to_run_inside_a_write_transaction(work):
     async with app.db.write():
         with pytest.raises(NestedTransactionError):
             await InternalApi(app, caller).get(f"/v1/spaces/{work.space.id}/ready")
+
+
+@pytest.mark.parametrize("change", ["disabled", "expired", "demoted"])
+async def test_the_caller_is_taken_as_it_stands_at_each_call(work, make_principal, change):
+    """A disabled principal or an expired token is 401; a system admin
+    demoted since the caller was made no longer reads a space it is not a
+    member of."""
+    from buildmax.schema import principals
+
+    admin = await make_principal("human", system_role="admin")
+    app = work.app
+    caller = Caller(
+        actor=None,  # type: ignore[arg-type]
+        principal_pk=admin.pk,
+        token_pk=await token_pk(app, admin.pk),
+    )
+    api = InternalApi(app, caller)
+    assert (await api.get(f"/v1/spaces/{work.space.id}/ready"))["items"] == []
+    async with app.db.write() as tx:
+        if change == "disabled":
+            await tx.execute(
+                sa.update(principals).where(principals.c.id == admin.pk).values(disabled_at=1)
+            )
+        elif change == "expired":
+            await tx.execute(
+                sa.update(tokens).where(tokens.c.id == caller.token_pk).values(expires_at=1)
+            )
+        else:
+            await tx.execute(
+                sa.update(principals).where(principals.c.id == admin.pk).values(system_role=None)
+            )
+    with pytest.raises(Problem) as refused:
+        await api.get(f"/v1/spaces/{work.space.id}/ready")
+    assert refused.value.status == (404 if change == "demoted" else 401)
+
+
+async def test_a_key_no_header_can_carry_is_the_routes_400_and_a_page_that_is_not_json_is_refused(
+    work,
+):
+    await work.task()
+    bad = await work.call("POST", "/board/take", work.agent, key="clé-ünïcode")
+    assert (bad["status"], bad["type"]) == (400, PROBLEM + "bad-request")
+    app = work.app
+    caller = Caller(
+        actor=None,  # type: ignore[arg-type]
+        principal_pk=work.agent.pk,
+        token_pk=await token_pk(app, work.agent.pk),
+    )
+    with pytest.raises(Problem) as beyond:
+        await InternalApi(app, caller).request(
+            "POST", f"/v1/spaces/{work.space.id}/claims", json={}, idempotency_key="→"
+        )
+    assert (beyond.value.status, beyond.value.slug) == (400, "bad-request")
+    with pytest.raises(ValueError, match="JSON routes only"):
+        await InternalApi(app, caller).get("/docs")
+    assert await work.rows(attempts) == []

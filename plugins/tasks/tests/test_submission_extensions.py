@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_hookspecs import App, Migration, TaskQueue, Transaction, Verdict, hookimpl
+from buildmax_hookspecs import Actor, App, Migration, TaskQueue, Transaction, Verdict, hookimpl
 from buildmax_tasks.engine import StageError, stage_engine
 from buildmax_tasks.schema import attempts, submissions
 from buildmax_tasks.schemas import MAX_SUBMISSION_EXTENSION_BYTES
@@ -42,6 +42,7 @@ class Lessons:
         #: Refuse from buildmax_attempt_submitted (after writing) when a lesson says this.
         self.fail_on = "fail late"
         self.seen: list[Any] = []
+        self.refs: list[Any] = []
 
     @hookimpl
     def buildmax_migrations(self) -> list[Migration]:
@@ -53,15 +54,16 @@ class Lessons:
 
     @hookimpl
     def buildmax_submission_check(self, submission: Any) -> Verdict | None:
-        lessons = submission.extensions.get("lessons", [])
+        lessons = submission.extensions.get("lessons") or []
         self.seen.append(dict(submission.extensions))
+        self.refs.append(submission)
         if not isinstance(lessons, list) or not all(isinstance(t, str) for t in lessons):
             return Verdict("deny", "lessons are a list of texts")
         return None
 
     @hookimpl
     async def buildmax_attempt_submitted(self, app: App, tx: Transaction, submission: Any) -> None:
-        for text in submission.extensions.get("lessons", []):
+        for text in submission.extensions.get("lessons") or []:
             await tx.execute(learned.insert().values(submission_id=submission.id, text=text))
             if text == self.fail_on:
                 raise ValidationFailed("a lesson was refused after the others were written")
@@ -160,4 +162,69 @@ async def test_a_name_declared_by_two_plugins_stops_the_app(buildmax_settings, c
         extra_plugins=[("lessons", Lessons()), ("more-lessons", Lessons())],
     )
     with pytest.raises(StageError, match="'lessons' is declared by both"):
+        stage_engine(app)
+
+
+async def test_the_data_is_read_only_for_the_hooks_and_null_is_a_value(work, lessons):
+    claim = await work.claim((await work.task())["id"])
+    await submit(work, claim, 201, extensions={"lessons": None})
+    (ref,) = lessons.refs
+    assert ref.extensions == {"lessons": None}
+    with pytest.raises(TypeError):
+        ref.extensions["injected"] = True  # type: ignore[index]
+
+
+async def test_data_nested_past_what_json_encodes_is_refused_not_a_server_error(work, lessons):
+    claim = await work.claim((await work.task())["id"])
+    depth = 935
+    raw = (
+        '{"generation": 1, "summary": "s", "extensions": {"lessons": '
+        + "[" * depth
+        + "]" * depth
+        + "}}"
+    )
+    response = await work.client.post(
+        f"{work.base}/attempts/{claim['attempt']['id']}/submit",
+        data=raw,
+        headers={"Authorization": f"Bearer {claim['token']}", "Content-Type": "application/json"},
+    )
+    assert response.status_code in (400, 422), await response.get_data()
+    assert await work.rows(submissions) == []
+
+
+async def test_a_hand_in_through_the_task_queue_carries_extensions_too(work, lessons, app):
+    task = await work.task()
+    claim = await work.claim(task["id"])
+    agent = Actor(principal_id=work.agent.id, kind="agent", name=work.agent.name)
+    queue = app.services.get(TaskQueue)
+    with pytest.raises(ValidationFailed):
+        async with app.db.write() as tx:
+            await queue.hand_in(
+                tx, task["id"], actor=agent, summary="s", candidate={}, extensions={"lesons": []}
+            )
+    async with app.db.write() as tx:
+        handed = await queue.hand_in(
+            tx,
+            task["id"],
+            actor=agent,
+            summary="s",
+            candidate={},
+            generation=claim["attempt"]["generation"],
+            extensions={"lessons": ["from a job"]},
+        )
+    assert await learned_rows(work) == [(handed["submission_id"], "from a job")]
+
+
+@pytest.mark.parametrize(
+    ("declared", "why"),
+    [("lessons", "as a string"), ([""], "1 to 64 characters"), ([7], "1 to 64 characters")],
+)
+async def test_a_malformed_declaration_stops_the_app(buildmax_settings, clock, declared, why):
+    class Odd:
+        @hookimpl
+        def buildmax_submission_extensions(self) -> Any:
+            return declared
+
+    app = create_app(buildmax_settings, clock=clock, extra_plugins=[("odd", Odd())])
+    with pytest.raises(StageError, match=why):
         stage_engine(app)
