@@ -12,10 +12,11 @@ token), a replay revokes the token nobody saw and answers with a fresh one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from quart import Response, request
 from .apidoc import current_route_doc
 from .auth import Caller
 from .bodies import json_body, json_response
+from .conflicts import insert_ignoring_conflict
+from .database.base import uncancellable
 from .database.locks import try_lock
 from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .problems import BadRequest, Conflict, IdempotencyInProgress, IdempotencyKeyReused
@@ -37,6 +40,11 @@ if TYPE_CHECKING:
 
 HEADER = "Idempotency-Key"
 REPLAY_HEADER = "Idempotent-Replayed"
+#: The status of a receipt whose streamed request is still running.
+PENDING = 0
+#: How long a pending receipt holds its key when its request never ends
+#: (the server stopped mid-upload); a retry after that runs again.
+PENDING_SECONDS = 15 * 60
 _KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 Reminter = Callable[[Transaction, Caller, dict[str, Any]], Awaitable[dict[str, Any] | None]]
@@ -124,14 +132,10 @@ class Idempotency:
     ) -> Reply:
         principal_pk, method, path, key = ident
         now = self._app.clock.now_ms()
-        where = sa.and_(
-            receipts.c.principal_id == principal_pk,
-            receipts.c.method == method,
-            receipts.c.path == path,
-            receipts.c.key == key,
-        )
-        existing = await tx.fetch_one(sa.select(receipts).where(where))
+        existing = await tx.fetch_one(sa.select(receipts).where(_receipt_of(ident)))
         if existing is not None and existing["expires_at"] > now:
+            if existing["status"] == PENDING:
+                raise IdempotencyInProgress("a request with this idempotency key is still running")
             if existing["fingerprint"] != fingerprint:
                 raise IdempotencyKeyReused(
                     "this idempotency key was already used with a different request body"
@@ -155,6 +159,105 @@ class Idempotency:
                 )
             )
         return reply
+
+    @contextlib.asynccontextmanager
+    async def streamed(self, caller: Caller, fingerprint: str) -> AsyncIterator[Receipt]:
+        """Honour ``Idempotency-Key`` on a mutation whose body streams
+        outside any transaction (an upload): the key is claimed before the
+        route reserves or stores anything, and kept in the transaction that
+        records the result.
+
+        ``fingerprint`` stands for the request (its query, its declared
+        size and digest; the bytes themselves are not read yet). Inside the
+        block, ``receipt.replay`` is the first answer when this is a retry
+        (the route checks that the bytes are the same and answers it with
+        :func:`replayed`), else ``None``: the route does its work and calls
+        ``await receipt.keep(tx, reply)`` in the transaction that records
+        it. The same key with another fingerprint is 422; while the first
+        request still streams, in this process or another, a duplicate is
+        409. A request that fails leaves the key free for a retry."""
+        doc = current_route_doc()
+        if doc is None or not doc.idempotent:
+            raise RuntimeError(f"{request.endpoint} keeps receipts but is not declared idempotent")
+        key = request.headers.get(HEADER)
+        if key is None:
+            yield Receipt(self, None, None)
+            return
+        if not _KEY.fullmatch(key):
+            raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters")
+        ident = (caller.principal_pk, request.method, request.path, key)
+        if ident in self._in_flight:
+            raise IdempotencyInProgress("a request with this idempotency key is still running")
+        self._in_flight.add(ident)
+        try:
+            replay = await self._claim(caller, ident, fingerprint)
+            receipt = Receipt(self, ident, replay)
+            try:
+                yield receipt
+            finally:
+                if replay is None and not receipt.kept:
+                    await uncancellable(self._free(ident))
+        finally:
+            self._in_flight.discard(ident)
+
+    async def _claim(
+        self, caller: Caller, ident: tuple[Any, ...], fingerprint: str
+    ) -> Reply | None:
+        """The first answer of a finished request with this key, or ``None``
+        after writing a pending receipt that holds the key while the body
+        streams (409 when another request holds it)."""
+        now = self._app.clock.now_ms()
+        async with self._app.db.write() as tx:
+            existing = await tx.fetch_one(sa.select(receipts).where(_receipt_of(ident)))
+            if existing is not None and existing["expires_at"] > now:
+                if existing["status"] == PENDING:
+                    raise IdempotencyInProgress(
+                        "a request with this idempotency key is still running"
+                    )
+                if existing["fingerprint"] != fingerprint:
+                    raise IdempotencyKeyReused(
+                        "this idempotency key was already used with a different request"
+                    )
+                return await self._replay(tx, caller, existing)
+            if existing is not None:
+                await tx.execute(sa.delete(receipts).where(receipts.c.id == existing["id"]))
+            principal_pk, method, path, key = ident
+            inserted = await tx.fetch_val(
+                insert_ignoring_conflict(tx.dialect, receipts)
+                .values(
+                    principal_id=principal_pk,
+                    method=method,
+                    path=path,
+                    key=key,
+                    fingerprint=fingerprint,
+                    status=PENDING,
+                    body="",
+                    created_at=now,
+                    expires_at=now + PENDING_SECONDS * 1000,
+                )
+                .returning(receipts.c.id)
+            )
+            if inserted is None:  # another process claimed it meanwhile
+                raise IdempotencyInProgress("a request with this idempotency key is still running")
+        return None
+
+    async def _keep(self, tx: Transaction, ident: tuple[Any, ...], reply: Reply) -> None:
+        now = self._app.clock.now_ms()
+        await tx.execute(
+            sa.update(receipts)
+            .where(_receipt_of(ident), receipts.c.status == PENDING)
+            .values(
+                status=reply.status,
+                body=_stored(reply),
+                expires_at=now + self._app.settings.idempotency_ttl_seconds * 1000,
+            )
+        )
+
+    async def _free(self, ident: tuple[Any, ...]) -> None:
+        async with self._app.db.write() as tx:
+            await tx.execute(
+                sa.delete(receipts).where(_receipt_of(ident), receipts.c.status == PENDING)
+            )
 
     async def _replay(self, tx: Transaction, caller: Caller, existing: Any) -> Reply:
         stored = json.loads(existing["body"])
@@ -210,6 +313,50 @@ class Idempotency:
                 .returning(receipts.c.id)
             )
         return len(rows)
+
+
+class Receipt:
+    """The key of one streamed mutation (see :meth:`Idempotency.streamed`)."""
+
+    def __init__(
+        self, idempotency: Idempotency, ident: tuple[Any, ...] | None, replay: Reply | None
+    ) -> None:
+        self._idempotency = idempotency
+        self._ident = ident
+        #: The first answer, when this request is a retry of a finished one.
+        self.replay = replay
+        self.kept = False
+
+    async def keep(self, tx: Transaction, reply: Reply) -> None:
+        """Record ``reply`` as the answer to this key, in ``tx`` (the
+        transaction that records the mutation)."""
+        if self._ident is not None:
+            await self._idempotency._keep(tx, self._ident, reply)
+            tx.after_commit(self._mark_kept)
+
+    def _mark_kept(self) -> None:
+        self.kept = True
+
+
+def replayed(reply: Reply) -> Response:
+    """The response for a replayed answer (``Idempotent-Replayed: true``)."""
+    return _respond(reply)
+
+
+def fingerprint_of(*parts: Any) -> str:
+    """A request's fingerprint from what stands for it (canonical JSON)."""
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _receipt_of(ident: tuple[Any, ...]) -> Any:
+    principal_pk, method, path, key = ident
+    return sa.and_(
+        receipts.c.principal_id == principal_pk,
+        receipts.c.method == method,
+        receipts.c.path == path,
+        receipts.c.key == key,
+    )
 
 
 async def _fingerprint(secret_fields: tuple[str, ...]) -> str:

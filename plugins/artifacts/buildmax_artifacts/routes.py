@@ -12,6 +12,7 @@ no reservation, and the store removes its temporary bytes.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 from urllib.parse import quote
@@ -34,10 +35,12 @@ from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.database.base import uncancellable
 from buildmax.downloads import open_verified
+from buildmax.idempotency import Receipt, Reply, fingerprint_of, replayed
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
     BlobMissing,
+    IdempotencyKeyReused,
     NotFound,
     PayloadTooLarge,
     ValidationFailed,
@@ -50,7 +53,7 @@ from .links import MAX_REASON, Link, requested_link, task_queue
 from .problems import DigestMismatch, RangeNotSatisfiable
 from .quota import Reservation, release, reserve, settle, tombstoned
 from .schema import artifacts
-from .settings import artifact_settings
+from .settings import ArtifactSettings, artifact_settings
 
 blueprint = Blueprint("artifacts", __name__)
 
@@ -157,6 +160,7 @@ class UploadQuery(Schema):
     response=ArtifactOut,
     status=201,
     scopes=["attempt"],
+    idempotent=True,
     tags=["artifacts"],
     body_type="application/octet-stream",
     query=UploadQuery,
@@ -168,7 +172,10 @@ async def upload(space: str) -> Response:
     An attempt takes its current owner at its current generation: 403
     ``not-attempt-owner``, 409 ``stale-generation``, ``attempt-ended`` or
     ``lease-lapsed`` otherwise, checked before and after the bytes stream.
-    413 past the size limit, 409 ``quota-exceeded``, 422 ``digest-mismatch``."""
+    413 past the size limit, 409 ``quota-exceeded``, 422 ``digest-mismatch``.
+    A retry with the same ``Idempotency-Key`` and the same bytes answers the
+    first artifact and stores and charges nothing; with other bytes, 422
+    ``idempotency-key-reused``; while the first still streams, 409."""
     app = current_buildmax()
     caller = await authenticate(accept_scopes=("attempt",))
     access = await require_space(space, "member", caller, "artifacts.upload")
@@ -191,6 +198,42 @@ async def upload(space: str) -> Response:
     if declared is not None and declared > settings.max_bytes:
         raise PayloadTooLarge(f"an artifact may have at most {settings.max_bytes} bytes")
     limit = settings.max_bytes if declared is None else declared
+    fingerprint = fingerprint_of(sorted(query.items()), media_type)
+    async with app.idempotency.streamed(caller, fingerprint) as receipt:
+        if receipt.replay is not None:
+            await _same_bytes(receipt.replay.body, expected, limit)
+            return replayed(receipt.replay)
+        return await _store(
+            app, caller, access, settings, limit, expected, name, media_type, link, receipt
+        )
+
+
+async def _same_bytes(first: dict[str, Any], expected: str | None, limit: int) -> None:
+    """A retry's bytes are the first upload's (422 otherwise): its declared
+    digest says so (the fingerprint held it), or its bytes are hashed."""
+    if expected is not None:
+        return
+    digest = hashlib.sha256()
+    async for chunk in allow_body(limit):
+        digest.update(chunk)
+    if digest.hexdigest() != first["sha256"]:
+        raise IdempotencyKeyReused("this idempotency key was already used to upload other bytes")
+
+
+async def _store(
+    app: BuildMax,
+    caller: Caller,
+    access: SpaceAccess,
+    settings: ArtifactSettings,
+    limit: int,
+    expected: str | None,
+    name: str | None,
+    media_type: str,
+    link: Link,
+    receipt: Receipt,
+) -> Response:
+    """Reserve the quota, stream the bytes into the store, and record the
+    artifact with its receipt."""
     reservation = await reserve(
         app, settings, access.pk, access.public_id, limit, caller.principal_pk
     )
@@ -214,7 +257,7 @@ async def upload(space: str) -> Response:
         raise
     try:
         row = await uncancellable(
-            _finalize(app, caller, access, reservation, ref, name, media_type, link)
+            _finalize(app, caller, access, reservation, ref, name, media_type, link, receipt)
         )
     except BaseException:
         # No row: the blob is an orphan for the collector; the quota comes back now.
@@ -232,10 +275,12 @@ async def _finalize(
     name: str | None,
     media_type: str,
     link: Link,
+    receipt: Receipt,
 ) -> Any:
-    """Write the artifact row and settle its reservation in one transaction,
-    fencing its attempt again first: the attempt cannot end, or change
-    hands, between that check and the commit."""
+    """Write the artifact row, settle its reservation and keep the answer
+    for its idempotency key in one transaction, fencing its attempt again
+    first: the attempt cannot end, or change hands, between that check and
+    the commit."""
     public_id = new_id("af")
     async with app.db.write() as tx:
         override = access.admin_override
@@ -286,7 +331,9 @@ async def _finalize(
                 **details,
             },
         )
-        return await tx.fetch_one(_SELECT.where(artifacts.c.public_id == public_id))
+        row = await tx.fetch_one(_SELECT.where(artifacts.c.public_id == public_id))
+        await receipt.keep(tx, Reply(201, _render(access, row)))
+        return row
 
 
 async def _readable(app: BuildMax, caller: Caller, access: SpaceAccess, row: Any) -> None:

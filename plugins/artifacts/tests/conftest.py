@@ -127,23 +127,31 @@ class Shelf:
         name: str = "log.txt",
         media_type: str = "text/plain",
         expect: int = 201,
+        key: str | None = None,
         **query: str,
     ) -> Any:
-        """Upload ``data``; the JSON answer (status checked)."""
+        """Upload ``data`` (with an ``Idempotency-Key`` when given); the
+        JSON answer (status checked)."""
         token = who if isinstance(who, str) else (who or self.member).token
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": media_type}
+        if key is not None:
+            headers["Idempotency-Key"] = key
         response = await self.client.post(
             self.base,
             data=data,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": media_type},
+            headers=headers,
             query_string={"name": name, **query},
         )
         body = await response.get_json()
         assert response.status_code == expect, body
         return body
 
-    async def raw_upload(self, receive: Any, name: str, declared: int) -> list[dict[str, Any]]:
+    async def raw_upload(
+        self, receive: Any, name: str, declared: int, key: str | None = None
+    ) -> list[dict[str, Any]]:
         """Upload through the app's ASGI interface, the body coming from
-        ``receive`` and ``declared`` bytes announced; the messages answered."""
+        ``receive`` and ``declared`` bytes announced (with an
+        ``Idempotency-Key`` when given); the messages answered."""
         answers: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:
@@ -164,6 +172,7 @@ class Shelf:
                 (b"authorization", f"Bearer {self.member.token}".encode()),
                 (b"content-type", b"text/plain"),
                 (b"content-length", str(declared).encode()),
+                *([(b"idempotency-key", key.encode())] if key else []),
             ],
             "client": ("127.0.0.1", 1),
             "server": ("127.0.0.1", 8420),
