@@ -29,14 +29,22 @@ from buildmax.bodies import json_response, load_body
 from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
 from buildmax.downloads import open_verified
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, fingerprint_of, replayed
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import BlobMissing, Conflict, Forbidden, NotFound, PayloadTooLarge
+from buildmax.problems import (
+    BlobMissing,
+    Conflict,
+    Forbidden,
+    IdempotencyKeyReused,
+    NotFound,
+    PayloadTooLarge,
+)
 from buildmax.schema import principals
 from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
 
 from .catalog import (
+    Spooled,
     publish,
     release,
     releases_of,
@@ -178,6 +186,7 @@ async def _release_or_404(conn: Transaction, name: str, version: str) -> dict[st
     response=ReleaseOut,
     status=201,
     also={200: "This version exists with the same bytes: the existing release"},
+    idempotent=True,
     tags=["catalog"],
     body_type="application/octet-stream",
 )
@@ -185,7 +194,10 @@ async def publish_release(name: str) -> Response:
     """The bytes are streamed to disk (413 past the size limit), inspected
     (422 ``package-invalid`` naming the reason), stored and recorded. The
     same version again: 200 with the existing release if the bytes are the
-    same, 409 ``release-exists`` if not."""
+    same, 409 ``release-exists`` if not. A retry with the same
+    ``Idempotency-Key`` answers the first answer when its bytes are the
+    same (422 ``idempotency-key-reused`` if not), and a duplicate while the
+    first still streams is 409."""
     app = current_buildmax()
     caller = await authenticate()
     _require_publisher(caller)
@@ -193,15 +205,31 @@ async def publish_release(name: str) -> Response:
     limit = marketplace_settings(app).max_package_bytes
     if (request.content_length or 0) > limit:
         raise PayloadTooLarge(f"a release archive may have at most {limit} bytes")
+    async with app.idempotency.streamed(caller, fingerprint_of(name)) as receipt:
+        spooled = await _spooled_body(app, limit)
+        try:
+            if receipt.replay is not None:
+                if spooled.sha256 != receipt.replay.body["sha256"]:
+                    raise IdempotencyKeyReused(
+                        "this idempotency key was already used to publish other bytes"
+                    )
+                return replayed(receipt.replay)
+            row, created = await publish(app, caller.actor, name, spooled)
+        finally:
+            await asyncio.to_thread(spooled.path.unlink, missing_ok=True)
+        reply = Reply(201 if created else 200, release_view(row))
+        # A release is named by its version and bytes, so the receipt needs
+        # no transaction of the release's: a retry finds the same release.
+        async with app.db.write() as tx:
+            await receipt.keep(tx, reply)
+    return json_response(reply.body, reply.status)
+
+
+async def _spooled_body(app: BuildMax, limit: int) -> Spooled:
     try:
-        spooled = await spool(app, allow_body(limit).__aiter__(), limit)
+        return await spool(app, allow_body(limit).__aiter__(), limit)
     except RequestEntityTooLarge:
         raise PayloadTooLarge(f"a release archive may have at most {limit} bytes") from None
-    try:
-        row, created = await publish(app, caller.actor, name, spooled)
-    finally:
-        await asyncio.to_thread(spooled.path.unlink, missing_ok=True)
-    return json_response(release_view(row), 201 if created else 200)
 
 
 @blueprint.get("/v1/catalog")

@@ -42,10 +42,14 @@ class Market:
         problem: str | None = None,
         json: Any = None,
         data: bytes | None = None,
+        key: str | None = None,
     ) -> Any:
-        """Call ``path`` as ``who``; check status and problem slug; the body."""
+        """Call ``path`` as ``who`` (with an ``Idempotency-Key`` when given);
+        check status and problem slug; the body."""
         token = who if isinstance(who, str) else who.token
         kwargs: dict[str, Any] = {"headers": {"Authorization": f"Bearer {token}"}}
+        if key is not None:
+            kwargs["headers"]["Idempotency-Key"] = key
         if json is not None:
             kwargs["json"] = json
         if data is not None:
