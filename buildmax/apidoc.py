@@ -47,6 +47,7 @@ class RouteDoc:
     auth: bool
     scopes: tuple[str, ...]
     idempotent: bool
+    not_idempotent: str | None
     tags: tuple[str, ...]
     content_type: str
     body_type: str
@@ -64,6 +65,7 @@ def api(
     auth: bool = True,
     scopes: Iterable[str] = (),
     idempotent: bool = False,
+    not_idempotent: str | None = None,
     tags: Iterable[str] = (),
     content_type: str = JSON,
     body_type: str = JSON,
@@ -79,8 +81,12 @@ def api(
     ``also`` any other success status (with what it means) answered with
     the same body. ``query`` and ``headers`` are schemas of the query
     parameters and request headers it reads. ``idempotent`` routes honour
-    ``Idempotency-Key``.
+    ``Idempotency-Key``; a mutating route that cannot says why in
+    ``not_idempotent`` (the API guide lists them, and a test walks the
+    route table for any that does neither).
     """
+    if idempotent and not_idempotent:
+        raise ValueError(f"{summary!r}: a route is idempotent or says why not, not both")
 
     def mark(view: F) -> F:
         view.__buildmax_api__ = RouteDoc(  # type: ignore[attr-defined]
@@ -91,6 +97,7 @@ def api(
             auth,
             tuple(scopes),
             idempotent,
+            not_idempotent,
             tuple(tags),
             content_type,
             body_type,

@@ -153,6 +153,7 @@ async def show(ref: str) -> Response:
     "yourself: display name and password)",
     body=PrincipalUpdate,
     response=PrincipalOut,
+    idempotent=True,
     tags=["principals"],
 )
 async def update(ref: str) -> Response:
@@ -168,6 +169,7 @@ async def update(ref: str) -> Response:
     "Change yourself: display name and password (admins: also system role, disabled)",
     body=PrincipalUpdate,
     response=PrincipalOut,
+    idempotent=True,
     tags=["principals"],
 )
 async def update_me() -> Response:
@@ -197,7 +199,8 @@ async def _update(ref: str | None) -> Response:
     ):
         raise Forbidden("current_password is missing or wrong")
     password_hash = await _password_hash(target["kind"], data.get("password"))
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         if {"system_role", "disabled"} & set(data):
             await lock_admins(tx)
         now = app.clock.now_ms()
@@ -231,7 +234,9 @@ async def _update(ref: str | None) -> Response:
                 target_id=token_id,
                 details={"principal_id": row["public_id"]},
             )
-    return json_response(_render(row))
+        return Reply(200, _render(row))
+
+    return await app.idempotency.run(caller, work, secret_fields=("password", "current_password"))
 
 
 def _changes(

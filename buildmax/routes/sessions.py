@@ -60,6 +60,8 @@ async def _retry_after_ms(tx: Transaction, name: str, address: str, now: int) ->
     response=TokenIssued,
     status=201,
     auth=False,
+    not_idempotent="it answers a new secret each time and there is no caller to keep a "
+    "receipt for; a retry signs in again",
     tags=["sessions"],
 )
 async def sign_in() -> Response:
@@ -117,7 +119,13 @@ async def sign_in() -> Response:
 
 
 @blueprint.delete("/v1/sessions/current")
-@api("Sign out: revoke the token of this request", status=204, tags=["sessions"])
+@api(
+    "Sign out: revoke the token of this request",
+    status=204,
+    not_idempotent="the token it revokes cannot authenticate a retry; signing out twice "
+    "changes nothing",
+    tags=["sessions"],
+)
 async def sign_out() -> Response:
     """The token used for this request stops working immediately."""
     app = current_buildmax()

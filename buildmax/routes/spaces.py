@@ -145,14 +145,21 @@ async def show(space: str) -> Response:
 
 
 @blueprint.patch("/v1/spaces/<space>")
-@api("Rename a space (space admins)", body=SpaceUpdate, response=SpaceOut, tags=["spaces"])
+@api(
+    "Rename a space (space admins)",
+    body=SpaceUpdate,
+    response=SpaceOut,
+    idempotent=True,
+    tags=["spaces"],
+)
 async def update(space: str) -> Response:
     """Only the display name changes; the slug is permanent."""
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "admin", caller, "space.update")
     data = await load_body(SpaceUpdate())
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         await tx.execute(
             sa.update(spaces).where(spaces.c.id == access.pk).values(name=data["name"])
         )
@@ -167,7 +174,9 @@ async def update(space: str) -> Response:
             admin_override=access.admin_override,
         )
         await app.events.publish(tx, access.pk, "space.updated", {"name": data["name"]})
-    return json_response(_render({**_access_row(access), "name": data["name"]}))
+        return Reply(200, _render({**_access_row(access), "name": data["name"]}))
+
+    return await app.idempotency.run(caller, work)
 
 
 @blueprint.get("/v1/spaces/<space>/members")
@@ -214,17 +223,20 @@ async def _member_target(caller: Caller, ref: str) -> dict[str, Any]:
     "Add a member or change its role (space admins; only owners grant owner)",
     body=MemberPut,
     response=MemberOut,
+    idempotent=True,
     tags=["spaces"],
 )
 async def put(space: str, principal: str) -> Response:
-    """Idempotent by nature: putting the same role twice changes nothing."""
+    """Putting the same role twice changes nothing; a retry with the same
+    ``Idempotency-Key`` answers the first answer."""
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "admin", caller, "space.members.manage")
     data = await load_body(MemberPut())
     target = await _member_target(caller, principal)
     role = data["role"]
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         target_role = await member_role(tx, access.pk, target["id"])
         _require_owner_for_owners(access, caller, role, target_role)
         now = app.clock.now_ms()
@@ -254,16 +266,18 @@ async def put(space: str, principal: str) -> Response:
                 space_members.c.principal_id == target["id"],
             )
         )
-    body = MEMBER_OUT.dump(
-        {
-            "principal_id": target["public_id"],
-            "name": target["name"],
-            "kind": target["kind"],
-            "role": role,
-            "created_at": created_at,
-        }
-    )
-    return json_response(body)
+        body = MEMBER_OUT.dump(
+            {
+                "principal_id": target["public_id"],
+                "name": target["name"],
+                "kind": target["kind"],
+                "role": role,
+                "created_at": created_at,
+            }
+        )
+        return Reply(200, body)
+
+    return await app.idempotency.run(caller, work)
 
 
 async def _announce(
@@ -296,7 +310,12 @@ def _require_owner_for_owners(
 
 
 @blueprint.delete("/v1/spaces/<space>/members/<principal>")
-@api("Remove a member (space admins; members may remove themselves)", status=204, tags=["spaces"])
+@api(
+    "Remove a member (space admins; members may remove themselves)",
+    status=204,
+    idempotent=True,
+    tags=["spaces"],
+)
 async def delete(space: str, principal: str) -> Response:
     """The last owner cannot be removed."""
     app = current_buildmax()
@@ -308,7 +327,8 @@ async def delete(space: str, principal: str) -> Response:
         space, "viewer" if leaving else "admin", caller, "space.members.manage"
     )
     target = await _member_target(caller, principal)
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         target_role = await member_role(tx, access.pk, target["id"])
         if not leaving:
             _require_owner_for_owners(access, caller, None, target_role)
@@ -332,4 +352,6 @@ async def delete(space: str, principal: str) -> Response:
             "space.member.changed",
             {"principal_id": target["public_id"], "role": None},
         )
-    return Response(status=204)
+        return Reply(204, None)
+
+    return await app.idempotency.run(caller, work)

@@ -141,12 +141,20 @@ async def show_token(token_id: str) -> Response:
 
 
 @blueprint.delete("/v1/tokens/<token_id>")
-@api("Revoke a token; it stops working on the next request", status=204, tags=["tokens"])
+@api(
+    "Revoke a token; it stops working on the next request",
+    status=204,
+    idempotent=True,
+    tags=["tokens"],
+)
 async def delete_token(token_id: str) -> Response:
     """Revoking an already revoked token is not an error."""
     app = current_buildmax()
     caller = await authenticate()
-    async with app.db.write() as tx:
+    async with app.db.read() as conn:  # authorized before a replay can answer
+        await _visible_token(conn, caller, token_id)
+
+    async def work(tx: Transaction) -> Reply:
         row = await _visible_token(tx, caller, token_id)
         if await revoke_token(tx, token_id, now=app.clock.now_ms()):
             await app.audit.record(
@@ -157,7 +165,9 @@ async def delete_token(token_id: str) -> Response:
                 target_id=token_id,
                 details={"principal_id": row["principal_public_id"]},
             )
-    return Response(status=204)
+        return Reply(204, None)
+
+    return await app.idempotency.run(caller, work)
 
 
 @blueprint.post("/v1/tokens/<token_id>/rotate")

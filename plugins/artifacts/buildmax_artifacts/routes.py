@@ -22,6 +22,7 @@ from buildmax_hookspecs import (
     BlobDigestMismatch,
     BlobNotFound,
     BlobTooLarge,
+    Transaction,
 )
 from marshmallow import EXCLUDE, Schema, fields
 from quart import Blueprint, Response, request
@@ -350,13 +351,18 @@ async def _readable(app: BuildMax, caller: Caller, access: SpaceAccess, row: Any
 
 async def _find(app: BuildMax, access: SpaceAccess, artifact: str) -> Any:
     async with app.db.read() as conn:
-        row = await conn.fetch_one(
-            _SELECT.where(
-                artifacts.c.public_id == artifact,
-                artifacts.c.space_id == access.pk,
-                artifacts.c.deleted_at.is_(None),
-            )
+        return await _live(conn, access, artifact)
+
+
+async def _live(conn: Transaction, access: SpaceAccess, artifact: str) -> Any:
+    """The space's artifact, not deleted; 404 otherwise."""
+    row = await conn.fetch_one(
+        _SELECT.where(
+            artifacts.c.public_id == artifact,
+            artifacts.c.space_id == access.pk,
+            artifacts.c.deleted_at.is_(None),
         )
+    )
     if row is None:
         raise NotFound("no such artifact in this space")
     return row
@@ -487,6 +493,7 @@ async def download(space: str, artifact: str) -> Response:
 @api(
     "Delete an artifact: a tombstone; its bytes go with the sweep (members)",
     status=204,
+    idempotent=True,
     tags=["artifacts"],
 )
 async def delete_artifact(space: str, artifact: str) -> Response:
@@ -494,7 +501,8 @@ async def delete_artifact(space: str, artifact: str) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "member", caller, "artifacts.delete")
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         deleted = await tx.fetch_val(
             sa.update(artifacts)
             .where(
@@ -517,14 +525,17 @@ async def delete_artifact(space: str, artifact: str) -> Response:
             int(deleted),
             admin_override=access.admin_override,
         )
-    return Response(status=204)
+        return Reply(204, None)
+
+    return await app.idempotency.run(caller, work)
 
 
 async def _set_pin(space: str, artifact: str, pinned: bool) -> Response:
     app = current_buildmax()
     caller = await authenticate()
     access = await require_space(space, "member", caller, "artifacts.pin")
-    async with app.db.write() as tx:
+
+    async def work(tx: Transaction) -> Reply:
         changed = await tx.fetch_val(
             sa.update(artifacts)
             .where(
@@ -546,18 +557,25 @@ async def _set_pin(space: str, artifact: str, pinned: bool) -> Response:
                 target_id=artifact,
                 admin_override=access.admin_override,
             )
-    return json_response(_render(access, await _find(app, access, artifact)))
+        return Reply(200, _render(access, await _live(tx, access, artifact)))
+
+    return await app.idempotency.run(caller, work)
 
 
 @blueprint.post("/v1/spaces/<space>/artifacts/<artifact>/pin")
-@api("Pin an artifact: retention keeps it (members)", response=ArtifactOut, tags=["artifacts"])
+@api(
+    "Pin an artifact: retention keeps it (members)",
+    response=ArtifactOut,
+    idempotent=True,
+    tags=["artifacts"],
+)
 async def pin(space: str, artifact: str) -> Response:
     """Pinning a pinned artifact changes nothing."""
     return await _set_pin(space, artifact, True)
 
 
 @blueprint.post("/v1/spaces/<space>/artifacts/<artifact>/unpin")
-@api("Unpin an artifact (members)", response=ArtifactOut, tags=["artifacts"])
+@api("Unpin an artifact (members)", response=ArtifactOut, idempotent=True, tags=["artifacts"])
 async def unpin(space: str, artifact: str) -> Response:
     """Retention applies to it again."""
     return await _set_pin(space, artifact, False)

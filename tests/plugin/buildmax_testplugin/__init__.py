@@ -87,7 +87,10 @@ async def increment(space: str) -> Response:
 
 
 @blueprint.post("/v1/spaces/<space>/testplugin/slow-increment")
-@api("Test plugin: increment, then hold the transaction open for a while")
+@api(
+    "Test plugin: increment, then hold the transaction open for a while",
+    not_idempotent="a test of a client leaving while the transaction is open",
+)
 async def slow_increment(space: str) -> Response:
     """Lets a test disconnect a client while its transaction is open."""
     app = current_buildmax()
