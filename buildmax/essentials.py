@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("buildmax.essentials")
 
-KERNEL_NAMESPACE = KERNEL
 SWEEP_INTERVAL_SECONDS = 300
 _SWEEPER = "buildmax.sweeper"
 
@@ -40,7 +39,7 @@ def buildmax_blueprints(app: App) -> list[Any]:
 def buildmax_migrations() -> list[Migration]:
     return [
         Migration(
-            KERNEL_NAMESPACE,
+            KERNEL,
             1,
             "principals, tokens, spaces, members, receipts, events",
             create_tables(*KERNEL_TABLES),

@@ -37,7 +37,7 @@ def buildmax_audit_targets() -> Mapping[str, str] | None:
 def buildmax_audit_record(app: App, tx: Transaction, event: AuditEvent) -> Awaitable[None] | None:
     """Persist an audit event inside the caller's transaction.
 
-    Called by the kernel's ``record_audit`` from inside the write
+    Called by the kernel's ``app.audit.record`` from inside the write
     transaction of the change the event describes, so the event is committed
     if and only if the change is. Return ``None`` or an awaitable; an
     exception rolls the whole change back. With no implementation loaded,

@@ -16,7 +16,7 @@ from .schema import RETENTION_ACTION, TABLES
 from .settings import audit_settings
 
 _SWEEPER = "buildmax_audit.sweeper"
-_appender = Appender()
+_APPENDER = "buildmax_audit.appender"
 
 
 @hookimpl
@@ -25,8 +25,11 @@ def buildmax_migrations() -> list[Migration]:
 
 
 @hookimpl
-def buildmax_audit_record(tx: Transaction, event: AuditEvent) -> None:
-    _appender.add(tx, event)
+def buildmax_audit_record(app: App, tx: Transaction, event: AuditEvent) -> None:
+    appender = app.extensions.get(_APPENDER)
+    if appender is None:
+        appender = app.extensions[_APPENDER] = Appender()
+    appender.add(tx, event)
 
 
 @hookimpl

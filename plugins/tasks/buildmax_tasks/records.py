@@ -14,6 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, TaskRef, Transaction
 
+from buildmax.access import SpaceAccess
+from buildmax.problems import NotFound, ValidationFailed
 from buildmax.schema import principals, spaces
 
 from .schema import (
@@ -247,3 +249,43 @@ def agent_revision_ref(row: dict[str, Any]) -> AgentRevisionRef:
         instructions=row["instructions"],
         plugins=tuple(json.loads(row["plugins"])),
     )
+
+
+async def find_project(conn: Transaction, space_pk: int, ref: str) -> dict[str, Any]:
+    """A project of the space by public id or name, or 404."""
+    row = await conn.fetch_one(
+        sa.select(projects).where(
+            projects.c.space_id == space_pk,
+            sa.or_(projects.c.public_id == ref, projects.c.name == ref),
+        )
+    )
+    if row is None:
+        raise NotFound("no such project in this space")
+    return dict(row)
+
+
+async def task_or_404(
+    conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False
+) -> dict[str, Any]:
+    """A task of the space, or 404 (also for a task of another space)."""
+    task = await load_task(conn, ref, space_pk=space_pk, for_update=for_update)
+    if task is None:
+        raise NotFound("no such task in this space")
+    return task
+
+
+async def agent_pk(conn: Transaction, access: SpaceAccess, ref: str | None) -> int | None:
+    """An agent of this space by public id or name; 422 for another space's."""
+    if ref is None:
+        return None
+    pk = await conn.fetch_val(
+        sa.select(agents.c.id).where(
+            agents.c.space_id == access.pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
+        )
+    )
+    if pk is None:
+        raise ValidationFailed(
+            "no agent of that name or id in this space",
+            errors={"agent": ["Not an agent of this space."]},
+        )
+    return int(pk)

@@ -4,18 +4,25 @@ write, lease bounds and override rights."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from buildmax_hookspecs import Transaction
-from quart import Blueprint
+from quart import Blueprint, Response
 
-from buildmax.access import SpaceAccess
+from buildmax.access import SpaceAccess, require_space
 from buildmax.app import BuildMax
-from buildmax.auth import Caller
+from buildmax.auth import Caller, authenticate
+from buildmax.bodies import json_response
+from buildmax.current import current_buildmax
+from buildmax.pagination import page_body, page_request
 
 from ..change import Change
 from ..engine import StageEngine, stage_engine
+from ..records import task_or_404
 from ..settings import TaskSettings, task_settings
+from ..views import render_tasks
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,39 @@ def lease_ms(settings: TaskSettings, requested: int | None) -> int:
     if requested is None:
         return settings.lease_seconds * 1000
     return requested * 1000
+
+
+async def render_one(conn: Transaction, task: dict[str, Any], now: int) -> dict[str, Any]:
+    """One task as the API shows it."""
+    app = current_buildmax()
+    return (await render_tasks(conn, [task], now, tasks_state(app).engine))[0]
+
+
+async def task_children(
+    space: str,
+    task: str,
+    rows_of: Callable[[int], Any],
+    key: Any,
+    render: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    newest_first: bool = False,
+) -> Response:
+    """A page of one task's rows (attempts, submissions, revisions) for a
+    viewer: ``rows_of(task_pk)`` selects them, ``key`` (an integer column)
+    orders and pages them."""
+    app = current_buildmax()
+    caller = await authenticate()
+    access = await require_space(space, "viewer", caller, "tasks.read")
+    page = page_request((int,))
+    async with app.db.read() as conn:
+        row = await task_or_404(conn, access.pk, task)
+        query = rows_of(row["id"]).order_by(key.desc() if newest_first else key)
+        query = query.limit(page.limit + 1)
+        if page.after is not None:
+            query = query.where(key < page.after[0] if newest_first else key > page.after[0])
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+    items = [render(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r[key.name],)))
 
 
 def blueprints() -> list[Blueprint]:

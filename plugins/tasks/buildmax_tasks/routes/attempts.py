@@ -29,7 +29,14 @@ from .. import attempts as ops
 from ..change import Change
 from ..claims import Claim, ClaimFilters, claim_named, claim_next, recover_lapsed
 from ..problems import NotAttemptOwner, TaskHeld
-from ..records import ATTEMPT_SELECT, SUBMISSION_SELECT, load_attempt
+from ..records import (
+    ATTEMPT_SELECT,
+    SUBMISSION_SELECT,
+    agent_pk,
+    find_project,
+    load_attempt,
+    task_or_404,
+)
 from ..schema import attempts, submissions, tasks
 from ..schemas import (
     AttemptOut,
@@ -48,26 +55,25 @@ from ..schemas import (
     SubmitBody,
 )
 from ..views import attempt_body, submission_body, task_body
-from . import change, lease_ms, may_override, tasks_state
-from .projects import find_project
-from .tasks import agent_pk, render_one, task_children, task_or_404
+from . import change, lease_ms, may_override, render_one, task_children, tasks_state
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
+
+    from ..engine import StageEngine
 
 blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
 TOKEN_KIND = "attempt_token"
 
 
-async def _claim_body(
-    tx: Transaction, claim: Claim | None, skipped: int, now: int
-) -> dict[str, Any]:
+def _claim_body(claim: Claim | None, skipped: int, engine: StageEngine) -> dict[str, Any]:
+    """A claim's answer: the task, the attempt and its run token (or no task)."""
     if claim is None:
         return {"task": None, "attempt": None, "token": None, "token_id": None, "skipped": skipped}
     return {
         # The claim checked that no hold or decision parks the task.
-        "task": task_body(claim.task, [], [], tasks_state(current_buildmax()).engine),
+        "task": task_body(claim.task, [], [], engine),
         "attempt": attempt_body(claim.attempt),
         "token": claim.token,
         "token_id": claim.token_id,
@@ -139,7 +145,7 @@ async def claim(space: str, task: str) -> Response:
         await recheck_space(tx, access, caller, "member")  # the body took its time
         ch = change(app, tx, caller, access)
         made = await claim_named(ch, caller.principal_pk, task, lease)
-        return _claim_reply(await _claim_body(tx, made, 0, ch.now), 201)
+        return _claim_reply(_claim_body(made, 0, tasks_state(app).engine), 201)
 
     return await app.idempotency.run(caller, work)
 
@@ -205,7 +211,9 @@ async def claim_next_route(space: str) -> Response:
         made, skipped = await claim_next(
             ch, caller.principal_pk, filters, lease, state.settings.claim_scan_limit
         )
-        return _claim_reply(await _claim_body(tx, made, skipped, ch.now), 201 if made else 200)
+        return _claim_reply(
+            _claim_body(made, skipped, tasks_state(app).engine), 201 if made else 200
+        )
 
     return await app.idempotency.run(caller, work)
 

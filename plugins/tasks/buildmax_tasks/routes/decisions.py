@@ -22,10 +22,10 @@ from buildmax.schema import principals
 from ..decisions import open_decision
 from ..lifecycle import TERMINAL
 from ..problems import InvalidState
+from ..records import task_or_404
 from ..schema import decisions, tasks
 from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
 from . import change
-from .tasks import task_or_404
 
 blueprint = Blueprint("tasks_decisions", __name__)
 DECISION_OUT = DecisionOut()

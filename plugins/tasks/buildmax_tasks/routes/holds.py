@@ -21,11 +21,10 @@ from buildmax.schema import principals
 
 from ..holds import scope_public_id
 from ..problems import InvalidState
+from ..records import find_project, task_or_404
 from ..schema import holds
 from ..schemas import HoldCreate, HoldOut, HoldPage
 from . import change
-from .projects import find_project
-from .tasks import task_or_404
 
 blueprint = Blueprint("tasks_holds", __name__)
 HOLD_OUT = HoldOut()

@@ -17,10 +17,11 @@ from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import NameTaken, NotFound
+from buildmax.problems import NameTaken
 
 from ..engine import current_policy
 from ..problems import RevisionConflict
+from ..records import find_project
 from ..schema import policies, projects
 from ..schemas import (
     PolicyBody,
@@ -35,19 +36,6 @@ from . import change
 blueprint = Blueprint("tasks_projects", __name__)
 PROJECT_OUT = ProjectOut()
 POLICY_OUT = PolicyOut()
-
-
-async def find_project(conn: Transaction, space_pk: int, ref: str) -> dict[str, Any]:
-    """A project of the space by public id or name, or 404."""
-    row = await conn.fetch_one(
-        sa.select(projects).where(
-            projects.c.space_id == space_pk,
-            sa.or_(projects.c.public_id == ref, projects.c.name == ref),
-        )
-    )
-    if row is None:
-        raise NotFound("no such project in this space")
-    return dict(row)
 
 
 async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ cancel and retry."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,11 +39,10 @@ from ..graph import (
 )
 from ..lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
 from ..problems import InvalidState, RevisionConflict
-from ..records import TASK_SELECT, load_task
+from ..records import TASK_SELECT, agent_pk, find_project, load_task, task_or_404
 from ..schema import (
     TASK_KINDS,
     TASK_STATES,
-    agents,
     attempts,
     dependencies,
     task_revisions,
@@ -62,44 +60,10 @@ from ..schemas import (
     TaskUpdate,
 )
 from ..views import render_tasks
-from . import change, may_override, tasks_state
-from .projects import find_project
+from . import change, may_override, render_one, task_children, tasks_state
 
 blueprint = Blueprint("tasks_tasks", __name__)
 REVISION_OUT = RevisionOut()
-
-
-async def task_or_404(
-    conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False
-) -> dict[str, Any]:
-    """A task of the space, or 404 (also for a task of another space)."""
-    task = await load_task(conn, ref, space_pk=space_pk, for_update=for_update)
-    if task is None:
-        raise NotFound("no such task in this space")
-    return task
-
-
-async def render_one(conn: Transaction, task: dict[str, Any], now: int) -> dict[str, Any]:
-    """One task as the API shows it."""
-    app = current_buildmax()
-    return (await render_tasks(conn, [task], now, tasks_state(app).engine))[0]
-
-
-async def agent_pk(conn: Transaction, access: SpaceAccess, ref: str | None) -> int | None:
-    """An agent of this space by public id or name; 422 for another space's."""
-    if ref is None:
-        return None
-    pk = await conn.fetch_val(
-        sa.select(agents.c.id).where(
-            agents.c.space_id == access.pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
-        )
-    )
-    if pk is None:
-        raise ValidationFailed(
-            "no agent of that name or id in this space",
-            errors={"agent": ["Not an agent of this space."]},
-        )
-    return int(pk)
 
 
 async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
@@ -418,33 +382,6 @@ async def update(space: str, task: str) -> Response:
         return Reply(200, await render_one(tx, fresh, ch.now))
 
     return await app.idempotency.run(caller, work)
-
-
-async def task_children(
-    space: str,
-    task: str,
-    rows_of: Callable[[int], Any],
-    key: Any,
-    render: Callable[[dict[str, Any]], dict[str, Any]],
-    *,
-    newest_first: bool = False,
-) -> Response:
-    """A page of one task's rows (attempts, submissions, revisions) for a
-    viewer: ``rows_of(task_pk)`` selects them, ``key`` (an integer column)
-    orders and pages them."""
-    app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
-    page = page_request((int,))
-    async with app.db.read() as conn:
-        row = await task_or_404(conn, access.pk, task)
-        query = rows_of(row["id"]).order_by(key.desc() if newest_first else key)
-        query = query.limit(page.limit + 1)
-        if page.after is not None:
-            query = query.where(key < page.after[0] if newest_first else key > page.after[0])
-        rows = [dict(r) for r in await conn.fetch_all(query)]
-    items = [render(r) for r in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r[key.name],)))
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/revisions")
