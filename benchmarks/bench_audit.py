@@ -219,7 +219,7 @@ class Trail:
     async def _principal_pk(self) -> int:
         import sqlalchemy as sa
 
-        from buildmax.schema import principals
+        from buildmax.tables import principals
 
         async with self.app.db.read() as conn:
             pk = await conn.fetch_val(
@@ -284,7 +284,7 @@ async def measure_appends(trail: Trail, pairs: int, warmup: int) -> dict[str, An
     """Pairs of write transactions with and without one audit event."""
     import sqlalchemy as sa
 
-    from buildmax.schema import spaces
+    from buildmax.tables import spaces
 
     app, actor = trail.app, trail.actor
     targets = [await trail.make_space(f"append-{k}") for k in range(APPEND_SPACES)]

@@ -17,7 +17,7 @@ from .auth import Caller
 from .current import current_buildmax
 from .problems import Forbidden, NotFound
 from .roles import SPACE_ROLES
-from .schema import space_members, spaces
+from .tables import space_members, spaces
 
 _RANK = {role: rank for rank, role in enumerate(SPACE_ROLES)}
 

@@ -19,7 +19,7 @@ from quart import g, request
 
 from .current import current_buildmax
 from .problems import TokenScopeRefused, Unauthenticated
-from .schema import tokens
+from .tables import tokens
 from .tokens import SECRET_PREFIX, lookup_token, lookup_token_pk
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ async def still_authorized(app: App, secret: str, space_pk: int, caller: Caller)
     the caller still allowed in the space (by its current system role or
     membership)? Checked again as the response goes on, so a revocation, a
     demotion or a removal ends it."""
-    from .schema import space_members
+    from .tables import space_members
 
     async with app.db.read() as conn:
         row = await lookup_token(conn, secret)

@@ -17,7 +17,7 @@ from buildmax_hookspecs import App, AuditAction, Migration, hookimpl
 from .background import start_background, stop_background
 from .blobstore import FileBlobStore
 from .migrations import KERNEL, create_tables
-from .schema import KERNEL_TABLES, sign_in_failures
+from .tables import KERNEL_TABLES, sign_in_failures
 
 if TYPE_CHECKING:
     from .app import BuildMax

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
-from .schema import events, spaces
+from .tables import events, spaces
 
 if TYPE_CHECKING:
     from .app import BuildMax

@@ -32,7 +32,7 @@ from .database.base import uncancellable
 from .database.locks import try_lock
 from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .problems import BadRequest, Conflict, IdempotencyInProgress, IdempotencyKeyReused
-from .schema import idempotency_receipts as receipts
+from .tables import idempotency_receipts as receipts
 from .tokens import issued_body, reissue_token
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from .clock import Clock
 from .database import Database
 from .database.locks import lock
-from .schema import schema_migrations
+from .tables import schema_migrations
 
 #: The kernel's migration namespace, applied before every plugin's.
 KERNEL = "kernel"

@@ -10,7 +10,7 @@ from buildmax_hookspecs import Transaction
 from .conflicts import insert_ignoring_conflict
 from .ids import new_id
 from .problems import NameTaken
-from .schema import principals, space_members
+from .tables import principals, space_members
 
 PUBLIC_COLUMNS = (
     principals.c.id,

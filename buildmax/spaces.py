@@ -10,7 +10,7 @@ from buildmax_hookspecs import Transaction
 from .conflicts import insert_ignoring_conflict
 from .ids import new_id
 from .problems import Conflict, LastOwner, SlugTaken
-from .schema import principals, space_members, spaces
+from .tables import principals, space_members, spaces
 
 
 async def space_pk(conn: Transaction, space_id: str) -> int | None:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
 from .ids import new_id
-from .schema import principals, tokens
+from .tables import principals, tokens
 
 SECRET_PREFIX = "bmx_"
 

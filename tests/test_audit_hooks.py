@@ -33,7 +33,9 @@ from buildmax.current import current_buildmax
 from buildmax.migrations import create_tables
 from buildmax.plugins import ESSENTIAL
 from buildmax.principals import create_principal
-from buildmax.schema import (
+from buildmax.services import ServiceConflict
+from buildmax.spaces import create_space
+from buildmax.tables import (
     Id,
     Millis,
     events,
@@ -43,8 +45,6 @@ from buildmax.schema import (
     space_members,
     spaces,
 )
-from buildmax.services import ServiceConflict
-from buildmax.spaces import create_space
 from buildmax.tokens import issue_token
 
 # -- the audit probe ------------------------------------------------------------------

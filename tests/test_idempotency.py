@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from buildmax.app import create_app
-from buildmax.schema import idempotency_receipts, spaces, tokens
+from buildmax.tables import idempotency_receipts, spaces, tokens
 
 
 async def _count(app, table) -> int:

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_artifacts.schema import artifacts
+from buildmax_artifacts.tables import artifacts
 
 from buildmax.apidoc import route_doc
-from buildmax.schema import space_members, spaces
 from buildmax.spaces import put_member
+from buildmax.tables import space_members, spaces
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 API_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "api.md"

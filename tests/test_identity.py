@@ -22,7 +22,7 @@ from buildmax_hookspecs import hookimpl
 from buildmax import passwords
 from buildmax.clock import to_rfc3339
 from buildmax.passwords import hash_password
-from buildmax.schema import (
+from buildmax.tables import (
     events,
     idempotency_receipts,
     principals,

@@ -22,7 +22,7 @@ from buildmax.problems import (
     TooManyRequests,
     problem_for_status,
 )
-from buildmax.schema import idempotency_receipts, schema_migrations, sign_in_failures
+from buildmax.tables import idempotency_receipts, schema_migrations, sign_in_failures
 
 
 async def test_a_request_id_is_echoed_or_minted(client):

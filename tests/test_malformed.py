@@ -31,15 +31,6 @@ from hypothesis import strategies as st
 
 from buildmax.inputs import first_unsafe_value
 from buildmax.routes import kernel_blueprints
-from buildmax.schema import (
-    events,
-    idempotency_receipts,
-    principals,
-    sign_in_failures,
-    space_members,
-    spaces,
-    tokens,
-)
 from buildmax.schemas import (
     MAX_TOKEN_LIFETIME,
     NAME_PATTERN,
@@ -49,6 +40,15 @@ from buildmax.schemas import (
     SYSTEM_ROLES,
 )
 from buildmax.spaces import put_member
+from buildmax.tables import (
+    events,
+    idempotency_receipts,
+    principals,
+    sign_in_failures,
+    space_members,
+    spaces,
+    tokens,
+)
 
 PROBLEM = "application/problem+json"
 PREFIX = "urn:buildmax:problem:"

@@ -19,8 +19,8 @@ import pytest
 import sqlalchemy as sa
 from buildmax_hookspecs import hookimpl
 
-from buildmax.schema import space_members
 from buildmax.spaces import put_member
+from buildmax.tables import space_members
 
 PROBLEM = "urn:buildmax:problem:"
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from buildmax.app import create_app
 from buildmax.migrations import MigrationError, migrate
-from buildmax.schema import schema_migrations
+from buildmax.tables import schema_migrations
 
 
 async def test_a_second_migrate_is_a_no_op(app):

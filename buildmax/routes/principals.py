@@ -23,7 +23,6 @@ from ..principals import (
     lock_admins,
 )
 from ..problems import Forbidden, LastAdmin, NotFound, ValidationFailed
-from ..schema import principals, tokens
 from ..schemas import (
     PRINCIPAL_OUT,
     PrincipalCreate,
@@ -31,6 +30,7 @@ from ..schemas import (
     PrincipalPage,
     PrincipalUpdate,
 )
+from ..tables import principals, tokens
 
 blueprint = Blueprint("buildmax_principals", __name__)
 

@@ -16,8 +16,8 @@ from ..database.locks import lock
 from ..passwords import verify_password
 from ..principals import find_principal
 from ..problems import TooManyRequests, Unauthenticated
-from ..schema import sign_in_failures
 from ..schemas import SessionCreate, TokenIssued
+from ..tables import sign_in_failures
 from ..tokens import issue_token, issued_body, revoke_token
 
 blueprint = Blueprint("buildmax_sessions", __name__)

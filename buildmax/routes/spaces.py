@@ -17,7 +17,6 @@ from ..idempotency import Reply
 from ..pagination import page_body, page_request
 from ..principals import find_member_candidate, find_principal
 from ..problems import Forbidden, NotFound
-from ..schema import principals, space_members, spaces
 from ..schemas import (
     MEMBER_OUT,
     SPACE_OUT,
@@ -30,6 +29,7 @@ from ..schemas import (
     SpaceUpdate,
 )
 from ..spaces import MEMBER_COLUMNS, create_space, member_role, put_member, remove_member
+from ..tables import principals, space_members, spaces
 
 blueprint = Blueprint("buildmax_spaces", __name__)
 

@@ -14,8 +14,8 @@ from ..idempotency import Reply
 from ..pagination import page_body, page_request
 from ..principals import find_principal
 from ..problems import Forbidden, NotFound
-from ..schema import principals, tokens
 from ..schemas import TokenCreate, TokenIssued, TokenOut, TokenPage
+from ..tables import principals, tokens
 from ..tokens import issue_token, issued_body, reissue_token, revoke_token, token_body
 
 blueprint = Blueprint("buildmax_tokens", __name__)

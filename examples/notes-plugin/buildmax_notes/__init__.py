@@ -15,7 +15,7 @@ from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.migrations import create_tables
 from buildmax.pagination import page_body, page_request
-from buildmax.schema import Id, Millis, spaces
+from buildmax.tables import Id, Millis, spaces
 from buildmax_hookspecs import App, AuditAction, Migration, Transaction, hookimpl
 from marshmallow import Schema, fields, validate
 from quart import Blueprint, Response

@@ -15,9 +15,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from buildmax_hookspecs import AttemptRef, Row, SubmissionRef, TaskRef, Transaction, Verdict
 
-from buildmax.schema import spaces
+from buildmax.tables import spaces
 
-from .schema import artifacts
+from .tables import artifacts
 
 _NAMED = sa.select(
     artifacts.c.public_id,

@@ -20,12 +20,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR, App, BlobStore
 
 from buildmax.app import blob_store
-from buildmax.schema import spaces
+from buildmax.tables import spaces
 
 from .quota import Reservation, settle, tombstoned
 from .routes import KEY_PREFIX
-from .schema import artifacts, quotas, uploads
 from .settings import artifact_settings
+from .tables import artifacts, quotas, uploads
 
 
 @dataclass

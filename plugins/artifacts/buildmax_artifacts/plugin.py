@@ -21,8 +21,8 @@ from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
 from .evidence import submission_check
-from .schema import TABLES
 from .settings import artifact_settings
+from .tables import TABLES
 
 _MAINTENANCE = "buildmax_artifacts.maintenance"
 

@@ -19,8 +19,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from buildmax.ids import new_id
 
 from .problems import QuotaExceeded
-from .schema import quotas, uploads
 from .settings import ArtifactSettings, artifact_settings
+from .tables import quotas, uploads
 
 DEPLOYMENT = "deployment"
 

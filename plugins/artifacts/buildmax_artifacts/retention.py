@@ -10,12 +10,12 @@ import logging
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR, App
 
-from buildmax.schema import spaces
+from buildmax.tables import spaces
 
 from .gc import collect
 from .quota import tombstoned
-from .schema import artifacts
 from .settings import artifact_settings
+from .tables import artifacts
 
 log = logging.getLogger("buildmax_artifacts.retention")
 

@@ -46,15 +46,15 @@ from buildmax.problems import (
     PayloadTooLarge,
     ValidationFailed,
 )
-from buildmax.schema import principals
 from buildmax.schemas import Pattern, Timestamp, revision_number
 from buildmax.streaming import allow_body
+from buildmax.tables import principals
 
 from .links import MAX_REASON, Link, requested_link, task_queue
 from .problems import DigestMismatch, RangeNotSatisfiable
 from .quota import Reservation, release, reserve, settle, tombstoned
-from .schema import artifacts
 from .settings import ArtifactSettings, artifact_settings
+from .tables import artifacts
 
 blueprint = Blueprint("artifacts", __name__)
 

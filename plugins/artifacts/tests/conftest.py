@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_artifacts.schema import artifacts, quotas, uploads
+from buildmax_artifacts.tables import artifacts, quotas, uploads
 from buildmax_s3.testing import S3Bucket, s3_bucket, s3_server  # noqa: F401
 
 from buildmax.config import Config

@@ -7,7 +7,7 @@ import asyncio
 import os
 
 import pytest
-from buildmax_artifacts.schema import artifacts, quotas, uploads
+from buildmax_artifacts.tables import artifacts, quotas, uploads
 
 from buildmax.spaces import put_member
 

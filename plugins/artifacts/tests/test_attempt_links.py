@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_artifacts import routes
-from buildmax_artifacts.schema import artifacts
-from buildmax_audit.schema import events as audit_events
-from buildmax_tasks.schema import attempts, submissions
+from buildmax_artifacts.tables import artifacts
+from buildmax_audit.tables import events as audit_events
+from buildmax_tasks.tables import attempts, submissions
 
 from buildmax.app import blob_store
 from buildmax.spaces import put_member

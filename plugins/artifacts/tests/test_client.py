@@ -20,7 +20,7 @@ from buildmax_artifacts.client import (
     CorruptDownload,
     QuotaExceeded,
 )
-from buildmax_artifacts.schema import artifacts as artifacts_table
+from buildmax_artifacts.tables import artifacts as artifacts_table
 
 from buildmax.client import (
     AsyncClient,

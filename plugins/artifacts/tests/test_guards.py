@@ -12,8 +12,8 @@ import os
 from buildmax_artifacts import routes
 from buildmax_artifacts.gc import collect
 from buildmax_artifacts.quota import reserve
-from buildmax_artifacts.schema import artifacts, quotas, uploads
 from buildmax_artifacts.settings import artifact_settings
+from buildmax_artifacts.tables import artifacts, quotas, uploads
 from click.testing import CliRunner
 
 from buildmax.cli import _register_commands, cli

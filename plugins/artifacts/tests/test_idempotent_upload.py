@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from buildmax_artifacts.schema import artifacts, quotas
+from buildmax_artifacts.tables import artifacts, quotas
 
-from buildmax.schema import idempotency_receipts
+from buildmax.tables import idempotency_receipts
 
 from .conftest import PROBLEM, sha
 

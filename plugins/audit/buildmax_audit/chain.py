@@ -32,9 +32,9 @@ from buildmax_hookspecs import App, AuditEvent, Transaction
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.audit import canonical_json
-from buildmax.schema import spaces
+from buildmax.tables import spaces
 
-from .schema import SYSTEM_CHAIN, chains, events
+from .tables import SYSTEM_CHAIN, chains, events
 
 #: The "previous hash" of a chain's first event.
 GENESIS = "0" * 64

@@ -23,7 +23,7 @@ from buildmax_hookspecs import App
 from buildmax.clock import to_rfc3339
 
 from .chain import RECORD_FIELDS
-from .schema import events
+from .tables import events
 from .verify import chain_heads, stored_events
 
 FORMAT = "buildmax-audit-export"

@@ -12,8 +12,8 @@ from buildmax.migrations import create_tables
 
 from .chain import Appender
 from .retention import sweep_forever
-from .schema import RETENTION_ACTION, TABLES
 from .settings import audit_settings
+from .tables import RETENTION_ACTION, TABLES
 
 _SWEEPER = "buildmax_audit.sweeper"
 _APPENDER = "buildmax_audit.appender"

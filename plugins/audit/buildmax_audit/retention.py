@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR, App
 
-from .schema import RETENTION_ACTION, SYSTEM_CHAIN, chains, events
 from .settings import audit_settings
+from .tables import RETENTION_ACTION, SYSTEM_CHAIN, chains, events
 from .verify import chain_heads
 
 log = logging.getLogger("buildmax_audit.retention")

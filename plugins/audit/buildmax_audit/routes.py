@@ -29,7 +29,7 @@ from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.schemas import Timestamp
 
 from .chain import RECORD_FIELDS, chain_named
-from .schema import events
+from .tables import events
 from .verify import verify_database
 
 blueprint = Blueprint("audit", __name__)

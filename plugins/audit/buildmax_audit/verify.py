@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import App
 
 from .chain import RECORD_FIELDS, chain_hash, record_of
-from .schema import RETENTION_ACTION, chains, events
+from .tables import RETENTION_ACTION, chains, events
 
 #: Events read per query while verifying or exporting.
 BATCH = 1000

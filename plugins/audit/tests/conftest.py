@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_audit.commands import audit_group
-from buildmax_audit.schema import chains, events
+from buildmax_audit.tables import chains, events
 from buildmax_hookspecs import SYSTEM_ACTOR
 from click.testing import CliRunner, Result
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from buildmax_audit.schema import SYSTEM_CHAIN
+from buildmax_audit.tables import SYSTEM_CHAIN
 from buildmax_audit.verify import verify_database
 
 from buildmax.config import Config

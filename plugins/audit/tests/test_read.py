@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from buildmax.clock import to_rfc3339
-from buildmax.schema import spaces
 from buildmax.spaces import put_member
+from buildmax.tables import spaces
 
 PROBLEM = "urn:buildmax:problem:"
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 from buildmax_audit.chain import GENESIS, chain_hash, record_of
-from buildmax_audit.schema import SYSTEM_CHAIN, chains, events
+from buildmax_audit.tables import SYSTEM_CHAIN, chains, events
 from buildmax_audit.verify import verify_database
 from buildmax_hookspecs import SYSTEM_ACTOR, AuditAction, hookimpl
 
 from buildmax.audit import AuditError
 from buildmax.bootstrap import bootstrap_admin
-from buildmax.schema import principals, spaces
+from buildmax.tables import principals, spaces
 
 from .conftest import heads, record_rename, rename, trail
 

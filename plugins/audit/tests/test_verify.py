@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_audit.retention import DAY_MS, sweep
-from buildmax_audit.schema import SYSTEM_CHAIN, chains, events
 from buildmax_audit.settings import AuditSettings, audit_settings
+from buildmax_audit.tables import SYSTEM_CHAIN, chains, events
 from buildmax_audit.verify import verify_database
 from buildmax_hookspecs import SYSTEM_ACTOR
 

@@ -19,11 +19,11 @@ from packaging.version import Version
 from buildmax.app import BuildMax
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.problems import NotFound
-from buildmax.schema import principals
+from buildmax.tables import principals
 
 from .catalog import release, releases_of
 from .problems import ActivationRefused
-from .schema import activations, curation, plugins, releases
+from .tables import activations, curation, plugins, releases
 
 
 def release_ref(row: dict[str, Any]) -> ReleaseRef:

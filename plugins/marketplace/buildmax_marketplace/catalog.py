@@ -27,12 +27,12 @@ from packaging.version import Version
 from buildmax.app import BuildMax, blob_store
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.problems import PayloadTooLarge
-from buildmax.schema import principals
+from buildmax.tables import principals
 
 from .package import CHUNK, Package, PackageRefused, inspect
 from .problems import PackageInvalid, PluginArchived, ReleaseExists
-from .schema import plugins, releases
 from .settings import marketplace_settings
+from .tables import plugins, releases
 
 #: The blob store prefix of this plugin's packages.
 KEY_PREFIX = "marketplace"

@@ -22,8 +22,8 @@ from buildmax.migrations import create_tables
 
 from . import runs
 from .activation import eligibility_verdict
-from .schema import TABLES
 from .settings import marketplace_settings
+from .tables import TABLES
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax

@@ -39,9 +39,9 @@ from buildmax.problems import (
     NotFound,
     PayloadTooLarge,
 )
-from buildmax.schema import principals
 from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
+from buildmax.tables import principals
 
 from .catalog import (
     Spooled,
@@ -51,8 +51,8 @@ from .catalog import (
     spool,
 )
 from .problems import ReleaseDigestMismatch
-from .schema import plugins, releases
 from .settings import marketplace_settings
+from .tables import plugins, releases
 
 blueprint = Blueprint("catalog", __name__)
 

@@ -32,7 +32,7 @@ from buildmax.services import ServiceMissing
 
 from .activation import activations_of, curation_mode, newer, pin, set_enabled
 from .catalog import releases_of
-from .schema import CURATION_MODES, curation
+from .tables import CURATION_MODES, curation
 
 blueprint = Blueprint("space_plugins", __name__)
 

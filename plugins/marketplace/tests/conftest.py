@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_audit.schema import events as audit_events
+from buildmax_audit.tables import events as audit_events
 
 from buildmax.spaces import put_member
 from buildmax.testing import PrincipalHandle, SpaceHandle

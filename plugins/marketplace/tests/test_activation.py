@@ -15,8 +15,8 @@ import json
 
 import pytest
 from buildmax_hookspecs import Verdict, hookimpl
-from buildmax_marketplace.schema import activations
-from buildmax_tasks.schema import attempts
+from buildmax_marketplace.tables import activations
+from buildmax_tasks.tables import attempts
 
 from .archives import FILES, SKILL_ONLY, tar_gz
 

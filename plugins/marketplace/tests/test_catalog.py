@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 
 import pytest
-from buildmax_marketplace.schema import plugins, releases
+from buildmax_marketplace.tables import plugins, releases
 
 from .archives import FILES, SKILL_ONLY, member, tar_gz, zip64_locator_past_the_end, zip_file
 from .conftest import MAX_PACKAGE_BYTES

@@ -4,9 +4,9 @@ key are 422; a key another request holds is 409."""
 
 from __future__ import annotations
 
-from buildmax_marketplace.schema import releases
+from buildmax_marketplace.tables import releases
 
-from buildmax.schema import idempotency_receipts
+from buildmax.tables import idempotency_receipts
 
 from .archives import tar_gz, zip_file
 from .conftest import PROBLEM

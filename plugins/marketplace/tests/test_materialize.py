@@ -12,7 +12,7 @@ import json
 
 import pytest
 from buildmax_marketplace.materialize import MaterializationFailed, materialize
-from buildmax_tasks.schema import attempts
+from buildmax_tasks.tables import attempts
 from click.testing import CliRunner
 
 from buildmax.cli import _register_commands, cli

@@ -31,7 +31,7 @@ import httpx
 import pytest
 from buildmax_marketplace.materialize import MaterializationFailed, materialize
 from buildmax_marketplace.package import Limits
-from buildmax_tasks.schema import attempts
+from buildmax_tasks.tables import attempts
 from click.testing import CliRunner
 
 from buildmax.cli import _register_commands, cli

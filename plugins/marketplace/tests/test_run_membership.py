@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from buildmax.schema import space_members, tokens
 from buildmax.spaces import put_member
+from buildmax.tables import space_members, tokens
 
 from .archives import SKILL_ONLY, tar_gz
 

@@ -21,7 +21,7 @@ from buildmax.inputs import INT32_MAX
 from buildmax.schemas import BoundedInteger, Pattern, StrictBoolean
 
 from .problems import InvalidReview
-from .schema import DECISIONS, OUTCOMES, SEVERITIES
+from .tables import DECISIONS, OUTCOMES, SEVERITIES
 
 #: Findings one review may carry.
 MAX_FINDINGS = 100

@@ -12,7 +12,7 @@ import click
 from buildmax.commands.identity import CommandError, Remote, connected, space_option
 
 from .client import ReviewsClient, finding
-from .schema import KINDS, SEVERITIES
+from .tables import KINDS, SEVERITIES
 
 ITEM_COLUMNS = ("task_id", "kind", "subject_id", "slot", "human_only", "task_state", "stale")
 ITEM_FIELDS = (

@@ -23,7 +23,7 @@ from buildmax_hookspecs import (
 from buildmax.migrations import create_tables
 
 from . import workflow
-from .schema import TABLES
+from .tables import TABLES
 
 
 @hookimpl

@@ -30,7 +30,7 @@ from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.schemas import Pattern, StrictBoolean, revision_number
 
 from .candidates import FindingIn
-from .schema import DECISIONS, KINDS, activities, findings, integrations, reviews
+from .tables import DECISIONS, KINDS, activities, findings, integrations, reviews
 from .workflow import activity_view, stale
 
 blueprint = Blueprint("reviews", __name__)

@@ -30,7 +30,7 @@ from buildmax.spaces import space_pk
 
 from .candidates import IntegrationIn, ReviewIn, parse
 from .problems import HumanReviewRefused, NotIndependent, ReviewStale
-from .schema import activities, findings, integrations, reviews
+from .tables import activities, findings, integrations, reviews
 
 REVIEW = StageSpec(
     "review",

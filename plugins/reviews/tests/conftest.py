@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_audit.schema import events as audit_events
-from buildmax_reviews.schema import TABLES as REVIEW_TABLES
-from buildmax_tasks.schema import TABLES as TASK_TABLES
-from buildmax_tasks.schema import reservations, tasks
+from buildmax_audit.tables import events as audit_events
+from buildmax_reviews.tables import TABLES as REVIEW_TABLES
+from buildmax_tasks.tables import TABLES as TASK_TABLES
+from buildmax_tasks.tables import reservations, tasks
 
 from buildmax.spaces import put_member
 from buildmax.testing import PrincipalHandle, SpaceHandle

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from buildmax_hookspecs import Actor, TaskQueue
-from buildmax_reviews.schema import activities, reviews
+from buildmax_reviews.tables import activities, reviews
 from quart import has_app_context, has_request_context
 
 

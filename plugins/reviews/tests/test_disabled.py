@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from buildmax_reviews.schema import reviews
+from buildmax_reviews.tables import reviews
 
 from buildmax.app import create_app
 from buildmax.testing import without_plugins

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 
 from buildmax_reviews import workflow
-from buildmax_reviews.schema import findings, reviews
+from buildmax_reviews.tables import findings, reviews
 
 from .conftest import add_member
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from buildmax_reviews.schema import activities, integrations
+from buildmax_reviews.tables import activities, integrations
 
 REPO = "https://git.test/app.git"
 TARGET = f"repo:{REPO}@main"

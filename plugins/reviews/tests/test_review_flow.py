@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 from buildmax_reviews import workflow
-from buildmax_reviews.schema import activities, findings, integrations, reviews
-from buildmax_tasks.schema import attempts, submissions, tasks
+from buildmax_reviews.tables import activities, findings, integrations, reviews
+from buildmax_tasks.tables import attempts, submissions, tasks
 
-from buildmax.schema import tokens
+from buildmax.tables import tokens
 
 TARGET = "repo:https://git.test/app.git@main"
 

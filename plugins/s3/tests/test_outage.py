@@ -8,7 +8,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from buildmax_artifacts.schema import artifacts, quotas, uploads
+from buildmax_artifacts.tables import artifacts, quotas, uploads
 from buildmax_hookspecs import BlobStoreUnavailable
 from buildmax_s3 import S3BlobStore
 from buildmax_s3.settings import S3Settings

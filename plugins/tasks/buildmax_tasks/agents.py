@@ -12,7 +12,7 @@ from buildmax.ids import new_id
 
 from .change import Change
 from .problems import AgentRevisionRefused
-from .schema import agent_plugins, agent_revisions, agents
+from .tables import agent_plugins, agent_revisions, agents
 
 
 async def save_revision(

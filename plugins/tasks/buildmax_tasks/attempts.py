@@ -34,7 +34,7 @@ from .problems import (
     TaskHeld,
 )
 from .records import attempt_ref, load_attempt, load_task_by_pk, task_ref
-from .schema import attempts, checkpoints, submission_artifacts, submissions, tasks
+from .tables import attempts, checkpoints, submission_artifacts, submissions, tasks
 
 
 @dataclass(frozen=True)

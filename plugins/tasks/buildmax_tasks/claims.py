@@ -25,7 +25,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NotFound
-from buildmax.schema import principals
+from buildmax.tables import principals
 from buildmax.tokens import issue_token
 
 from .change import Change
@@ -50,7 +50,7 @@ from .records import (
     load_task_by_pk,
     task_ref,
 )
-from .schema import agent_revisions, agents, attempts, reservations, tasks
+from .tables import agent_revisions, agents, attempts, reservations, tasks
 
 
 @dataclass

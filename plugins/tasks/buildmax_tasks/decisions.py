@@ -13,7 +13,7 @@ from typing import Any
 from buildmax.ids import new_id
 
 from .change import Change
-from .schema import decisions
+from .tables import decisions
 
 
 async def open_decision(

@@ -24,7 +24,7 @@ from buildmax.ids import new_id
 from .change import Change
 from .lifecycle import TERMINAL, cancel_linked_work, complete, finish, reopen, set_task
 from .records import attempt_ref, load_task, load_task_by_pk, submission_ref, task_ref
-from .schema import policies, projects, submissions, task_revisions, tasks
+from .tables import policies, projects, submissions, task_revisions, tasks
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax

@@ -19,7 +19,7 @@ from buildmax.database.locks import lock
 from .change import Change
 from .lifecycle import reopen, set_task
 from .problems import DependencyCycle, InvalidState
-from .schema import dependencies, tasks
+from .tables import dependencies, tasks
 
 #: Tasks whose prerequisites may still change.
 EDITABLE = ("open", "ready")

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
-from .schema import decisions, holds, projects, tasks
+from .tables import decisions, holds, projects, tasks
 
 
 def literal(value: str) -> Any:

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from buildmax.tokens import end_scope
 
 from .change import Change
-from .schema import attempts, dependencies, reservations, tasks
+from .tables import attempts, dependencies, reservations, tasks
 
 #: States in which a task is finished for good (until an explicit retry).
 TERMINAL = ("done", "canceled", "failed")

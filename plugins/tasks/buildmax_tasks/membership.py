@@ -18,11 +18,11 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Actor, Transaction
 
 from buildmax.access import role_at_least
-from buildmax.schema import principals, spaces
+from buildmax.tables import principals, spaces
 
 from .attempts import give_up, locked
 from .change import Change
-from .schema import attempts
+from .tables import attempts
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax

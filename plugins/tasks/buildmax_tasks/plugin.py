@@ -13,8 +13,8 @@ from buildmax.migrations import create_tables
 from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
-from .schema import TABLES, TABLES_2
 from .settings import task_settings
+from .tables import TABLES, TABLES_2
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax

@@ -16,8 +16,8 @@ from buildmax_hookspecs import (
 )
 
 from buildmax.problems import NotFound
-from buildmax.schema import principals, spaces
 from buildmax.spaces import member_role
+from buildmax.tables import principals, spaces
 
 from .attempts import Authority, fenced, submit
 from .change import Change
@@ -36,8 +36,8 @@ from .records import (
     submission_ref,
     task_ref,
 )
-from .schema import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
 from .settings import task_settings
+from .tables import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax

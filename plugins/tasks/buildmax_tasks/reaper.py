@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR
 
-from buildmax.schema import spaces
+from buildmax.tables import spaces
 
 from .change import Change
 from .lifecycle import retire_lapsed
 from .records import ATTEMPT_SELECT, load_task_by_pk
-from .schema import attempts
+from .tables import attempts
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax

@@ -16,9 +16,9 @@ from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, Task
 
 from buildmax.access import SpaceAccess
 from buildmax.problems import NotFound, ValidationFailed
-from buildmax.schema import principals, spaces
+from buildmax.tables import principals, spaces
 
-from .schema import (
+from .tables import (
     agent_revisions,
     agents,
     attempts,

@@ -17,8 +17,8 @@ from buildmax.schemas import (
     revision_number,
 )
 
-from .schema import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
 from .settings import task_settings
+from .tables import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
 
 LABEL = fields.String(validate=Pattern(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"))
 RESOURCE = fields.String(validate=Pattern(r"^[a-z]+:\S{1,500}$"))

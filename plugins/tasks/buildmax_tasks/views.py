@@ -17,8 +17,8 @@ from buildmax_hookspecs import Transaction
 from .engine import StageEngine, stranded
 from .holds import describe_hold, literal
 from .records import submission_artifact_ids
-from .schema import decisions, holds
 from .schemas import AttemptOut, SubmissionOut, TaskOut
+from .tables import decisions, holds
 
 TASK_OUT = TaskOut()
 #: States in which holds and decisions matter to a task.

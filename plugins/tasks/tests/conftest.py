@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from buildmax_tasks.schema import TABLES, TABLES_2, attempts, reservations, tasks
+from buildmax_tasks.tables import TABLES, TABLES_2, attempts, reservations, tasks
 
-from buildmax.schema import events, space_members, spaces, tokens
 from buildmax.spaces import put_member
+from buildmax.tables import events, space_members, spaces, tokens
 from buildmax.testing import PrincipalHandle, SpaceHandle, without_plugins
 
 PROBLEM = "urn:buildmax:problem:"

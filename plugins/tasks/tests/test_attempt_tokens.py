@@ -12,9 +12,9 @@ import dataclasses
 
 import pytest
 from buildmax_tasks.reaper import reap
-from buildmax_tasks.schema import attempts, checkpoints, submissions, tasks
+from buildmax_tasks.tables import attempts, checkpoints, submissions, tasks
 
-from buildmax.schema import tokens
+from buildmax.tables import tokens
 
 LEASE = 60
 

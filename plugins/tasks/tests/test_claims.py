@@ -17,11 +17,11 @@ from collections import Counter
 
 import pytest
 import sqlalchemy as sa
-from buildmax_tasks.schema import attempts, reservations, tasks
+from buildmax_tasks.tables import attempts, reservations, tasks
 
 from buildmax.config import Config
-from buildmax.schema import events, tokens
 from buildmax.spaces import put_member
+from buildmax.tables import events, tokens
 from buildmax.testing import start_server
 
 PROBLEM = "urn:buildmax:problem:"
@@ -140,7 +140,7 @@ async def test_the_database_refuses_a_second_active_attempt_for_a_task(app, work
     the code above it does: a second active attempt row is refused by the
     database, an ended one beside an active one is accepted.
 
-    Mutation check: the index removed from ``schema.py``: red (the second
+    Mutation check: the index removed from ``tables.py``: red (the second
     active row is stored)."""
     task = await work.task("guarded")
     claim = await work.claim(task["id"])

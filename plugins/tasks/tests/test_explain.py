@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from buildmax_tasks.claims import ClaimFilters, ready_params, ready_statement
-from buildmax_tasks.schema import projects, tasks
+from buildmax_tasks.tables import projects, tasks
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.ids import new_id

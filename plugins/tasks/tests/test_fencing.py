@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 from buildmax_tasks.reaper import reap
-from buildmax_tasks.schema import attempts, checkpoints, reservations, submissions, tasks
+from buildmax_tasks.tables import attempts, checkpoints, reservations, submissions, tasks
 
 PROBLEM = "urn:buildmax:problem:"
 LEASE = 60

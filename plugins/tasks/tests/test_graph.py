@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_hookspecs import hookimpl
-from buildmax_tasks.schema import dependencies, projects, task_revisions, tasks
+from buildmax_tasks.tables import dependencies, projects, task_revisions, tasks
 
 from buildmax.app import create_app
 from buildmax.ids import new_id

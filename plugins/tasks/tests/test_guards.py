@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from buildmax_hookspecs import StageSpec, TaskQueue, Verdict, hookimpl
-from buildmax_tasks.schema import (
+from buildmax_tasks.tables import (
     agent_revisions,
     agents,
     decisions,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from buildmax_hookspecs import SYSTEM_ACTOR, TaskQueue, Verdict, hookimpl
 from buildmax_tasks.reaper import reap
-from buildmax_tasks.schema import decisions, holds, submissions
+from buildmax_tasks.tables import decisions, holds, submissions
 
 from buildmax.app import create_app
 
@@ -257,7 +257,7 @@ async def test_claim_next_skips_a_vetoed_and_a_reserved_candidate(work, claim_ch
     two skips; the skipped tasks are left exactly as they were.
 
     Mutation caught: dropping the UniqueConstraint ``task_reservation_resource``
-    in schema.py lets claim-next take the reserved candidate."""
+    in tables.py lets claim-next take the reserved candidate."""
     holder = await work.task("holder", priority=0, resources=[REPO])
     vetoed = await work.task("vetoed", priority=30)
     reserved = await work.task("reserved", priority=20, resources=[REPO])
@@ -285,7 +285,7 @@ async def test_two_tasks_naming_one_resource_cannot_be_claimed_at_once(work, clo
     release and on expiry.
 
     Mutation caught: dropping the UniqueConstraint ``task_reservation_resource``
-    in schema.py lets both claims reserve the resource."""
+    in tables.py lets both claims reserve the resource."""
     one = await work.task("one", resources=[REPO, "path:app/src/"])
     two = await work.task("two", resources=[REPO])
     barrier = asyncio.Barrier(2)

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import sqlalchemy as sa
-from buildmax_tasks.schema import attempts, tasks
+from buildmax_tasks.tables import attempts, tasks
 
-from buildmax.schema import idempotency_receipts, tokens
+from buildmax.tables import idempotency_receipts, tokens
 
 PROBLEM = "urn:buildmax:problem:"
 

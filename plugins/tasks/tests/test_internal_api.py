@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_hookspecs import hookimpl
-from buildmax_tasks.schema import attempts
+from buildmax_tasks.tables import attempts
 from quart import Blueprint, Response, request
 
 from buildmax.app import create_app
@@ -25,7 +25,7 @@ from buildmax.current import current_buildmax
 from buildmax.database.base import NestedTransactionError
 from buildmax.internal import InternalApi
 from buildmax.problems import Problem
-from buildmax.schema import tokens
+from buildmax.tables import tokens
 
 from .conftest import PROBLEM
 
@@ -148,7 +148,7 @@ async def test_the_caller_is_taken_as_it_stands_at_each_call(work, make_principa
     """A disabled principal or an expired token is 401; a system admin
     demoted since the caller was made no longer reads a space it is not a
     member of."""
-    from buildmax.schema import principals
+    from buildmax.tables import principals
 
     admin = await make_principal("human", system_role="admin")
     app = work.app

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from buildmax_hookspecs import hookimpl
-from buildmax_tasks.schema import attempts
+from buildmax_tasks.tables import attempts
 
-from buildmax.schema import tokens
+from buildmax.tables import tokens
 from buildmax.testing import PrincipalHandle
 
 from .conftest import add_member

@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy as sa
 from buildmax_hookspecs import StageSpec, Verdict, hookimpl
 from buildmax_tasks.reaper import reap
-from buildmax_tasks.schema import attempts, decisions, dependencies, holds, reservations, tasks
+from buildmax_tasks.tables import attempts, decisions, dependencies, holds, reservations, tasks
 
 from buildmax.app import create_app
-from buildmax.schema import events
+from buildmax.tables import events
 
 LEASE = 60
 REPO = "repo:https://git.test/review.git@main"

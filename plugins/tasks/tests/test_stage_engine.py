@@ -27,7 +27,7 @@ from buildmax_hookspecs import (
     Verdict,
     hookimpl,
 )
-from buildmax_tasks.schema import (
+from buildmax_tasks.tables import (
     agent_plugins,
     agent_revisions,
     agents,

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_hookspecs import TaskQueue, Verdict, hookimpl
-from buildmax_tasks.schema import attempts, submission_artifacts, submissions
+from buildmax_tasks.tables import attempts, submission_artifacts, submissions
 
 from buildmax.app import create_app
 from buildmax.migrations import migrate
-from buildmax.schema import schema_migrations
+from buildmax.tables import schema_migrations
 from buildmax.testing import without_plugins
 
 from .conftest import PROBLEM

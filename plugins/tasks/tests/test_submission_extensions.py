@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, App, Migration, TaskQueue, Transaction, Verdict, hookimpl
 from buildmax_tasks.engine import StageError, stage_engine
-from buildmax_tasks.schema import attempts, submissions
 from buildmax_tasks.schemas import MAX_SUBMISSION_EXTENSION_BYTES
+from buildmax_tasks.tables import attempts, submissions
 
 from buildmax.app import create_app
 from buildmax.migrations import create_tables

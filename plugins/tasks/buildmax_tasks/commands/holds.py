@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..schema import HOLD_STRENGTHS
+from ..tables import HOLD_STRENGTHS
 from .remote import SpaceRemote, in_space
 
 HOLD_COLUMNS = ("id", "strength", "scope.type", "scope.id", "reason", "created_at", "lifted_at")

@@ -10,7 +10,7 @@ import click
 
 from buildmax.commands.identity import SPACE_ENV, space_option
 
-from ..schema import TASK_KINDS
+from ..tables import TASK_KINDS
 
 __all__ = ["SPACE_ENV", "json_object", "json_value", "space_option"]
 

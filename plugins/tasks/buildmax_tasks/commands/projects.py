@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..schema import INTEGRATION_MODES
+from ..tables import INTEGRATION_MODES
 from .remote import SpaceRemote, in_space
 
 PROJECT_COLUMNS = ("id", "name", "revision", "policy.revision", "repository_url", "target_branch")

@@ -9,7 +9,7 @@ import click
 
 from buildmax.commands.identity import render_table
 
-from ..schema import TASK_KINDS, TASK_STATES
+from ..tables import TASK_KINDS, TASK_STATES
 from .attempts import ATTEMPT_COLUMNS
 from .options import filter_options, lease_option, override_option
 from .remote import SpaceRemote, in_space

@@ -22,7 +22,6 @@ from buildmax.problems import NameTaken, NotFound
 
 from ..agents import save_revision
 from ..problems import RevisionConflict
-from ..schema import agent_revisions, agents
 from ..schemas import (
     AgentCreate,
     AgentOut,
@@ -31,6 +30,7 @@ from ..schemas import (
     AgentRevisionOut,
     AgentRevisionPage,
 )
+from ..tables import agent_revisions, agents
 from . import change
 
 blueprint = Blueprint("tasks_agents", __name__)

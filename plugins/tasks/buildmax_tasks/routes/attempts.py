@@ -22,7 +22,7 @@ from buildmax.bodies import json_response, load_body
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.problems import NotFound
-from buildmax.schema import spaces
+from buildmax.tables import spaces
 from buildmax.tokens import reissue_token
 
 from .. import attempts as ops
@@ -37,7 +37,6 @@ from ..records import (
     load_attempt,
     task_or_404,
 )
-from ..schema import attempts, submissions, tasks
 from ..schemas import (
     AttemptOut,
     AttemptPage,
@@ -54,6 +53,7 @@ from ..schemas import (
     SubmissionPage,
     SubmitBody,
 )
+from ..tables import attempts, submissions, tasks
 from ..views import attempt_body, submission_body, task_body
 from . import change, lease_ms, may_override, render_one, task_children, tasks_state
 

@@ -17,14 +17,14 @@ from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
-from buildmax.schema import principals
+from buildmax.tables import principals
 
 from ..decisions import open_decision
 from ..lifecycle import TERMINAL
 from ..problems import InvalidState
 from ..records import task_or_404
-from ..schema import decisions, tasks
 from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
+from ..tables import decisions, tasks
 from . import change
 
 blueprint = Blueprint("tasks_decisions", __name__)

@@ -17,13 +17,13 @@ from buildmax.idempotency import Reply
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import NotFound, ValidationFailed
-from buildmax.schema import principals
+from buildmax.tables import principals
 
 from ..holds import scope_public_id
 from ..problems import InvalidState
 from ..records import find_project, task_or_404
-from ..schema import holds
 from ..schemas import HoldCreate, HoldOut, HoldPage
+from ..tables import holds
 from . import change
 
 blueprint = Blueprint("tasks_holds", __name__)

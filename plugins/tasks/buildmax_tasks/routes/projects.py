@@ -22,7 +22,6 @@ from buildmax.problems import NameTaken
 from ..engine import current_policy
 from ..problems import RevisionConflict
 from ..records import find_project
-from ..schema import policies, projects
 from ..schemas import (
     PolicyBody,
     PolicyOut,
@@ -31,6 +30,7 @@ from ..schemas import (
     ProjectPage,
     ProjectUpdate,
 )
+from ..tables import policies, projects
 from . import change
 
 blueprint = Blueprint("tasks_projects", __name__)

@@ -40,14 +40,6 @@ from ..graph import (
 from ..lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
 from ..problems import InvalidState, RevisionConflict
 from ..records import TASK_SELECT, agent_pk, find_project, load_task, task_or_404
-from ..schema import (
-    TASK_KINDS,
-    TASK_STATES,
-    attempts,
-    dependencies,
-    task_revisions,
-    tasks,
-)
 from ..schemas import (
     DependenciesOut,
     DependencyBody,
@@ -58,6 +50,14 @@ from ..schemas import (
     TaskOut,
     TaskPage,
     TaskUpdate,
+)
+from ..tables import (
+    TASK_KINDS,
+    TASK_STATES,
+    attempts,
+    dependencies,
+    task_revisions,
+    tasks,
 )
 from ..views import render_tasks
 from . import change, may_override, render_one, task_children, tasks_state

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from buildmax.schema import Id, Millis, one_of
+from buildmax.tables import Id, Millis, one_of
 
 metadata = sa.MetaData()
 

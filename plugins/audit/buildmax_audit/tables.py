@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from buildmax.schema import Id, Millis
+from buildmax.tables import Id, Millis
 
 metadata = sa.MetaData()
 
