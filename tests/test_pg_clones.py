@@ -1,5 +1,5 @@
 """The pool of template clones the ``pg`` env's tests take their databases
-from (``buildmax.testing.ClonePool``), against the configured server."""
+from (``buildmax.testing.postgres.ClonePool``), against the configured server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which PostgreSQL server the ``pg`` env tests on (``buildmax.testing``).
+"""Which PostgreSQL server the ``pg`` env tests on (``buildmax.testing.postgres``).
 
 The configured ``BUILDMAX_TEST_DATABASE_URL`` when anything answers there;
 otherwise a throwaway cluster when PostgreSQL's server binaries are
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from buildmax import testing
 from buildmax.testing import PgCluster, PgUnavailable, choose_pg_server
+from buildmax.testing import postgres as testing
 
 pytestmark = pytest.mark.engine_independent
 
