@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ HEADER = "Idempotency-Key"
 REPLAY_HEADER = "Idempotent-Replayed"
 #: The status of a receipt whose streamed request is still running.
 PENDING = 0
+IN_PROGRESS = "a request with this idempotency key is still running"
 #: How long a pending receipt holds its key when its request never ends
 #: (the server stopped mid-upload); a retry after that runs again.
 PENDING_SECONDS = 15 * 60
@@ -92,35 +93,32 @@ class Idempotency:
         ``secret_fields`` name body fields (passwords) left out of the
         stored fingerprint, so a receipt holds no guessable hash of them; a
         retry that differs only there replays the first answer."""
-        doc = current_route_doc()
-        if doc is None or not doc.idempotent:
-            # The header is honoured exactly where the route declares it, so
-            # the OpenAPI document lists it on the routes that keep receipts.
-            raise RuntimeError(f"{request.endpoint} keeps receipts but is not declared idempotent")
-        key = request.headers.get(HEADER)
+        ident = _ident_of(caller)
         db = self._app.db
-        if key is None:
+        if ident is None:
             async with db.write() as tx:
                 reply = await work(tx)
             return _respond(reply)
-        if not _KEY.fullmatch(key):
-            raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters")
-        ident = (caller.principal_pk, request.method, request.path, key)
         fingerprint = await _fingerprint(secret_fields)
-        if ident in self._in_flight:
-            raise IdempotencyInProgress("a request with this idempotency key is still running")
-        self._in_flight.add(ident)
-        try:
+        with self._holding(ident):
             async with db.write() as tx:
                 if not await try_lock(tx, "idempotency", *ident):
                     # Another server process is running the same request.
-                    raise IdempotencyInProgress(
-                        "a request with this idempotency key is still running"
-                    )
+                    raise IdempotencyInProgress(IN_PROGRESS)
                 reply = await self._replay_or_run(tx, caller, ident, fingerprint, work)
+        return _respond(reply)
+
+    @contextlib.contextmanager
+    def _holding(self, ident: tuple[Any, ...]) -> Iterator[None]:
+        """Hold ``ident`` in this process while its request runs (a
+        duplicate meanwhile is 409)."""
+        if ident in self._in_flight:
+            raise IdempotencyInProgress(IN_PROGRESS)
+        self._in_flight.add(ident)
+        try:
+            yield
         finally:
             self._in_flight.discard(ident)
-        return _respond(reply)
 
     async def _replay_or_run(
         self,
@@ -135,7 +133,7 @@ class Idempotency:
         existing = await tx.fetch_one(sa.select(receipts).where(_receipt_of(ident)))
         if existing is not None and existing["expires_at"] > now:
             if existing["status"] == PENDING:
-                raise IdempotencyInProgress("a request with this idempotency key is still running")
+                raise IdempotencyInProgress(IN_PROGRESS)
             if existing["fingerprint"] != fingerprint:
                 raise IdempotencyKeyReused(
                     "this idempotency key was already used with a different request body"
@@ -176,20 +174,11 @@ class Idempotency:
         it. The same key with another fingerprint is 422; while the first
         request still streams, in this process or another, a duplicate is
         409. A request that fails leaves the key free for a retry."""
-        doc = current_route_doc()
-        if doc is None or not doc.idempotent:
-            raise RuntimeError(f"{request.endpoint} keeps receipts but is not declared idempotent")
-        key = request.headers.get(HEADER)
-        if key is None:
+        ident = _ident_of(caller)
+        if ident is None:
             yield Receipt(self, None, None)
             return
-        if not _KEY.fullmatch(key):
-            raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters")
-        ident = (caller.principal_pk, request.method, request.path, key)
-        if ident in self._in_flight:
-            raise IdempotencyInProgress("a request with this idempotency key is still running")
-        self._in_flight.add(ident)
-        try:
+        with self._holding(ident):
             replay = await self._claim(caller, ident, fingerprint)
             receipt = Receipt(self, ident, replay)
             try:
@@ -197,8 +186,6 @@ class Idempotency:
             finally:
                 if replay is None and not receipt.kept:
                     await uncancellable(self._free(ident))
-        finally:
-            self._in_flight.discard(ident)
 
     async def _claim(
         self, caller: Caller, ident: tuple[Any, ...], fingerprint: str
@@ -211,9 +198,7 @@ class Idempotency:
             existing = await tx.fetch_one(sa.select(receipts).where(_receipt_of(ident)))
             if existing is not None and existing["expires_at"] > now:
                 if existing["status"] == PENDING:
-                    raise IdempotencyInProgress(
-                        "a request with this idempotency key is still running"
-                    )
+                    raise IdempotencyInProgress(IN_PROGRESS)
                 if existing["fingerprint"] != fingerprint:
                     raise IdempotencyKeyReused(
                         "this idempotency key was already used with a different request"
@@ -238,7 +223,7 @@ class Idempotency:
                 .returning(receipts.c.id)
             )
             if inserted is None:  # another process claimed it meanwhile
-                raise IdempotencyInProgress("a request with this idempotency key is still running")
+                raise IdempotencyInProgress(IN_PROGRESS)
         return None
 
     async def _keep(self, tx: Transaction, ident: tuple[Any, ...], reply: Reply) -> None:
@@ -345,8 +330,30 @@ def replayed(reply: Reply) -> Response:
 
 def fingerprint_of(*parts: Any) -> str:
     """A request's fingerprint from what stands for it (canonical JSON)."""
-    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _digest(list(parts))
+
+
+def _digest(value: Any) -> str:
+    """The sha256 of ``value`` as canonical JSON (key order and white space
+    do not count)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _ident_of(caller: Caller) -> tuple[Any, ...] | None:
+    """What this request's ``Idempotency-Key`` names (the caller, method,
+    path and key), or ``None`` without the header; 400 for a malformed key."""
+    doc = current_route_doc()
+    if doc is None or not doc.idempotent:
+        # The header is honoured exactly where the route declares it, so
+        # the OpenAPI document lists it on the routes that keep receipts.
+        raise RuntimeError(f"{request.endpoint} keeps receipts but is not declared idempotent")
+    key = request.headers.get(HEADER)
+    if key is None:
+        return None
+    if not _KEY.fullmatch(key):
+        raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters")
+    return (caller.principal_pk, request.method, request.path, key)
 
 
 def _receipt_of(ident: tuple[Any, ...]) -> Any:
@@ -363,8 +370,7 @@ async def _fingerprint(secret_fields: tuple[str, ...]) -> str:
     payload = await json_body()
     if isinstance(payload, dict) and secret_fields:
         payload = {k: ("<secret>" if k in secret_fields else v) for k, v in payload.items()}
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _digest(payload)
 
 
 def _stored(reply: Reply) -> str:
