@@ -8,7 +8,7 @@ space. The ``buildmax_permission`` hook can allow or deny on top.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sqlalchemy as sa
 from buildmax_hookspecs import ResourceRef, Transaction
@@ -70,6 +70,9 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
     ``minimum`` there; otherwise 404 (not a member) or 403 (member, role too low).
 
     ``action`` (e.g. ``space.read``) is what ``buildmax_permission`` is asked.
+    A route declares this (``@api(role=..., action=...)``) and is handed the
+    answer; it calls :func:`require_role` when the role it needs depends on
+    what the request names.
     """
     app = current_buildmax()
     if len(ref) > 200:
@@ -78,31 +81,39 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
         row = await conn.fetch_one(_SPACE_ACCESS, {"ref": ref, "principal_pk": caller.principal_pk})
     if row is None:
         raise NotFound("no such space")
-    role = row["role"]
-    resource = ResourceRef(type="space", id=row["public_id"], space_id=row["public_id"])
-    opinions = app.hooks.permission(caller.actor, action, resource)
+    found = SpaceAccess(
+        pk=row["id"],
+        public_id=row["public_id"],
+        slug=row["slug"],
+        name=row["name"],
+        created_at=row["created_at"],
+        role=row["role"],
+        admin_override=False,
+    )
+    return require_role(found, minimum, caller, action)
+
+
+def require_role(access: SpaceAccess, minimum: str, caller: Caller, action: str) -> SpaceAccess:
+    """``access`` if the caller may take ``action`` with ``minimum`` there:
+    the space's role, a plugin's permission (``buildmax_permission``), a
+    system admin's override (``admin_override`` set) or an operator's read;
+    otherwise 404 (not a member) or 403 (a member whose role is too low)."""
+    resource = ResourceRef(type="space", id=access.public_id, space_id=access.public_id)
+    opinions = current_buildmax().hooks.permission(caller.actor, action, resource)
     override = False
     if False in opinions:
         allowed = False
-    elif True in opinions or role_at_least(role, minimum):
+    elif True in opinions or role_at_least(access.role, minimum):
         allowed = True
     elif caller.is_admin:
         allowed, override = True, True
     else:
         allowed = caller.is_operator and minimum == "viewer"
     if not allowed:
-        if role is None and not caller.is_operator and not caller.is_admin:
+        if access.role is None and not caller.is_operator and not caller.is_admin:
             raise NotFound("no such space")
         raise Forbidden(f"this needs the {minimum} role in the space")
-    return SpaceAccess(
-        pk=row["id"],
-        public_id=row["public_id"],
-        slug=row["slug"],
-        name=row["name"],
-        created_at=row["created_at"],
-        role=role,
-        admin_override=override,
-    )
+    return replace(access, admin_override=override)
 
 
 #: The caller's role in the space, share-locked (on PostgreSQL) until the

@@ -11,49 +11,41 @@ reads. A plugin's routes appear as soon as its blueprint is registered.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 from marshmallow import Schema, fields
-from quart import current_app, request
+from quart import Response, request
 
-from .bodies import validate
+from .access import require_space
+from .auth import authenticate
+from .bodies import load_body, validate
+from .current import current_buildmax
+from .declaration import RouteDoc, current_route_doc, route_doc
+from .idempotency import Work
 from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .pagination import PageQuery
+from .problems import Forbidden
+from .roles import SPACE_ROLES, SYSTEM_ROLES
 from .schemas import Timestamp
 
 if TYPE_CHECKING:
     from .app import BuildMax
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 #: The request body of a route that takes a JSON body.
 JSON = "application/json"
 
 
-@dataclass(frozen=True)
-class RouteDoc:
-    """What :func:`api` records on a view."""
-
-    summary: str
-    body: type[Schema] | None
-    response: type[Schema] | None
-    status: int
-    auth: bool
-    scopes: tuple[str, ...]
-    idempotent: bool
-    not_idempotent: str | None
-    tags: tuple[str, ...]
-    content_type: str
-    body_type: str
-    query: type[Schema] | None
-    headers: type[Schema] | None
-    also: tuple[tuple[int, str], ...]
+#: What a handler returns: its answer, or (an idempotent route) the work
+#: the kernel runs in a write transaction under the request's key.
+Answer = Response | Work
+View = Callable[..., Awaitable[Answer]]
 
 
 def api(
@@ -64,61 +56,134 @@ def api(
     status: int = 200,
     auth: bool = True,
     scopes: Iterable[str] = (),
+    role: str | None = None,
+    action: str | None = None,
+    system_roles: Iterable[str] = (),
     idempotent: bool = False,
     not_idempotent: str | None = None,
+    secret_fields: Iterable[str] = (),
     tags: Iterable[str] = (),
     content_type: str = JSON,
     body_type: str = JSON,
     query: type[Schema] | None = None,
     headers: type[Schema] | None = None,
     also: Mapping[int, str] | None = None,
-) -> Callable[[F], F]:
-    """Declare a view.
+) -> Callable[[View], Callable[..., Awaitable[Response]]]:
+    """Declare a view; the kernel applies the declaration before the view
+    runs and hands it what that produced.
 
-    ``body`` is the schema of its JSON body; a route that reads raw bytes
-    names their media type in ``body_type`` instead. ``content_type`` is the
-    media type of its success answer, ``status`` that answer's status and
-    ``also`` any other success status (with what it means) answered with
-    the same body. ``query`` and ``headers`` are schemas of the query
-    parameters and request headers it reads. ``idempotent`` routes honour
-    ``Idempotency-Key``; a mutating route that cannot says why in
-    ``not_idempotent`` (the API guide lists them, and a test walks the
-    route table for any that does neither).
+    In order: with ``auth`` (the default) the caller is authenticated, a
+    token scoped to something accepted only when ``scopes`` names its scope
+    type, and handed over as ``caller``; with ``system_roles`` the caller
+    needs one of them (403); with ``role`` the caller needs that role in
+    the space of the path's ``<space>`` (404 to a stranger, 403 to a member
+    below it; ``action`` is what ``buildmax_permission`` is asked) and the
+    space is handed over as ``access``; with ``body`` the JSON body is
+    validated (422 naming each bad field) and handed over as ``data``. A
+    view names, as keyword parameters, what it wants of these and of the
+    path's parameters.
+
+    An ``idempotent`` view returns its work, ``async (tx) -> Reply``: the
+    kernel runs it in a write transaction honouring ``Idempotency-Key`` (a
+    retry replays the first answer without running it, so the view checks
+    all it must before returning it); ``secret_fields`` are body fields
+    (passwords) left out of the key's fingerprint. A view whose body
+    streams (an upload) answers itself under
+    :meth:`buildmax.idempotency.Idempotency.streamed`. A mutating route that
+    cannot honour the key says why in ``not_idempotent`` (the API guide
+    lists them, and a test walks the route table for any that does
+    neither).
+
+    ``response`` is the schema of its answer, ``status`` the success
+    status and ``also`` any other success status (with what it means)
+    answered with the same body; ``content_type`` is the media type of that
+    answer. A route that reads raw bytes names their media type in
+    ``body_type``. ``query`` and ``headers`` are schemas of the query
+    parameters and request headers it reads (:func:`query_args`,
+    :func:`header_args`).
     """
-    if idempotent and not_idempotent:
-        raise ValueError(f"{summary!r}: a route is idempotent or says why not, not both")
+    doc = RouteDoc(
+        summary,
+        body,
+        response,
+        status,
+        auth,
+        tuple(scopes),
+        role,
+        action,
+        tuple(system_roles),
+        idempotent,
+        not_idempotent,
+        tuple(secret_fields),
+        tuple(tags),
+        content_type,
+        body_type,
+        query,
+        headers,
+        tuple(sorted((also or {}).items())),
+    )
+    _check(doc)
 
-    def mark(view: F) -> F:
-        view.__buildmax_api__ = RouteDoc(  # type: ignore[attr-defined]
-            summary,
-            body,
-            response,
-            status,
-            auth,
-            tuple(scopes),
-            idempotent,
-            not_idempotent,
-            tuple(tags),
-            content_type,
-            body_type,
-            query,
-            headers,
-            tuple(sorted((also or {}).items())),
-        )
-        return view
+    def mark(view: View) -> Callable[..., Awaitable[Response]]:
+        parameters = inspect.signature(view).parameters
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+        @functools.wraps(view)
+        async def serve(**path: Any) -> Response:
+            given = await _apply(doc, path)
+            answer = await view(
+                **{name: value for name, value in given.items() if takes_all or name in parameters}
+            )
+            if isinstance(answer, Response):
+                if doc.idempotent and doc.body_type == JSON:
+                    raise RuntimeError(f"{request.endpoint} is idempotent but returned no work")
+                return answer
+            return await current_buildmax().idempotency.run(
+                given["caller"], answer, secret_fields=doc.secret_fields
+            )
+
+        serve.__buildmax_api__ = doc  # type: ignore[attr-defined]
+        return serve
 
     return mark
 
 
-def route_doc(view: Any) -> RouteDoc | None:
-    """The declaration of ``view``, if it has one."""
-    return getattr(view, "__buildmax_api__", None)
+def _check(doc: RouteDoc) -> None:
+    """Refuse, at import, a declaration the kernel could not apply."""
+    where = repr(doc.summary)
+    if doc.idempotent and doc.not_idempotent:
+        raise ValueError(f"{where}: a route is idempotent or says why not, not both")
+    if (doc.role is None) != (doc.action is None):
+        raise ValueError(f"{where}: a space role needs the action it allows, and the reverse")
+    if doc.role is not None and doc.role not in SPACE_ROLES:
+        raise ValueError(f"{where}: {doc.role!r} is not a space role")
+    if not set(doc.system_roles) <= set(SYSTEM_ROLES):
+        raise ValueError(f"{where}: system roles are {', '.join(SYSTEM_ROLES)}")
+    if not doc.auth and (doc.role or doc.system_roles or doc.scopes or doc.idempotent):
+        raise ValueError(f"{where}: roles, scopes and idempotency keys need a caller")
+    if doc.secret_fields and not doc.idempotent:
+        raise ValueError(f"{where}: secret_fields are for an idempotent route's fingerprint")
 
 
-def current_route_doc() -> RouteDoc | None:
-    """The declaration of the view serving this request."""
-    endpoint = request.endpoint
-    return route_doc(current_app.view_functions.get(endpoint)) if endpoint else None
+async def _apply(doc: RouteDoc, path: dict[str, Any]) -> dict[str, Any]:
+    """What the declaration produces for this request, with the path's
+    parameters: refused (401, 403, 404, 413, 415, 422) as it says."""
+    given = dict(path)
+    if not doc.auth:
+        if doc.body is not None:
+            given["data"] = await load_body(doc.body())
+        return given
+    caller = given["caller"] = await authenticate(accept_scopes=doc.scopes)
+    if doc.system_roles and caller.actor.system_role not in doc.system_roles:
+        raise Forbidden(f"this needs the {' or '.join(doc.system_roles)} system role")
+    if doc.role is not None:
+        assert doc.action is not None
+        if "space" not in path:
+            raise RuntimeError(f"{request.endpoint} declares a space role but has no <space>")
+        given["access"] = await require_space(path["space"], doc.role, caller, doc.action)
+    if doc.body is not None:
+        given["data"] = await load_body(doc.body())
+    return given
 
 
 def query_args() -> dict[str, Any]:
@@ -204,7 +269,7 @@ def build_openapi(app: BuildMax, title: str, version: str) -> dict[str, Any]:
 def _operation(doc: RouteDoc, params: list[dict[str, Any]], view: Any) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "summary": doc.summary,
-        "description": (view.__doc__ or "").strip(),
+        "description": " ".join(filter(None, [(view.__doc__ or "").strip(), _who(doc)])),
         "parameters": list(params),
         "responses": {"default": _PROBLEM},
     }
@@ -214,6 +279,11 @@ def _operation(doc: RouteDoc, params: list[dict[str, Any]], view: Any) -> dict[s
         operation["security"] = [{"bearer": []}]
     if doc.scopes:
         operation["x-token-scopes"] = list(doc.scopes)
+    if doc.role is not None:
+        operation["x-space-role"] = doc.role
+        operation["x-permission-action"] = doc.action
+    if doc.system_roles:
+        operation["x-system-roles"] = list(doc.system_roles)
     if doc.query is not None:
         operation["parameters"].append({"in": "query", "schema": doc.query})
     if doc.response is not None and "next_cursor" in doc.response._declared_fields:
@@ -245,6 +315,15 @@ def _operation(doc: RouteDoc, params: list[dict[str, Any]], view: Any) -> dict[s
     for status, description in ((doc.status, doc.summary), *doc.also):
         operation["responses"][str(status)] = _success(doc, description)
     return operation
+
+
+def _who(doc: RouteDoc) -> str:
+    """Who may call the route, in words, from its declaration."""
+    if doc.system_roles:
+        return f"Needs the {' or '.join(doc.system_roles)} system role."
+    if doc.role is not None:
+        return f"Needs the {doc.role} role in the space (`{doc.action}`)."
+    return ""
 
 
 #: One event of a ``text/event-stream`` answer (Server-Sent Events).

@@ -24,12 +24,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Response, request
 
-from .apidoc import current_route_doc
 from .auth import Caller
 from .bodies import json_body, json_response
 from .conflicts import insert_ignoring_conflict
 from .database.base import uncancellable
 from .database.locks import try_lock
+from .declaration import current_route_doc
 from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .problems import BadRequest, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from .tables import idempotency_receipts as receipts
@@ -63,6 +63,10 @@ class Reply:
     secret_kind: str | None = None
 
 
+#: A mutation's work: run in a write transaction, it answers with a reply.
+Work = Callable[[Transaction], Awaitable[Reply]]
+
+
 class Idempotency:
     """Runs mutations, keeping and replaying receipts."""
 
@@ -82,14 +86,16 @@ class Idempotency:
     async def run(
         self,
         caller: Caller,
-        work: Callable[[Transaction], Awaitable[Reply]],
+        work: Work,
         *,
         secret_fields: tuple[str, ...] = (),
     ) -> Response:
-        """Run ``work`` in a write transaction, honouring ``Idempotency-Key``.
+        """Run ``work`` in a write transaction, honouring ``Idempotency-Key``:
+        what the kernel does with the work an idempotent route returns
+        (:func:`buildmax.apidoc.api`).
 
         A replay answers without running ``work``: check everything the
-        caller must be allowed to do *before* calling ``run``.
+        caller must be allowed to do *before* returning it.
         ``secret_fields`` name body fields (passwords) left out of the
         stored fingerprint, so a receipt holds no guessable hash of them; a
         retry that differs only there replays the first answer."""
@@ -126,7 +132,7 @@ class Idempotency:
         caller: Caller,
         ident: tuple[Any, ...],
         fingerprint: str,
-        work: Callable[[Transaction], Awaitable[Reply]],
+        work: Work,
     ) -> Reply:
         principal_pk, method, path, key = ident
         now = self._app.clock.now_ms()

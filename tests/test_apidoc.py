@@ -19,9 +19,7 @@ from quart import Blueprint, Response
 
 from buildmax.apidoc import api
 from buildmax.app import create_app
-from buildmax.auth import authenticate
-from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 
 _PARAM = re.compile(r"\{[^}]+\}")
 
@@ -85,15 +83,20 @@ blueprint = Blueprint("undeclared_receipts", __name__)
 
 @blueprint.post("/v1/undeclared-receipts")
 @api("Keeps receipts without declaring it")
-async def undeclared() -> Response:
-    """Calls the idempotency layer although its declaration says nothing."""
-    app = current_buildmax()
-    caller = await authenticate()
+async def undeclared() -> Work:
+    """Returns work for the idempotency layer although its declaration says nothing."""
 
     async def work(tx: Transaction) -> Reply:
         return Reply(200, {"ok": True})
 
-    return await app.idempotency.run(caller, work)
+    return work
+
+
+@blueprint.post("/v1/workless-receipts")
+@api("Declares receipts and answers itself", idempotent=True)
+async def workless() -> Response:
+    """Answers without handing the kernel its work, so no receipt is kept."""
+    return Response(status=204)
 
 
 class UndeclaredReceipts:
@@ -119,3 +122,21 @@ async def test_a_route_keeps_receipts_only_where_it_declares_so(
         )
     assert answer.status_code == 500
     assert "not declared idempotent" in caplog.text
+
+
+@pytest.mark.engine_independent
+async def test_an_idempotent_route_hands_its_work_to_the_kernel(
+    buildmax_settings, make_principal, caplog
+):
+    """A route declared idempotent that answers by itself would ignore the
+    key it advertises: a server bug, reported as one (500, logged). Catches
+    the check in ``api`` removed (the route answers 204)."""
+    caller = await make_principal("agent")
+    other = create_app(buildmax_settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
+    caplog.set_level(logging.ERROR)
+    async with other.test_app():
+        answer = await other.test_client().post(
+            "/v1/workless-receipts", headers={**caller.headers, "Idempotency-Key": "k-1"}
+        )
+    assert answer.status_code == 500
+    assert "is idempotent but returned no work" in caplog.text

@@ -89,6 +89,33 @@ async def test_an_exception_rolls_back_everything_and_skips_after_commit(counter
     assert ran == [True]
 
 
+async def test_after_rollback_runs_once_rolled_back_and_may_write_anew(counter_db):
+    """What a refusal must still record: the callback runs after the
+    ROLLBACK, outside the failed transaction (its own write commits, the
+    failed one's is gone), before the exception goes on; never after a
+    commit. Catches the callbacks run before the rollback (the nested write
+    is refused) or after a commit."""
+    seen = []
+
+    async def remember() -> None:
+        seen.append(await _value(counter_db))
+        async with counter_db.write() as tx:
+            await tx.execute(sa.update(counter).values(n=7))
+
+    with pytest.raises(RuntimeError, match="refused"):
+        async with counter_db.write() as tx:
+            await tx.execute(sa.update(counter).values(n=99))
+            tx.after_rollback(remember)
+            raise RuntimeError("refused")
+    assert seen == [0]
+    assert await _value(counter_db) == 7
+    async with counter_db.write() as tx:
+        tx.after_rollback(remember)
+        await tx.execute(sa.update(counter).values(n=8))
+    assert seen == [0]
+    assert await _value(counter_db) == 8
+
+
 async def test_a_cancelled_transaction_rolls_back_and_the_next_one_works(counter_db):
     """Catches: rollback skipped on CancelledError (the connection stays inside
     BEGIN and every later transaction fails)."""

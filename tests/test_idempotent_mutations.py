@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from buildmax_artifacts.tables import artifacts
 
-from buildmax.apidoc import route_doc
+from buildmax.declaration import route_doc
 from buildmax.spaces import put_member
 from buildmax.tables import space_members, spaces
 

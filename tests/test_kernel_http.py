@@ -170,7 +170,7 @@ faulty = Blueprint("faulty_statement", __name__)
 
 
 @faulty.post("/v1/faulty-statement")
-@api("Writes a value its column cannot hold: a server bug, not the client's input")
+@api("Writes a value its column cannot hold: a server bug, not the client's input", auth=False)
 async def faulty_statement() -> Response:
     """Binds 2**63 to a 64-bit column, whatever the request says."""
     app = current_buildmax()

@@ -84,6 +84,7 @@ class Tx:
         self.dialect = dialect
         self._executor = executor
         self._after_commit: list[Callable[[], Any]] = []
+        self._after_rollback: list[Callable[[], Awaitable[None]]] = []
         self._before_commit: list[Callable[[], Awaitable[None]]] = []
         self._before_commit_last: list[Callable[[], Awaitable[None]]] = []
         #: Set once COMMIT has succeeded (even if the caller was cancelled).
@@ -122,6 +123,10 @@ class Tx:
         """Run ``callback`` once this transaction has committed."""
         self._after_commit.append(callback)
 
+    def after_rollback(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await ``callback()`` once this transaction has rolled back."""
+        self._after_rollback.append(callback)
+
     def before_commit(self, callback: Callable[[], Awaitable[None]], *, last: bool = False) -> None:
         """Await ``callback()`` inside this transaction just before COMMIT
         (in registration order); an exception rolls everything back.
@@ -136,20 +141,23 @@ class Tx:
             queue = self._before_commit or self._before_commit_last
             await queue.pop(0)()
 
-    async def run_after_commit(self) -> None:
-        """Run the registered callbacks once COMMIT succeeded, even when the
-        caller has been cancelled meanwhile; a failing one is logged."""
-        if self.committed:
-            await uncancellable(self._run_callbacks())
+    async def run_after_end(self) -> None:
+        """Run the after-commit callbacks once COMMIT succeeded, or the
+        after-rollback ones once it did not, even when the caller has been
+        cancelled meanwhile; a failing one is logged."""
+        callbacks = self._after_commit if self.committed else self._after_rollback
+        if callbacks:
+            await uncancellable(self._run_callbacks(callbacks))
 
-    async def _run_callbacks(self) -> None:
-        for callback in self._after_commit:
+    @staticmethod
+    async def _run_callbacks(callbacks: list[Callable[[], Any]]) -> None:
+        for callback in callbacks:
             try:
                 result = callback()
                 if inspect.isawaitable(result):
                     await result
             except Exception:
-                log.exception("after-commit callback failed")
+                log.exception("a callback after a transaction failed")
 
 
 class Database(Protocol):

@@ -136,7 +136,7 @@ class PostgresDatabase:
                     yield tx
         finally:
             # After the connection went back to the pool: callbacks may write.
-            await tx.run_after_commit()
+            await tx.run_after_end()
 
     @asynccontextmanager
     async def read(self, *, background: bool = False) -> AsyncIterator[Tx]:

@@ -311,7 +311,7 @@ class SQLiteDatabase:
                     yield tx
                 self._commits += 1
         finally:
-            await tx.run_after_commit()
+            await tx.run_after_end()
 
     def wal_bytes(self) -> int:
         """The size of the write-ahead log file now (0 when there is none)."""

@@ -9,10 +9,10 @@ from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
 from ..apidoc import api
-from ..auth import Caller, authenticate
-from ..bodies import json_response, load_body
+from ..auth import Caller
+from ..bodies import json_response
 from ..current import current_buildmax
-from ..idempotency import Reply
+from ..idempotency import Reply, Work
 from ..pagination import page_body, page_request
 from ..passwords import hash_password, verify_password
 from ..principals import (
@@ -23,6 +23,7 @@ from ..principals import (
     lock_admins,
 )
 from ..problems import Forbidden, LastAdmin, NotFound, ValidationFailed
+from ..roles import SYSTEM_ROLES
 from ..schemas import (
     PRINCIPAL_OUT,
     PrincipalCreate,
@@ -39,9 +40,8 @@ def _render(row: Any) -> dict[str, Any]:
     return PRINCIPAL_OUT.dump(row)  # type: ignore[no-any-return]
 
 
-def _require_reader(caller: Caller) -> None:
-    if not (caller.is_admin or caller.is_operator):
-        raise Forbidden("listing principals needs the admin or operator system role")
+#: Body fields a receipt's fingerprint leaves out.
+_PASSWORDS = ("password", "current_password")
 
 
 async def _password_hash(kind: str, password: str | None) -> str | None:
@@ -57,12 +57,15 @@ async def _password_hash(kind: str, password: str | None) -> str | None:
 
 
 @blueprint.get("/v1/principals")
-@api("List principals (admins and operators)", response=PrincipalPage, tags=["principals"])
+@api(
+    "List principals (admins and operators)",
+    response=PrincipalPage,
+    system_roles=SYSTEM_ROLES,
+    tags=["principals"],
+)
 async def list_principals() -> Response:
     """Ordered by name."""
     app = current_buildmax()
-    caller = await authenticate()
-    _require_reader(caller)
     page = page_request()
     query = sa.select(*PUBLIC_COLUMNS).order_by(principals.c.name).limit(page.limit + 1)
     if page.after is not None:
@@ -79,17 +82,15 @@ async def list_principals() -> Response:
     body=PrincipalCreate,
     response=PrincipalOut,
     status=201,
+    system_roles=["admin"],
     idempotent=True,
+    secret_fields=("password",),
     tags=["principals"],
 )
-async def create() -> Response:
+async def create(caller: Caller, data: dict[str, Any]) -> Work:
     """Humans may get a password (12+ characters) to sign in; agents and
     services authenticate with tokens only."""
     app = current_buildmax()
-    caller = await authenticate()
-    if not caller.is_admin:
-        raise Forbidden("creating principals needs the admin system role")
-    data = await load_body(PrincipalCreate())
     password_hash = await _password_hash(data["kind"], data["password"])
 
     async def work(tx: Transaction) -> Reply:
@@ -112,15 +113,14 @@ async def create() -> Response:
         )
         return Reply(201, _render(row))
 
-    return await app.idempotency.run(caller, work, secret_fields=("password",))
+    return work
 
 
 @blueprint.get("/v1/principals/me")
 @api("The principal this token belongs to", response=PrincipalOut, tags=["principals"])
-async def me() -> Response:
+async def me(caller: Caller) -> Response:
     """Who am I."""
     app = current_buildmax()
-    caller = await authenticate()
     async with app.db.read() as conn:
         row = await find_principal(conn, caller.actor.principal_id or "")
     if row is None:  # pragma: no cover - the token join just found it
@@ -134,10 +134,9 @@ async def me() -> Response:
     response=PrincipalOut,
     tags=["principals"],
 )
-async def show(ref: str) -> Response:
+async def show(ref: str, caller: Caller) -> Response:
     """By public id or name."""
     app = current_buildmax()
-    caller = await authenticate()
     async with app.db.read() as conn:
         row = await find_principal(conn, ref)
     if row is None or (
@@ -154,14 +153,15 @@ async def show(ref: str) -> Response:
     body=PrincipalUpdate,
     response=PrincipalOut,
     idempotent=True,
+    secret_fields=_PASSWORDS,
     tags=["principals"],
 )
-async def update(ref: str) -> Response:
+async def update(ref: str, caller: Caller, data: dict[str, Any]) -> Work:
     """Disabling a principal stops all its tokens on the next request. Changing
     your own password needs ``current_password`` (when one is set) and ends
     your other sign-in sessions. Only what actually changes is written and
     audited."""
-    return await _update(ref)
+    return await _update(caller, data, ref)
 
 
 @blueprint.patch("/v1/principals/me")
@@ -170,19 +170,17 @@ async def update(ref: str) -> Response:
     body=PrincipalUpdate,
     response=PrincipalOut,
     idempotent=True,
+    secret_fields=_PASSWORDS,
     tags=["principals"],
 )
-async def update_me() -> Response:
+async def update_me(caller: Caller, data: dict[str, Any]) -> Work:
     """``PATCH /v1/principals/{ref}`` with your own id."""
-    return await _update(None)
+    return await _update(caller, data, caller.actor.principal_id or "")
 
 
-async def _update(ref: str | None) -> Response:
-    """Change the principal ``ref`` (``None``: the caller)."""
+async def _update(caller: Caller, data: dict[str, Any], ref: str) -> Work:
+    """The work of changing the principal ``ref``."""
     app = current_buildmax()
-    caller = await authenticate()
-    ref = ref if ref is not None else caller.actor.principal_id or ""
-    data = await load_body(PrincipalUpdate())
     async with app.db.read() as conn:
         target = await find_principal(conn, ref)
     is_self = target is not None and target["id"] == caller.principal_pk
@@ -236,7 +234,7 @@ async def _update(ref: str | None) -> Response:
             )
         return Reply(200, _render(row))
 
-    return await app.idempotency.run(caller, work, secret_fields=("password", "current_password"))
+    return work
 
 
 def _changes(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, Transaction
 from quart import Blueprint, Response, request
 
 from ..apidoc import api
-from ..auth import authenticate
-from ..bodies import json_response, load_body
+from ..auth import Caller
+from ..bodies import json_response
 from ..current import current_buildmax
 from ..database.locks import lock
 from ..passwords import verify_password
@@ -64,11 +65,10 @@ async def _retry_after_ms(tx: Transaction, name: str, address: str, now: int) ->
     "receipt for; a retry signs in again",
     tags=["sessions"],
 )
-async def sign_in() -> Response:
+async def sign_in(data: dict[str, Any]) -> Response:
     """Failed attempts are limited per principal name and per client address."""
     app = current_buildmax()
     settings = app.settings
-    data = await load_body(SessionCreate())
     name, address = data["name"], _client_address()
     now = app.clock.now_ms()
     # The attempt is counted as a failure before the password is checked, in
@@ -126,10 +126,9 @@ async def sign_in() -> Response:
     "changes nothing",
     tags=["sessions"],
 )
-async def sign_out() -> Response:
+async def sign_out(caller: Caller) -> Response:
     """The token used for this request stops working immediately."""
     app = current_buildmax()
-    caller = await authenticate()
     async with app.db.write() as tx:
         # Two sign-outs at once: only the one that revoked it is audited.
         if await revoke_token(tx, caller.actor.token_id or "", now=app.clock.now_ms()):

@@ -9,9 +9,9 @@ from typing import Any
 from marshmallow import EXCLUDE, Schema
 from quart import Blueprint, Response, request
 
-from ..access import require_space
+from ..access import SpaceAccess
 from ..apidoc import api, header_args, query_args
-from ..auth import authenticate, bearer_secret, still_authorized
+from ..auth import Caller, bearer_secret, still_authorized
 from ..clock import to_rfc3339
 from ..current import current_buildmax
 from ..events import stream
@@ -70,17 +70,17 @@ def _frame(row: dict[str, Any]) -> bytes:
 @blueprint.get("/v1/spaces/<space>/events")
 @api(
     "Stream a space's events (text/event-stream; resume with Last-Event-ID)",
+    role="viewer",
+    action="space.events.read",
     tags=["events"],
     content_type="text/event-stream",
     query=ResumeQuery,
     headers=ResumeHeaders,
 )
-async def events(space: str) -> Response:
+async def events(caller: Caller, access: SpaceAccess) -> Response:
     """Each event has ``id`` (its sequence in the space), ``event`` (its
     type) and ``data`` (JSON). Idle streams get a keep-alive comment."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "space.events.read")
     after = _resume_point()
     secret = bearer_secret()
 

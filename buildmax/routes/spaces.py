@@ -8,15 +8,16 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
-from ..access import SpaceAccess, require_space
+from ..access import SpaceAccess, require_role
 from ..apidoc import api
-from ..auth import Caller, authenticate
-from ..bodies import json_response, load_body
+from ..auth import Caller
+from ..bodies import json_response
 from ..current import current_buildmax
-from ..idempotency import Reply
+from ..idempotency import Reply, Work
 from ..pagination import page_body, page_request
 from ..principals import find_member_candidate, find_principal
 from ..problems import Forbidden, NotFound
+from ..roles import SYSTEM_ROLES
 from ..schemas import (
     MEMBER_OUT,
     SPACE_OUT,
@@ -54,10 +55,9 @@ def _access_row(access: SpaceAccess) -> dict[str, Any]:
     response=SpacePage,
     tags=["spaces"],
 )
-async def list_spaces() -> Response:
+async def list_spaces(caller: Caller) -> Response:
     """Ordered by slug; ``role`` is your membership role (``null`` if none)."""
     app = current_buildmax()
-    caller = await authenticate()
     page = page_request()
     membership = sa.and_(
         space_members.c.space_id == spaces.c.id,
@@ -92,16 +92,13 @@ async def list_spaces() -> Response:
     body=SpaceCreate,
     response=SpaceOut,
     status=201,
+    system_roles=SYSTEM_ROLES,
     idempotent=True,
     tags=["spaces"],
 )
-async def create() -> Response:
+async def create(caller: Caller, data: dict[str, Any]) -> Work:
     """The slug is unique and permanent."""
     app = current_buildmax()
-    caller = await authenticate()
-    if not (caller.is_admin or caller.is_operator):
-        raise Forbidden("creating spaces needs the admin or operator system role")
-    data = await load_body(SpaceCreate())
     owner_pk, owner_id = caller.principal_pk, caller.actor.principal_id
     if data["owner_id"] is not None:
         async with app.db.read() as conn:
@@ -132,15 +129,19 @@ async def create() -> Response:
             row["role"] = None
         return Reply(201, _render(row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>")
-@api("Show a space (any member)", response=SpaceOut, tags=["spaces"])
-async def show(space: str) -> Response:
+@api(
+    "Show a space (any member)",
+    response=SpaceOut,
+    tags=["spaces"],
+    role="viewer",
+    action="space.read",
+)
+async def show(access: SpaceAccess) -> Response:
     """By public id or slug; 404 when you are not a member."""
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "space.read")
     return json_response(_render(_access_row(access)))
 
 
@@ -150,14 +151,13 @@ async def show(space: str) -> Response:
     body=SpaceUpdate,
     response=SpaceOut,
     idempotent=True,
+    role="admin",
+    action="space.update",
     tags=["spaces"],
 )
-async def update(space: str) -> Response:
+async def update(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Only the display name changes; the slug is permanent."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "space.update")
-    data = await load_body(SpaceUpdate())
 
     async def work(tx: Transaction) -> Reply:
         await tx.execute(
@@ -176,16 +176,20 @@ async def update(space: str) -> Response:
         await app.events.publish(tx, access.pk, "space.updated", {"name": data["name"]})
         return Reply(200, _render({**_access_row(access), "name": data["name"]}))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/members")
-@api("List a space's members (any member)", response=MemberPage, tags=["spaces"])
-async def list_members(space: str) -> Response:
+@api(
+    "List a space's members (any member)",
+    response=MemberPage,
+    tags=["spaces"],
+    role="viewer",
+    action="space.read",
+)
+async def list_members(access: SpaceAccess) -> Response:
     """Ordered by principal name."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "space.read")
     page = page_request()
     query = (
         sa.select(*MEMBER_COLUMNS)
@@ -224,15 +228,14 @@ async def _member_target(caller: Caller, ref: str) -> dict[str, Any]:
     body=MemberPut,
     response=MemberOut,
     idempotent=True,
+    role="admin",
+    action="space.members.manage",
     tags=["spaces"],
 )
-async def put(space: str, principal: str) -> Response:
+async def put(principal: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Putting the same role twice changes nothing; a retry with the same
     ``Idempotency-Key`` answers the first answer."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "space.members.manage")
-    data = await load_body(MemberPut())
     target = await _member_target(caller, principal)
     role = data["role"]
 
@@ -277,7 +280,7 @@ async def put(space: str, principal: str) -> Response:
         )
         return Reply(200, body)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 async def _announce(
@@ -314,18 +317,18 @@ def _require_owner_for_owners(
     "Remove a member (space admins; members may remove themselves)",
     status=204,
     idempotent=True,
+    role="viewer",
+    action="space.members.manage",
     tags=["spaces"],
 )
-async def delete(space: str, principal: str) -> Response:
+async def delete(principal: str, caller: Caller, access: SpaceAccess) -> Work:
     """The last owner cannot be removed."""
     app = current_buildmax()
-    caller = await authenticate()
     # The space is checked before the principal is looked up, so a stranger
     # cannot learn which principal names exist.
     leaving = principal in (caller.actor.principal_id, caller.actor.name)
-    access = await require_space(
-        space, "viewer" if leaving else "admin", caller, "space.members.manage"
-    )
+    if not leaving:
+        access = require_role(access, "admin", caller, "space.members.manage")
     target = await _member_target(caller, principal)
 
     async def work(tx: Transaction) -> Reply:
@@ -354,4 +357,4 @@ async def delete(space: str, principal: str) -> Response:
         )
         return Reply(204, None)
 
-    return await app.idempotency.run(caller, work)
+    return work

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response, request
 
 from ..apidoc import api
-from ..auth import Caller, authenticate
-from ..bodies import json_response, load_body
+from ..auth import Caller
+from ..bodies import json_response
 from ..current import current_buildmax
-from ..idempotency import Reply
+from ..idempotency import Reply, Work
 from ..pagination import page_body, page_request
 from ..principals import find_principal
 from ..problems import Forbidden, NotFound
@@ -62,10 +64,9 @@ async def _visible_token(conn: Transaction, caller: Caller, token_id: str) -> di
 
 @blueprint.get("/v1/tokens")
 @api("List your tokens (admins: ?principal=)", response=TokenPage, tags=["tokens"])
-async def list_tokens() -> Response:
+async def list_tokens(caller: Caller) -> Response:
     """Newest first; revoked and expired tokens are included, marked."""
     app = current_buildmax()
-    caller = await authenticate()
     principal_pk, principal_id = await _target_principal(caller, request.args.get("principal"))
     page = page_request(key_types=(int, str))
     query = (
@@ -97,11 +98,9 @@ async def list_tokens() -> Response:
     idempotent=True,
     tags=["tokens"],
 )
-async def create_token() -> Response:
+async def create_token(caller: Caller, data: dict[str, Any]) -> Work:
     """Admins may create tokens for other principals (for example agents)."""
     app = current_buildmax()
-    caller = await authenticate()
-    data = await load_body(TokenCreate())
     principal_pk, principal_id = await _target_principal(caller, data["principal_id"])
 
     async def work(tx: Transaction) -> Reply:
@@ -126,15 +125,14 @@ async def create_token() -> Response:
             201, issued_body(issued, principal_id), secret_field="token", secret_kind="token"
         )
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/tokens/<token_id>")
 @api("Show a token (never its secret)", response=TokenOut, tags=["tokens"])
-async def show_token(token_id: str) -> Response:
+async def show_token(token_id: str, caller: Caller) -> Response:
     """Your own tokens, or any token for a system admin."""
     app = current_buildmax()
-    caller = await authenticate()
     async with app.db.read() as conn:
         row = await _visible_token(conn, caller, token_id)
     return json_response(token_body(row, str(row["principal_public_id"])))
@@ -147,10 +145,9 @@ async def show_token(token_id: str) -> Response:
     idempotent=True,
     tags=["tokens"],
 )
-async def delete_token(token_id: str) -> Response:
+async def delete_token(token_id: str, caller: Caller) -> Work:
     """Revoking an already revoked token is not an error."""
     app = current_buildmax()
-    caller = await authenticate()
     async with app.db.read() as conn:  # authorized before a replay can answer
         await _visible_token(conn, caller, token_id)
 
@@ -167,7 +164,7 @@ async def delete_token(token_id: str) -> Response:
             )
         return Reply(204, None)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/tokens/<token_id>/rotate")
@@ -178,10 +175,9 @@ async def delete_token(token_id: str) -> Response:
     idempotent=True,
     tags=["tokens"],
 )
-async def rotate_token(token_id: str) -> Response:
+async def rotate_token(token_id: str, caller: Caller) -> Work:
     """The twin keeps the name, scope and expiry; the old secret stops working."""
     app = current_buildmax()
-    caller = await authenticate()
     async with app.db.read() as conn:  # authorized before a replay can answer
         await _visible_token(conn, caller, token_id)
 
@@ -201,4 +197,4 @@ async def rotate_token(token_id: str) -> Response:
         body = issued_body(issued, str(row["principal_public_id"]))
         return Reply(201, body, secret_field="token", secret_kind="token")
 
-    return await app.idempotency.run(caller, work)
+    return work

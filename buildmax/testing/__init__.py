@@ -38,6 +38,7 @@ from ..database import servers
 from ..principals import create_principal
 from ..spaces import create_space
 from ..tokens import issue_token
+from .http import call
 from .postgres import (
     PG_PROBE_TIMEOUT,
     TEST_DATABASE_ENV,
@@ -349,6 +350,7 @@ __all__ = [
     "SecretWatch",
     "ServerProcess",
     "SpaceHandle",
+    "call",
     "choose_pg_server",
     "find_pg_bindir",
     "free_port",

@@ -56,6 +56,12 @@ class Transaction(Protocol):
         """Run ``callback`` (sync, or returning an awaitable) once this
         transaction has committed; never when it rolls back."""
 
+    def after_rollback(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await ``callback()`` once this write transaction has rolled back,
+        before the exception that rolled it back goes on; never when it
+        commits. For what a refusal must still record: the callback opens a
+        write transaction of its own."""
+
     def before_commit(self, callback: Callable[[], Awaitable[None]], *, last: bool = False) -> None:
         """Await ``callback()`` inside this write transaction just before it
         commits, in registration order; an exception rolls the transaction

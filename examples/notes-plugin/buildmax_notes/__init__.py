@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.ids import new_id
 from buildmax.migrations import create_tables
 from buildmax.pagination import page_body, page_request
@@ -51,14 +51,17 @@ def _render(row: Any) -> dict[str, Any]:
 
 @blueprint.post("/v1/spaces/<space>/notes")
 @api(
-    "Add a note to a space (members)", body=NoteCreate, status=201, idempotent=True, tags=["notes"]
+    "Add a note to a space (members)",
+    body=NoteCreate,
+    status=201,
+    idempotent=True,
+    tags=["notes"],
+    role="member",
+    action="notes.add",
 )
-async def add_note(space: str) -> Response:
+async def add_note(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """The note is audited and announced on the space's event stream."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "notes.add")
-    data = await load_body(NoteCreate())
 
     async def work(tx: Transaction) -> Reply:
         row = await tx.fetch_one(
@@ -84,16 +87,19 @@ async def add_note(space: str) -> Response:
         await app.events.publish(tx, access.pk, "note.added", {"id": row["public_id"]})
         return Reply(201, _render(row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/notes")
-@api("List a space's notes, newest first (any member)", tags=["notes"])
-async def list_notes(space: str) -> Response:
+@api(
+    "List a space's notes, newest first (any member)",
+    tags=["notes"],
+    role="viewer",
+    action="notes.read",
+)
+async def list_notes(access: SpaceAccess) -> Response:
     """Paged with ``limit`` and ``cursor``."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "notes.read")
     page = page_request(app.settings.page_size_default, app.settings.page_size_max)
     query = (
         sa.select(notes.c.public_id, notes.c.text, notes.c.created_at)

@@ -28,15 +28,15 @@ from marshmallow import EXCLUDE, Schema, fields
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from buildmax.access import SpaceAccess, require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api, query_args
 from buildmax.app import BuildMax, blob_store
-from buildmax.auth import Caller, authenticate
+from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.database.base import uncancellable
 from buildmax.downloads import open_verified
-from buildmax.idempotency import Receipt, Reply, fingerprint_of, replayed
+from buildmax.idempotency import Receipt, Reply, Work, fingerprint_of, replayed
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
@@ -162,11 +162,13 @@ class UploadQuery(Schema):
     status=201,
     scopes=["attempt"],
     idempotent=True,
+    role="member",
+    action="artifacts.upload",
     tags=["artifacts"],
     body_type="application/octet-stream",
     query=UploadQuery,
 )
-async def upload(space: str) -> Response:
+async def upload(caller: Caller, access: SpaceAccess) -> Response:
     """Query: ``name`` (required), ``sha256`` (the digest the bytes must
     have), ``task``, ``attempt`` with its ``generation``, and
     ``override_reason`` (a space admin attaching to someone else's attempt).
@@ -178,8 +180,6 @@ async def upload(space: str) -> Response:
     first artifact and stores and charges nothing; with other bytes, 422
     ``idempotency-key-reused``; while the first still streams, 409."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=("attempt",))
-    access = await require_space(space, "member", caller, "artifacts.upload")
     settings = artifact_settings(app)
     query = query_args()
     name, expected = query["name"], query.get("sha256")
@@ -369,12 +369,16 @@ async def _live(conn: Transaction, access: SpaceAccess, artifact: str) -> Any:
 
 
 @blueprint.get("/v1/spaces/<space>/artifacts")
-@api("List a space's artifacts, newest first (viewers)", response=ArtifactPage, tags=["artifacts"])
-async def list_artifacts(space: str) -> Response:
+@api(
+    "List a space's artifacts, newest first (viewers)",
+    response=ArtifactPage,
+    tags=["artifacts"],
+    role="viewer",
+    action="artifacts.read",
+)
+async def list_artifacts(access: SpaceAccess) -> Response:
     """Filters: ``task``, ``attempt``, ``media_type``."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "artifacts.read")
     page = page_request()
     query = (
         _SELECT.where(artifacts.c.space_id == access.pk, artifacts.c.deleted_at.is_(None))
@@ -401,13 +405,13 @@ async def list_artifacts(space: str) -> Response:
     "An artifact's metadata (viewers; an attempt's token)",
     response=ArtifactOut,
     scopes=["attempt"],
+    role="viewer",
+    action="artifacts.read",
     tags=["artifacts"],
 )
-async def get_artifact(space: str, artifact: str) -> Response:
+async def get_artifact(artifact: str, caller: Caller, access: SpaceAccess) -> Response:
     """Its digest, size, media type, links and who uploaded it."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=("attempt",))
-    access = await require_space(space, "viewer", caller, "artifacts.read")
     row = await _find(app, access, artifact)
     await _readable(app, caller, access, row)
     return json_response(_render(access, row))
@@ -449,17 +453,17 @@ def _disposition(name: str) -> dict[str, str]:
 @api(
     "Download an artifact's bytes (viewers; an attempt's token); one byte range is supported",
     scopes=["attempt"],
+    role="viewer",
+    action="artifacts.read",
     tags=["artifacts"],
     # The artifact's own media type, whatever it was uploaded as.
     content_type="*/*",
     also={206: "The byte range the Range header asked for"},
 )
-async def download(space: str, artifact: str) -> Response:
+async def download(artifact: str, caller: Caller, access: SpaceAccess) -> Response:
     """``ETag`` is the sha256; anything but a few image types and plain
     text comes as an attachment."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=("attempt",))
-    access = await require_space(space, "viewer", caller, "artifacts.read")
     row = await _find(app, access, artifact)
     await _readable(app, caller, access, row)
     etag = f'"{row["sha256"]}"'
@@ -494,13 +498,13 @@ async def download(space: str, artifact: str) -> Response:
     "Delete an artifact: a tombstone; its bytes go with the sweep (members)",
     status=204,
     idempotent=True,
+    role="member",
+    action="artifacts.delete",
     tags=["artifacts"],
 )
-async def delete_artifact(space: str, artifact: str) -> Response:
+async def delete_artifact(artifact: str, caller: Caller, access: SpaceAccess) -> Work:
     """The record keeps who deleted it and when."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "artifacts.delete")
 
     async def work(tx: Transaction) -> Reply:
         deleted = await tx.fetch_val(
@@ -527,13 +531,11 @@ async def delete_artifact(space: str, artifact: str) -> Response:
         )
         return Reply(204, None)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
-async def _set_pin(space: str, artifact: str, pinned: bool) -> Response:
+def _set_pin(caller: Caller, access: SpaceAccess, artifact: str, pinned: bool) -> Work:
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "artifacts.pin")
 
     async def work(tx: Transaction) -> Reply:
         changed = await tx.fetch_val(
@@ -559,23 +561,32 @@ async def _set_pin(space: str, artifact: str, pinned: bool) -> Response:
             )
         return Reply(200, _render(access, await _live(tx, access, artifact)))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/artifacts/<artifact>/pin")
 @api(
     "Pin an artifact: retention keeps it (members)",
     response=ArtifactOut,
+    role="member",
+    action="artifacts.pin",
     idempotent=True,
     tags=["artifacts"],
 )
-async def pin(space: str, artifact: str) -> Response:
+async def pin(artifact: str, caller: Caller, access: SpaceAccess) -> Work:
     """Pinning a pinned artifact changes nothing."""
-    return await _set_pin(space, artifact, True)
+    return _set_pin(caller, access, artifact, True)
 
 
 @blueprint.post("/v1/spaces/<space>/artifacts/<artifact>/unpin")
-@api("Unpin an artifact (members)", response=ArtifactOut, idempotent=True, tags=["artifacts"])
-async def unpin(space: str, artifact: str) -> Response:
+@api(
+    "Unpin an artifact (members)",
+    response=ArtifactOut,
+    role="member",
+    action="artifacts.pin",
+    idempotent=True,
+    tags=["artifacts"],
+)
+async def unpin(artifact: str, caller: Caller, access: SpaceAccess) -> Work:
     """Retention applies to it again."""
-    return await _set_pin(space, artifact, False)
+    return _set_pin(caller, access, artifact, False)

@@ -17,15 +17,14 @@ import sqlalchemy as sa
 from marshmallow import Schema, fields
 from quart import Blueprint, Response, request
 
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
 from buildmax.app import BuildMax
-from buildmax.auth import Caller, authenticate
 from buildmax.bodies import json_response
 from buildmax.clock import from_rfc3339
 from buildmax.current import current_buildmax
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import Forbidden, NotFound, ValidationFailed
+from buildmax.problems import NotFound, ValidationFailed
 from buildmax.schemas import Timestamp
 
 from .chain import RECORD_FIELDS, chain_named
@@ -168,23 +167,18 @@ async def _page(app: BuildMax, conditions: list[Any]) -> Response:
     )
 
 
-def _require_admin(caller: Caller, what: str) -> None:
-    if not caller.is_admin:
-        raise Forbidden(f"{what} needs the admin system role")
-
-
 @blueprint.get("/v1/spaces/<space>/audit")
 @api(
     "A space's audit events, newest first (space owners and admins)",
     response=AuditEventPage,
+    role="admin",
+    action="audit.read",
     tags=["audit"],
 )
-async def space_audit(space: str) -> Response:
+async def space_audit(access: SpaceAccess) -> Response:
     """Filters: ``actor``, ``action`` (prefix), ``target``, ``target_type``,
     ``since``, ``until``."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "audit.read")
     return await _page(app, [events.c.chain == access.public_id, *_conditions()])
 
 
@@ -201,13 +195,16 @@ async def _chain_filter(app: BuildMax) -> str | None:
 
 
 @blueprint.get("/v1/audit")
-@api("Every audit event, newest first (system admins)", response=AuditEventPage, tags=["audit"])
+@api(
+    "Every audit event, newest first (system admins)",
+    response=AuditEventPage,
+    system_roles=["admin"],
+    tags=["audit"],
+)
 async def all_audit() -> Response:
     """The filters of a space's trail, plus ``space`` (slug, id, or
     ``system`` for events that belong to no space)."""
     app = current_buildmax()
-    caller = await authenticate()
-    _require_admin(caller, "reading the whole audit trail")
     conditions = _conditions()
     chain = await _chain_filter(app)
     if chain is not None:
@@ -216,12 +213,15 @@ async def all_audit() -> Response:
 
 
 @blueprint.get("/v1/audit/verify")
-@api("Recompute every audit chain (system admins)", response=VerifyOut, tags=["audit"])
+@api(
+    "Recompute every audit chain (system admins)",
+    response=VerifyOut,
+    system_roles=["admin"],
+    tags=["audit"],
+)
 async def verify() -> Response:
     """Each chain's report names the first sequence number that does not
     verify and why; ``space`` limits it to one chain."""
     app = current_buildmax()
-    caller = await authenticate()
-    _require_admin(caller, "verifying the audit trail")
     reports = await verify_database(app, await _chain_filter(app))
     return json_response({"ok": all(r.ok for r in reports), "chains": [r.body() for r in reports]})

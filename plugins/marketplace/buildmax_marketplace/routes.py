@@ -24,21 +24,21 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from buildmax.access import require_space
 from buildmax.apidoc import api
 from buildmax.app import BuildMax, blob_store
-from buildmax.auth import Caller, authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
 from buildmax.downloads import open_verified
-from buildmax.idempotency import Reply, fingerprint_of, replayed
+from buildmax.idempotency import Reply, Work, fingerprint_of, replayed
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import (
     BlobMissing,
     Conflict,
-    Forbidden,
     IdempotencyKeyReused,
     NotFound,
     PayloadTooLarge,
 )
+from buildmax.roles import SYSTEM_ROLES
 from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
 from buildmax.tables import principals
@@ -158,11 +158,6 @@ def _checked_name(name: str) -> str:
     return name
 
 
-def _require_publisher(caller: Caller) -> None:
-    if not (caller.is_admin or caller.is_operator):
-        raise Forbidden("only a system admin or operator publishes, yanks and archives")
-
-
 async def _plugin_or_404(conn: Transaction, name: str, *, lock: bool = False) -> dict[str, Any]:
     query = _PLUGIN_SELECT.where(plugins.c.name == _checked_name(name))
     if lock:
@@ -186,11 +181,12 @@ async def _release_or_404(conn: Transaction, name: str, version: str) -> dict[st
     response=ReleaseOut,
     status=201,
     also={200: "This version exists with the same bytes: the existing release"},
+    system_roles=SYSTEM_ROLES,
     idempotent=True,
     tags=["catalog"],
     body_type="application/octet-stream",
 )
-async def publish_release(name: str) -> Response:
+async def publish_release(name: str, caller: Caller) -> Response:
     """The bytes are streamed to disk (413 past the size limit), inspected
     (422 ``package-invalid`` naming the reason), stored and recorded. The
     same version again: 200 with the existing release if the bytes are the
@@ -199,8 +195,6 @@ async def publish_release(name: str) -> Response:
     same (422 ``idempotency-key-reused`` if not), and a duplicate while the
     first still streams is 409."""
     app = current_buildmax()
-    caller = await authenticate()
-    _require_publisher(caller)
     _checked_name(name)
     limit = marketplace_settings(app).max_package_bytes
     if (request.content_length or 0) > limit:
@@ -241,7 +235,6 @@ async def _spooled_body(app: BuildMax, limit: int) -> Spooled:
 async def list_plugins() -> Response:
     """``archived=true`` includes archived plugins."""
     app = current_buildmax()
-    await authenticate()
     page = page_request()
     query = _PLUGIN_SELECT.order_by(plugins.c.name).limit(page.limit + 1)
     if request.args.get("archived") != "true":
@@ -258,7 +251,6 @@ async def list_plugins() -> Response:
 @api("A plugin with its releases, newest first", response=PluginOut, tags=["catalog"])
 async def show_plugin(name: str) -> Response:
     app = current_buildmax()
-    await authenticate()
     async with app.db.read() as conn:
         return json_response(await _plugin_view(conn, await _plugin_or_404(conn, name)))
 
@@ -267,7 +259,6 @@ async def show_plugin(name: str) -> Response:
 @api("A release with its capability report", response=ReleaseOut, tags=["catalog"])
 async def show_release(name: str, version: str) -> Response:
     app = current_buildmax()
-    await authenticate()
     async with app.db.read() as conn:
         return json_response(release_view(await _release_or_404(conn, name, version)))
 
@@ -281,7 +272,6 @@ async def show_release(name: str, version: str) -> Response:
 async def download_package(name: str, version: str) -> Response:
     """``ETag`` is the sha256 of the bytes."""
     app = current_buildmax()
-    await authenticate()
     async with app.db.read() as conn:
         row = await _release_or_404(conn, name, version)
     return await package_response(app, row)
@@ -315,16 +305,14 @@ async def package_response(app: BuildMax, row: dict[str, Any]) -> Response:
     "Yank a release (system admins and operators): no longer offered; pins stay",
     body=ReasonBody,
     response=ReleaseOut,
+    system_roles=SYSTEM_ROLES,
     idempotent=True,
     tags=["catalog"],
 )
-async def yank(name: str, version: str) -> Response:
+async def yank(name: str, version: str, caller: Caller, data: dict[str, Any]) -> Work:
     """A yanked release stays pinned wherever it is activated and keeps
     working there; it is no longer the latest. Yanking twice keeps the first reason."""
     app = current_buildmax()
-    caller = await authenticate()
-    _require_publisher(caller)
-    data = await load_body(ReasonBody())
 
     async def work(tx: Transaction) -> Reply:
         row = await _release_or_404(tx, name, version)
@@ -342,7 +330,7 @@ async def yank(name: str, version: str) -> Response:
             row = await _release_or_404(tx, name, version)
         return Reply(200, release_view(row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/catalog/<name>/archive")
@@ -350,14 +338,12 @@ async def yank(name: str, version: str) -> Response:
     "Archive a plugin (system admins and operators): nothing more is published; pins stay",
     body=ReasonBody,
     response=PluginOut,
+    system_roles=SYSTEM_ROLES,
     idempotent=True,
     tags=["catalog"],
 )
-async def archive(name: str) -> Response:
+async def archive(name: str, caller: Caller, data: dict[str, Any]) -> Work:
     app = current_buildmax()
-    caller = await authenticate()
-    _require_publisher(caller)
-    data = await load_body(ReasonBody())
 
     async def work(tx: Transaction) -> Reply:
         row = await _plugin_or_404(tx, name, lock=True)
@@ -382,7 +368,7 @@ async def archive(name: str) -> Response:
             row = await _plugin_or_404(tx, name)
         return Reply(200, await _plugin_view(tx, row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/catalog/<name>/releases/<version>/eligibility")
@@ -390,18 +376,15 @@ async def archive(name: str) -> Response:
     "Mark a release eligible for unattended use, or not (system admins only)",
     body=EligibilityBody,
     response=ReleaseOut,
+    system_roles=["admin"],
     idempotent=True,
     tags=["catalog"],
 )
-async def eligibility(name: str, version: str) -> Response:
+async def eligibility(name: str, version: str, caller: Caller, data: dict[str, Any]) -> Work:
     """``sha256`` names the release whose capability report the admin read:
     409 when it is not this release's. Eligibility belongs to this release
     only; the next version starts ineligible."""
     app = current_buildmax()
-    caller = await authenticate()
-    if not caller.is_admin:
-        raise Forbidden("only a system admin marks a release eligible for unattended use")
-    data = await load_body(EligibilityBody())
 
     async def work(tx: Transaction) -> Reply:
         row = await _release_or_404(tx, name, version)
@@ -426,7 +409,7 @@ async def eligibility(name: str, version: str) -> Response:
             row = await _release_or_404(tx, name, version)
         return Reply(200, release_view(row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 async def _audit(
@@ -445,14 +428,15 @@ async def _audit(
 # -- a run's packages --------------------------------------------------------------
 
 
-async def _run_pins(app: BuildMax, attempt_id: str) -> tuple[Any, list[dict[str, Any]]]:
+async def _run_pins(
+    app: BuildMax, caller: Caller, attempt_id: str
+) -> tuple[Any, list[dict[str, Any]]]:
     """The attempt a run token (or its claimant) may read, and its pins.
 
     These routes are not under ``/v1/spaces/{space}``, so the attempt's
     space is asked here, as every space route asks it: only a current member
     who may run work there (``member`` role) reads, whichever token it
     shows; a stranger gets the 404 of an attempt that does not exist."""
-    caller = await authenticate(accept_scopes=("attempt",))
     scoped = caller.actor.scope_type == "attempt"
     if scoped and caller.actor.scope_id != attempt_id:
         raise NotFound("no such attempt")
@@ -482,11 +466,11 @@ def task_queue(app: BuildMax) -> TaskQueue:
     scopes=["attempt"],
     tags=["catalog"],
 )
-async def run_packages(attempt: str) -> Response:
+async def run_packages(attempt: str, caller: Caller) -> Response:
     """The pins resolved at claim (name, version, sha256), the attempt's
     space and generation, and the agent revision they came from."""
     app = current_buildmax()
-    found, pinned = await _run_pins(app, attempt)
+    found, pinned = await _run_pins(app, caller, attempt)
     return json_response(
         {
             "attempt_id": found.id,
@@ -518,10 +502,10 @@ async def run_packages(attempt: str) -> Response:
     tags=["catalog"],
     content_type="application/octet-stream",
 )
-async def run_package(attempt: str, name: str) -> Response:
+async def run_package(attempt: str, name: str, caller: Caller) -> Response:
     """Only a package the attempt's pins name, at the pinned version and digest."""
     app = current_buildmax()
-    _, pinned = await _run_pins(app, attempt)
+    _, pinned = await _run_pins(app, caller, attempt)
     wanted = next((p for p in pinned if p["name"] == name), None)
     if wanted is None:
         raise NotFound("this attempt has no pin of that plugin")

@@ -19,15 +19,15 @@ from buildmax_hookspecs import TaskQueue, Transaction
 from marshmallow import RAISE, Schema, fields, validate
 from quart import Blueprint, Response
 
-from buildmax.access import SpaceAccess, require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
 from buildmax.app import BuildMax
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.services import ServiceMissing
 
 from .activation import activations_of, curation_mode, newer, pin, set_enabled
@@ -96,12 +96,12 @@ async def activation_view(
 @blueprint.get("/v1/spaces/<space>/plugins")
 @api(
     "The space's curation mode and activations, with the agents naming each (viewers)",
+    role="viewer",
+    action="catalog.activations.read",
     tags=["catalog"],
 )
-async def list_activations(space: str) -> Response:
+async def list_activations(access: SpaceAccess) -> Response:
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "catalog.activations.read")
     async with app.db.read() as conn:
         mode = await curation_mode(conn, access.pk)
         agents = await _agents(app, conn, access.public_id)
@@ -120,26 +120,22 @@ async def list_activations(space: str) -> Response:
     return json_response({"mode": mode, "items": items, "agents": per_agent})
 
 
-async def _change(space: str, action: str) -> tuple[BuildMax, Any, SpaceAccess]:
-    app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, action)
-    return app, caller, access
-
-
 @blueprint.put("/v1/spaces/<space>/plugins/<name>")
 @api(
     "Activate a release in the space, or move the pin to it (space owners and admins)",
     body=PinBody,
     also={201: "A new activation"},
+    role="admin",
+    action="catalog.activations.manage",
     idempotent=True,
     tags=["catalog"],
 )
-async def put_activation(space: str, name: str) -> Response:
+async def put_activation(
+    name: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Work:
     """201 for a new activation (origin ``curated``), 200 for a pin moved or
     already there; 422 ``activation-refused`` with the policy's reason."""
-    app, caller, access = await _change(space, "catalog.activations.manage")
-    data = await load_body(PinBody())
+    app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
         row, created = await pin(
@@ -155,11 +151,11 @@ async def put_activation(space: str, name: str) -> Response:
         )
         return Reply(201 if created else 200, await activation_view(app, tx, access.public_id, row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
-async def _enable(space: str, name: str, enabled: bool) -> Response:
-    app, caller, access = await _change(space, "catalog.activations.manage")
+def _enable(caller: Caller, access: SpaceAccess, name: str, enabled: bool) -> Work:
+    app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
         row = await set_enabled(
@@ -174,37 +170,46 @@ async def _enable(space: str, name: str, enabled: bool) -> Response:
         )
         return Reply(200, await activation_view(app, tx, access.public_id, row))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/plugins/<name>/suspend")
 @api(
     "Suspend an activation: runs of agents naming it are refused (space owners and admins)",
+    role="admin",
+    action="catalog.activations.manage",
     idempotent=True,
     tags=["catalog"],
 )
-async def suspend(space: str, name: str) -> Response:
-    return await _enable(space, name, False)
+async def suspend(name: str, caller: Caller, access: SpaceAccess) -> Work:
+    return _enable(caller, access, name, False)
 
 
 @blueprint.post("/v1/spaces/<space>/plugins/<name>/resume")
-@api("Resume a suspended activation (space owners and admins)", idempotent=True, tags=["catalog"])
-async def resume(space: str, name: str) -> Response:
-    return await _enable(space, name, True)
+@api(
+    "Resume a suspended activation (space owners and admins)",
+    role="admin",
+    action="catalog.activations.manage",
+    idempotent=True,
+    tags=["catalog"],
+)
+async def resume(name: str, caller: Caller, access: SpaceAccess) -> Work:
+    return _enable(caller, access, name, True)
 
 
 @blueprint.put("/v1/spaces/<space>/curation")
 @api(
     "Set the space's curation mode, open or curated (space owners and admins)",
     body=CurationBody,
+    role="admin",
+    action="catalog.curation.manage",
     idempotent=True,
     tags=["catalog"],
 )
-async def put_curation(space: str) -> Response:
+async def put_curation(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """``open`` (the default): an agent naming a plugin activates it;
     ``curated``: an owner or admin activates it first."""
-    app, caller, access = await _change(space, "catalog.curation.manage")
-    data = await load_body(CurationBody())
+    app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
         values = {
@@ -241,4 +246,4 @@ async def put_curation(space: str) -> Response:
             )
         return Reply(200, {"mode": data["mode"]})
 
-    return await app.idempotency.run(caller, work)
+    return work

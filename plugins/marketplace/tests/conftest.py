@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from buildmax_audit.tables import events as audit_events
 
 from buildmax.spaces import put_member
-from buildmax.testing import PrincipalHandle, SpaceHandle
+from buildmax.testing import PrincipalHandle, SpaceHandle, call
 
 PROBLEM = "urn:buildmax:problem:"
 #: The test deployment's largest release archive.
@@ -44,27 +44,18 @@ class Market:
         data: bytes | None = None,
         key: str | None = None,
     ) -> Any:
-        """Call ``path`` as ``who`` (with an ``Idempotency-Key`` when given);
-        check status and problem slug; the body."""
-        token = who if isinstance(who, str) else who.token
-        kwargs: dict[str, Any] = {"headers": {"Authorization": f"Bearer {token}"}}
-        if key is not None:
-            kwargs["headers"]["Idempotency-Key"] = key
-        if json is not None:
-            kwargs["json"] = json
-        if data is not None:
-            kwargs["data"] = data
-            kwargs["headers"]["Content-Type"] = "application/octet-stream"
-        response = await getattr(self.client, method.lower())(path, **kwargs)
-        if response.content_type.startswith("application/octet-stream"):
-            body: Any = await response.get_data()
-        else:
-            body = await response.get_json()
-        if expect is not None:
-            assert response.status_code == expect, (response.status_code, body)
-        if problem is not None:
-            assert body["type"] == PROBLEM + problem, body
-        return body
+        """Call ``path`` as ``who``: :func:`buildmax.testing.call`."""
+        return await call(
+            self.client,
+            method,
+            path,
+            who,
+            expect=expect,
+            problem=problem,
+            json=json,
+            data=data,
+            key=key,
+        )
 
     async def claim_new(self, base: str, title: str, agent: str) -> Any:
         """Create a task of project ``main`` for ``agent`` in the space at

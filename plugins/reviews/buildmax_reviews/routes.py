@@ -18,13 +18,13 @@ from buildmax_hookspecs import TaskQueue, TaskRef, Transaction
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 from quart import Blueprint, Response, request
 
-from buildmax.access import SpaceAccess, require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.schemas import Pattern, StrictBoolean, revision_number
@@ -247,14 +247,14 @@ async def _render(conn: Transaction, rows: list[dict[str, Any]]) -> list[dict[st
 @api(
     "List the review and integration work of a space, newest first (viewers)",
     response=ReviewPage,
+    role="viewer",
+    action="reviews.read",
     tags=["reviews"],
 )
-async def list_reviews(space: str) -> Response:
+async def list_reviews(access: SpaceAccess) -> Response:
     """Filters: ``kind`` (review, integration), ``subject`` (a task id),
     ``pending=true`` (nothing recorded yet and the work item still open)."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "reviews.read")
     page = page_request()
     query = _ITEM_SELECT.where(activities.c.space_id == access.pk).limit(page.limit + 1)
     kind = _choice("kind", KINDS)
@@ -304,13 +304,13 @@ async def _find(conn: Transaction, access: SpaceAccess, ident: str) -> dict[str,
     "Show review or integration work with what was recorded on it (viewers)",
     response=ReviewItem,
     scopes=ATTEMPT_SCOPE,
+    role="viewer",
+    action="reviews.read",
     tags=["reviews"],
 )
-async def show_review(space: str, ident: str) -> Response:
+async def show_review(ident: str, access: SpaceAccess) -> Response:
     """By its work item's task id, a review id (``rv_``) or an integration id (``ig_``)."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-    access = await require_space(space, "viewer", caller, "reviews.read")
     async with app.db.read() as conn:
         row = await _find(conn, access, ident)
         (item,) = await _render(conn, [row])
@@ -325,9 +325,13 @@ async def show_review(space: str, ident: str) -> Response:
     status=201,
     scopes=ATTEMPT_SCOPE,
     idempotent=True,
+    role="member",
+    action="reviews.record",
     tags=["reviews"],
 )
-async def record_review(space: str, ident: str) -> Response:
+async def record_review(
+    ident: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Work:
     """``ident`` is the review work item's task id. The reviewer who claimed
     the work item hands it in (with the claim's token or the principal's,
     fenced at ``generation`` when given). A human may record a review on an
@@ -336,9 +340,6 @@ async def record_review(space: str, ident: str) -> Response:
     the human slot and stale criteria are checked."""
     task = ident
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-    access = await require_space(space, "member", caller, "reviews.record")
-    data = await load_body(ReviewBody())
     queue = app.services.get(TaskQueue)
 
     async def work(tx: Transaction) -> Reply:
@@ -362,7 +363,7 @@ async def record_review(space: str, ident: str) -> Response:
         (item,) = await _render(tx, [await _find(tx, access, task)])
         return Reply(201, item)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 def _present(finding: dict[str, Any]) -> dict[str, Any]:
@@ -370,13 +371,18 @@ def _present(finding: dict[str, Any]) -> dict[str, Any]:
 
 
 @blueprint.get("/v1/spaces/<space>/findings")
-@api("List review findings, newest first (viewers)", response=FindingPage, tags=["reviews"])
-async def list_findings(space: str) -> Response:
+@api(
+    "List review findings, newest first (viewers)",
+    response=FindingPage,
+    scopes=ATTEMPT_SCOPE,
+    tags=["reviews"],
+    role="viewer",
+    action="reviews.read",
+)
+async def list_findings(access: SpaceAccess) -> Response:
     """Filters: ``subject`` (the reviewed task), ``review``, ``state``
     (``open`` or ``resolved``)."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-    access = await require_space(space, "viewer", caller, "reviews.read")
     page = page_request()
     query = (
         _FINDING_SELECT.where(findings.c.space_id == access.pk)
@@ -408,14 +414,15 @@ async def list_findings(space: str) -> Response:
     response=FindingOut,
     scopes=ATTEMPT_SCOPE,
     idempotent=True,
+    role="member",
+    action="reviews.resolve",
     tags=["reviews"],
 )
-async def resolve_finding(space: str, finding: str) -> Response:
+async def resolve_finding(
+    finding: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Work:
     """Resolving twice keeps the first resolution (and answers it)."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-    access = await require_space(space, "member", caller, "reviews.resolve")
-    data = await load_body(ResolveBody())
 
     async def work(tx: Transaction) -> Reply:
         lookup = _FINDING_SELECT.where(
@@ -456,4 +463,4 @@ async def resolve_finding(space: str, finding: str) -> Response:
             assert row is not None
         return Reply(200, _finding_view(dict(row)))
 
-    return await app.idempotency.run(caller, work)
+    return work

@@ -17,7 +17,7 @@ from buildmax_tasks.tables import TABLES as TASK_TABLES
 from buildmax_tasks.tables import reservations, tasks
 
 from buildmax.spaces import put_member
-from buildmax.testing import PrincipalHandle, SpaceHandle
+from buildmax.testing import PrincipalHandle, SpaceHandle, call
 
 PROBLEM = "urn:buildmax:problem:"
 REPO = "https://git.test/app.git"
@@ -55,20 +55,18 @@ class Flow:
         json: Any = None,
         client: Any = None,
     ) -> Any:
-        """Call ``base + path`` as ``who`` (a principal or a raw token);
-        check the status and problem slug; the JSON body."""
-        token = who if isinstance(who, str) else (who or self.owner).token
-        kwargs: dict[str, Any] = {"headers": {"Authorization": f"Bearer {token}"}}
-        if json is not None:
-            kwargs["json"] = json
+        """Call ``base + path`` as ``who`` (a principal or a raw token; the
+        owner by default): :func:`buildmax.testing.call`."""
         url = path if path.startswith("/v1/") else self.base + path
-        response = await getattr(client or self.client, method.lower())(url, **kwargs)
-        body = await response.get_json() if response.status_code != 204 else None
-        if expect is not None:
-            assert response.status_code == expect, (response.status_code, body)
-        if problem is not None:
-            assert body["type"] == PROBLEM + problem, body
-        return body
+        return await call(
+            client or self.client,
+            method,
+            url,
+            who or self.owner,
+            expect=expect,
+            problem=problem,
+            json=json,
+        )
 
     async def policy(self, **fields: Any) -> Any:
         """Set the project's workflow policy."""

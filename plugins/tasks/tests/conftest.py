@@ -12,7 +12,7 @@ from buildmax_tasks.tables import TABLES, TABLES_2, attempts, reservations, task
 
 from buildmax.spaces import put_member
 from buildmax.tables import events, space_members, spaces, tokens
-from buildmax.testing import PrincipalHandle, SpaceHandle, without_plugins
+from buildmax.testing import PrincipalHandle, SpaceHandle, call, without_plugins
 
 PROBLEM = "urn:buildmax:problem:"
 
@@ -46,26 +46,20 @@ class Work:
         key: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Any:
-        """Call ``base + path`` as ``who`` (a principal, or a raw token);
-        check the status and problem slug; return the JSON body."""
-        if isinstance(who, str):
-            auth = {"Authorization": f"Bearer {who}"}
-        else:
-            auth = (who or self.owner).headers
-        sent = {**auth, **(headers or {})}
-        if key is not None:
-            sent["Idempotency-Key"] = key
+        """Call ``base + path`` as ``who`` (a principal, or a raw token; the
+        owner by default): :func:`buildmax.testing.call`."""
         url = path if path.startswith("/v1/") else self.base + path
-        kwargs: dict[str, Any] = {"headers": sent}
-        if json is not None:
-            kwargs["json"] = json
-        response = await getattr(self.client, method.lower())(url, **kwargs)
-        body = await response.get_json() if response.status_code != 204 else None
-        if expect is not None:
-            assert response.status_code == expect, (response.status_code, body)
-        if problem is not None:
-            assert body["type"] == PROBLEM + problem, body
-        return body
+        return await call(
+            self.client,
+            method,
+            url,
+            who or self.owner,
+            expect=expect,
+            problem=problem,
+            json=json,
+            key=key,
+            headers=headers,
+        )
 
     async def task(self, title: str = "do it", **fields: Any) -> dict[str, Any]:
         """Create a task in the project; its body."""

@@ -11,12 +11,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import AuditAction, Migration, Transaction, hookimpl
 from quart import Blueprint, Response, request
 
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
+from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.migrations import create_tables
 
 metadata = sa.MetaData()
@@ -53,21 +53,23 @@ async def ping() -> Response:
 
 @blueprint.get("/v1/testplugin/scoped")
 @api("Test plugin: a route that accepts tokens scoped to 'testscope'", scopes=["testscope"])
-async def scoped() -> Response:
+async def scoped(caller: Caller) -> Response:
     """Shows the caller and its scope."""
-    caller = await authenticate(accept_scopes=["testscope"])
     return json_response(
         {"principal_id": caller.actor.principal_id, "scope": caller.actor.scope_id}
     )
 
 
 @blueprint.post("/v1/spaces/<space>/testplugin/increment")
-@api("Test plugin: increment the space's counter", idempotent=True)
-async def increment(space: str) -> Response:
+@api(
+    "Test plugin: increment the space's counter",
+    idempotent=True,
+    role="member",
+    action="testplugin.increment",
+)
+async def increment(caller: Caller, access: SpaceAccess) -> Work:
     """Read-modify-write in one write transaction, audited, with an event."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "testplugin.increment")
 
     async def work(tx: Transaction) -> Reply:
         value = await bump(tx, access.pk)
@@ -83,19 +85,19 @@ async def increment(space: str) -> Response:
         await app.events.publish(tx, access.pk, "testplugin.incremented", {"value": value})
         return Reply(200, {"value": value})
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/testplugin/slow-increment")
 @api(
     "Test plugin: increment, then hold the transaction open for a while",
     not_idempotent="a test of a client leaving while the transaction is open",
+    role="member",
+    action="testplugin.increment",
 )
-async def slow_increment(space: str) -> Response:
+async def slow_increment(access: SpaceAccess) -> Response:
     """Lets a test disconnect a client while its transaction is open."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "testplugin.increment")
     async with app.db.write() as tx:
         value = await bump(tx, access.pk)
         await asyncio.sleep(float(request.args.get("hold", "5")))

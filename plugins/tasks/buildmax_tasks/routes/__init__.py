@@ -11,9 +11,9 @@ from typing import Any
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
-from buildmax.access import SpaceAccess, require_space
+from buildmax.access import SpaceAccess
 from buildmax.app import BuildMax
-from buildmax.auth import Caller, authenticate
+from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.pagination import page_body, page_request
@@ -71,7 +71,7 @@ async def render_one(conn: Transaction, task: dict[str, Any], now: int) -> dict[
 
 
 async def task_children(
-    space: str,
+    access: SpaceAccess,
     task: str,
     rows_of: Callable[[int], Any],
     key: Any,
@@ -83,8 +83,6 @@ async def task_children(
     viewer: ``rows_of(task_pk)`` selects them, ``key`` (an integer column)
     orders and pages them."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request((int,))
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)

@@ -9,13 +9,13 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import NameTaken, NotFound
@@ -104,15 +104,14 @@ async def _agent(
     response=AgentOut,
     status=201,
     idempotent=True,
+    role="admin",
+    action="tasks.agent.manage",
     tags=["agents"],
 )
-async def create(space: str) -> Response:
+async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """``plugins`` names catalog plugins (never versions); plugins may refuse
     the revision (422, nothing saved)."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "tasks.agent.manage")
-    data = await load_body(AgentCreate())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -141,7 +140,7 @@ async def create(space: str) -> Response:
         )
         return Reply(201, _render(await _agent(tx, access.pk, public_id)))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/agents/<agent>/revisions")
@@ -151,14 +150,13 @@ async def create(space: str) -> Response:
     response=AgentOut,
     status=201,
     idempotent=True,
+    role="admin",
+    action="tasks.agent.manage",
     tags=["agents"],
 )
-async def revise(space: str, agent: str) -> Response:
+async def revise(agent: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """``expected_revision`` refuses a concurrent edit with 409."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "tasks.agent.manage")
-    data = await load_body(AgentRevise())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -177,16 +175,20 @@ async def revise(space: str, agent: str) -> Response:
         )
         return Reply(201, _render(await _agent(tx, access.pk, row["public_id"])))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/agents")
-@api("List agents with their current revision (viewers)", response=AgentPage, tags=["agents"])
-async def list_agents(space: str) -> Response:
+@api(
+    "List agents with their current revision (viewers)",
+    response=AgentPage,
+    tags=["agents"],
+    role="viewer",
+    action="tasks.read",
+)
+async def list_agents(access: SpaceAccess) -> Response:
     """Ordered by name."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request()
     query = (
         AGENT_SELECT.where(agents.c.space_id == access.pk)
@@ -203,24 +205,32 @@ async def list_agents(space: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/agents/<agent>")
-@api("Show an agent (viewers)", response=AgentOut, tags=["agents"])
-async def show(space: str, agent: str) -> Response:
+@api(
+    "Show an agent (viewers)",
+    response=AgentOut,
+    tags=["agents"],
+    role="viewer",
+    action="tasks.read",
+)
+async def show(agent: str, access: SpaceAccess) -> Response:
     """By public id or name."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     async with app.db.read() as conn:
         row = await _agent(conn, access.pk, agent)
     return json_response(_render(row))
 
 
 @blueprint.get("/v1/spaces/<space>/agents/<agent>/revisions")
-@api("An agent's revisions, newest first (viewers)", response=AgentRevisionPage, tags=["agents"])
-async def revisions(space: str, agent: str) -> Response:
+@api(
+    "An agent's revisions, newest first (viewers)",
+    response=AgentRevisionPage,
+    tags=["agents"],
+    role="viewer",
+    action="tasks.read",
+)
+async def revisions(agent: str, access: SpaceAccess) -> Response:
     """Revisions are append-only."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request((int,))
     async with app.db.read() as conn:
         row = await _agent(conn, access.pk, agent)

@@ -15,12 +15,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
-from buildmax.access import SpaceAccess, recheck_space, require_space
+from buildmax.access import SpaceAccess, recheck_space
 from buildmax.apidoc import api
-from buildmax.auth import Caller, authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.problems import NotFound
 from buildmax.tables import spaces
 from buildmax.tokens import reissue_token
@@ -128,16 +128,15 @@ async def remint_attempt_token(
     response=ClaimOut,
     status=201,
     idempotent=True,
+    role="member",
+    action="tasks.claim",
     tags=["claims"],
 )
-async def claim(space: str, task: str) -> Response:
+async def claim(task: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """409 when another attempt holds it or a resource it needs is reserved
     (the holder is named), 403 when a hold or a claim check refuses, 422
     when the run environment cannot be resolved."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.claim")
-    data = await load_body(ClaimBody())
     lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
     await _recover_lapsed(app, caller, access, task)
 
@@ -147,7 +146,7 @@ async def claim(space: str, task: str) -> Response:
         made = await claim_named(ch, caller.principal_pk, task, lease)
         return _claim_reply(_claim_body(made, 0, tasks_state(app).engine), 201)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 async def _recover_lapsed(app: BuildMax, caller: Caller, access: SpaceAccess, task: str) -> None:
@@ -184,16 +183,15 @@ _LAPSED_OF_TASK = (
     status=201,
     also={200: "Nothing is claimable: task, attempt, token and token_id are null"},
     idempotent=True,
+    role="member",
+    action="tasks.claim",
     tags=["claims"],
 )
-async def claim_next_route(space: str) -> Response:
+async def claim_next_route(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """201 with the claim; 200 with ``task: null`` when nothing is claimable.
     ``skipped`` counts candidates passed over (vetoed, resource reserved,
     run environment unresolved)."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.claim")
-    data = await load_body(ClaimNextBody())
     state = tasks_state(app)
     lease = lease_ms(state.settings, data["lease_seconds"])
 
@@ -215,7 +213,7 @@ async def claim_next_route(space: str) -> Response:
             _claim_body(made, skipped, tasks_state(app).engine), 201 if made else 200
         )
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 def _authority(access: SpaceAccess, caller: Caller, reason: str | None) -> ops.Authority:
@@ -230,21 +228,18 @@ def _authority(access: SpaceAccess, caller: Caller, reason: str | None) -> ops.A
 Operation = Callable[[Change, dict[str, Any], dict[str, Any], dict[str, Any]], Awaitable[Reply]]
 
 
-async def _on_attempt(
-    space: str,
+def _on_attempt(
+    caller: Caller,
+    access: SpaceAccess,
+    data: dict[str, Any],
     attempt: str,
-    schema: Any,
-    action: str,
     operation: Operation,
     *,
     allow_lapsed: bool = False,
-) -> Response:
-    """Authenticate (attempt tokens accepted), load the body, fence the
-    attempt and run ``operation`` in one write transaction."""
+) -> Work:
+    """The work of a report on an attempt: fence the attempt, then run
+    ``operation`` in the same write transaction."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-    access = await require_space(space, "member", caller, action)
-    data = await load_body(schema)
     authority = _authority(access, caller, data.get("override_reason"))
     if authority.scope_id is not None and authority.scope_id != attempt:
         # Refused before the idempotency layer, which would otherwise replay
@@ -258,7 +253,7 @@ async def _on_attempt(
         )
         return await operation(ch, row, task, data)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/attempts/<attempt>/renew")
@@ -267,10 +262,12 @@ async def _on_attempt(
     body=RenewBody,
     response=AttemptOut,
     scopes=ATTEMPT_SCOPE,
+    role="member",
+    action="tasks.attempt.renew",
     idempotent=True,
     tags=["attempts"],
 )
-async def renew(space: str, attempt: str) -> Response:
+async def renew(attempt: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """The lease runs ``lease_seconds`` (default: the configured lease) from
     now. A stopped hold refuses renewals (403); the lapse that follows is not
     charged against the task's attempts."""
@@ -280,21 +277,21 @@ async def renew(space: str, attempt: str) -> Response:
         ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
     ) -> Reply:
         lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
-        updated = await ops.renew(ch, row, task, lease, data["progress"])
+        try:
+            updated = await ops.renew(ch, row, task, lease, data["progress"])
+        except TaskHeld:
+            ch.tx.after_rollback(remember_refusal)
+            raise
         return Reply(200, attempt_body(updated))
 
-    try:
-        return await _on_attempt(space, attempt, RenewBody(), "tasks.attempt.renew", operation)
-    except TaskHeld:
-        # Remembered in its own transaction: the refused renewal changed nothing else.
-        caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-        access = await require_space(space, "member", caller, "tasks.attempt.renew")
-        data = await load_body(RenewBody())
+    async def remember_refusal() -> None:
+        # In a transaction of its own: the refused renewal changed nothing else.
         async with app.db.write() as tx:
             await ops.mark_hold_refused(
                 change(app, tx, caller, access), attempt, data["generation"]
             )
-        raise
+
+    return _on_attempt(caller, access, data, attempt, operation)
 
 
 @blueprint.post("/v1/spaces/<space>/attempts/<attempt>/checkpoint")
@@ -304,10 +301,14 @@ async def renew(space: str, attempt: str) -> Response:
     response=CheckpointOut,
     status=201,
     scopes=ATTEMPT_SCOPE,
+    role="member",
+    action="tasks.attempt.update",
     idempotent=True,
     tags=["attempts"],
 )
-async def checkpoint(space: str, attempt: str) -> Response:
+async def checkpoint(
+    attempt: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Work:
     """Checkpoints are kept in order; ``data`` is any JSON value."""
 
     async def operation(
@@ -321,10 +322,12 @@ async def checkpoint(space: str, attempt: str) -> Response:
             ),
         )
 
-    return await _on_attempt(space, attempt, CheckpointBody(), "tasks.attempt.update", operation)
+    return _on_attempt(caller, access, data, attempt, operation)
 
 
-async def _give_up(space: str, attempt: str, schema: Any, state: str, action: str) -> Response:
+def _give_up(
+    caller: Caller, access: SpaceAccess, data: dict[str, Any], attempt: str, state: str
+) -> Work:
     async def operation(
         ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
     ) -> Reply:
@@ -333,9 +336,7 @@ async def _give_up(space: str, attempt: str, schema: Any, state: str, action: st
         assert fresh is not None
         return Reply(200, attempt_body(fresh))
 
-    return await _on_attempt(
-        space, attempt, schema, action, operation, allow_lapsed=state == "canceled"
-    )
+    return _on_attempt(caller, access, data, attempt, operation, allow_lapsed=state == "canceled")
 
 
 @blueprint.post("/v1/spaces/<space>/attempts/<attempt>/release")
@@ -344,12 +345,14 @@ async def _give_up(space: str, attempt: str, schema: Any, state: str, action: st
     body=ReleaseBody,
     response=AttemptOut,
     scopes=ATTEMPT_SCOPE,
+    role="member",
+    action="tasks.attempt.update",
     idempotent=True,
     tags=["attempts"],
 )
-async def release(space: str, attempt: str) -> Response:
+async def release(attempt: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Not charged against the task's attempts."""
-    return await _give_up(space, attempt, ReleaseBody(), "released", "tasks.attempt.update")
+    return _give_up(caller, access, data, attempt, "released")
 
 
 @blueprint.post("/v1/spaces/<space>/attempts/<attempt>/fail")
@@ -358,12 +361,14 @@ async def release(space: str, attempt: str) -> Response:
     body=FailBody,
     response=AttemptOut,
     scopes=ATTEMPT_SCOPE,
+    role="member",
+    action="tasks.attempt.update",
     idempotent=True,
     tags=["attempts"],
 )
-async def fail(space: str, attempt: str) -> Response:
+async def fail(attempt: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Charged against ``max_attempts``; otherwise the task is ready again."""
-    return await _give_up(space, attempt, FailBody(), "failed", "tasks.attempt.update")
+    return _give_up(caller, access, data, attempt, "failed")
 
 
 @blueprint.post("/v1/spaces/<space>/attempts/<attempt>/cancel")
@@ -372,12 +377,14 @@ async def fail(space: str, attempt: str) -> Response:
     body=CancelAttemptBody,
     response=AttemptOut,
     scopes=ATTEMPT_SCOPE,
+    role="member",
+    action="tasks.attempt.cancel",
     idempotent=True,
     tags=["attempts"],
 )
-async def cancel(space: str, attempt: str) -> Response:
+async def cancel(attempt: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Terminal for the attempt (later reports are refused); the task is ready again."""
-    return await _give_up(space, attempt, CancelAttemptBody(), "canceled", "tasks.attempt.cancel")
+    return _give_up(caller, access, data, attempt, "canceled")
 
 
 @blueprint.post("/v1/spaces/<space>/attempts/<attempt>/submit")
@@ -385,10 +392,12 @@ async def cancel(space: str, attempt: str) -> Response:
     "Hand in the attempt's work (the owner)",
     body=SubmitBody,
     scopes=ATTEMPT_SCOPE,
+    role="member",
+    action="tasks.attempt.update",
     idempotent=True,
     tags=["attempts"],
 )
-async def submit(space: str, attempt: str) -> Response:
+async def submit(attempt: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Accepted under a stopped hold, so finished work is not lost. With no
     workflow stage loaded the task is done; otherwise it waits while the
     first stage's linked work is created."""
@@ -409,7 +418,7 @@ async def submit(space: str, attempt: str) -> Response:
             },
         )
 
-    return await _on_attempt(space, attempt, SubmitBody(), "tasks.attempt.update", operation)
+    return _on_attempt(caller, access, data, attempt, operation)
 
 
 @blueprint.get("/v1/spaces/<space>/attempts/<attempt>")
@@ -417,13 +426,13 @@ async def submit(space: str, attempt: str) -> Response:
     "Show an attempt (viewers; its own token too)",
     response=AttemptOut,
     scopes=ATTEMPT_SCOPE,
+    role="viewer",
+    action="tasks.read",
     tags=["attempts"],
 )
-async def show(space: str, attempt: str) -> Response:
+async def show(attempt: str, caller: Caller, access: SpaceAccess) -> Response:
     """With its lease, run environment and last progress."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=ATTEMPT_SCOPE)
-    access = await require_space(space, "viewer", caller, "tasks.read")
     if caller.actor.scope_type == "attempt" and caller.actor.scope_id != attempt:
         raise NotAttemptOwner("this token is scoped to another attempt")
     async with app.db.read() as conn:
@@ -434,11 +443,17 @@ async def show(space: str, attempt: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/attempts")
-@api("A task's attempts, by generation (viewers)", response=AttemptPage, tags=["attempts"])
-async def list_attempts(space: str, task: str) -> Response:
+@api(
+    "A task's attempts, by generation (viewers)",
+    response=AttemptPage,
+    role="viewer",
+    action="tasks.read",
+    tags=["attempts"],
+)
+async def list_attempts(task: str, access: SpaceAccess) -> Response:
     """Every attempt, ended ones included."""
     return await task_children(
-        space,
+        access,
         task,
         lambda pk: ATTEMPT_SELECT.where(attempts.c.task_id == pk),
         attempts.c.generation,
@@ -447,11 +462,17 @@ async def list_attempts(space: str, task: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/submissions")
-@api("A task's submissions, oldest first (viewers)", response=SubmissionPage, tags=["attempts"])
-async def list_submissions(space: str, task: str) -> Response:
+@api(
+    "A task's submissions, oldest first (viewers)",
+    response=SubmissionPage,
+    role="viewer",
+    action="tasks.read",
+    tags=["attempts"],
+)
+async def list_submissions(task: str, access: SpaceAccess) -> Response:
     """Submissions are immutable."""
     return await task_children(
-        space,
+        access,
         task,
         lambda pk: SUBMISSION_SELECT.where(submissions.c.task_id == pk),
         submissions.c.generation,  # one submission per attempt, so unique per task
@@ -460,12 +481,16 @@ async def list_submissions(space: str, task: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/submissions/<submission>")
-@api("Show a submission (viewers)", response=SubmissionOut, tags=["attempts"])
-async def show_submission(space: str, submission: str) -> Response:
+@api(
+    "Show a submission (viewers)",
+    response=SubmissionOut,
+    tags=["attempts"],
+    role="viewer",
+    action="tasks.read",
+)
+async def show_submission(submission: str, access: SpaceAccess) -> Response:
     """The immutable candidate an attempt handed in."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     async with app.db.read() as conn:
         row = await conn.fetch_one(
             SUBMISSION_SELECT.where(

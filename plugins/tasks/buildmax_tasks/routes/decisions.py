@@ -9,12 +9,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response, request
 
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 from buildmax.tables import principals
@@ -73,14 +73,13 @@ def _render(row: dict[str, Any], now: int) -> dict[str, Any]:
     response=DecisionOut,
     status=201,
     idempotent=True,
+    role="member",
+    action="tasks.decision.open",
     tags=["decisions"],
 )
-async def create(space: str, task: str) -> Response:
+async def create(task: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """``answerable_by``: ``human`` (default; human members only) or ``member``."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.decision.open")
-    data = await load_body(DecisionCreate())
     if len(set(data["options"])) != len(data["options"]):
         raise ValidationFailed("options must be distinct", errors={"options": ["Duplicates."]})
 
@@ -103,20 +102,20 @@ async def create(space: str, task: str) -> Response:
         assert made is not None
         return Reply(201, _render(dict(made), ch.now))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/decisions")
 @api(
     "List decisions, pending ones unless state=all|answered (viewers)",
     response=DecisionPage,
+    role="viewer",
+    action="tasks.read",
     tags=["decisions"],
 )
-async def list_decisions(space: str) -> Response:
+async def list_decisions(access: SpaceAccess) -> Response:
     """Newest first; ``task`` filters by task."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request()
     now = app.clock.now_ms()
     query = (
@@ -153,15 +152,14 @@ async def list_decisions(space: str) -> Response:
     body=DecisionAnswer,
     response=DecisionOut,
     idempotent=True,
+    role="member",
+    action="tasks.decision.answer",
     tags=["decisions"],
 )
-async def answer(space: str, decision: str) -> Response:
+async def answer(decision: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """The answer must be one of the options; the task is claimable again
     once no other decision or hold parks it."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.decision.answer")
-    data = await load_body(DecisionAnswer())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -210,4 +208,4 @@ async def answer(space: str, decision: str) -> Response:
         assert made is not None
         return Reply(200, _render(dict(made), ch.now))
 
-    return await app.idempotency.run(caller, work)
+    return work

@@ -8,12 +8,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response, request
 
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import NotFound, ValidationFailed
@@ -66,15 +66,14 @@ async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
     response=HoldOut,
     status=201,
     idempotent=True,
+    role="admin",
+    action="tasks.hold.manage",
     tags=["holds"],
 )
-async def create(space: str) -> Response:
+async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """``suspended`` refuses new claims; ``stopped`` also refuses renewals.
     ``target`` names the project or task (omit it for the space)."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "tasks.hold.manage")
-    data = await load_body(HoldCreate())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -128,7 +127,7 @@ async def create(space: str) -> Response:
         assert row is not None
         return Reply(201, await _render(tx, dict(row)))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/holds/<hold>/lift")
@@ -136,13 +135,13 @@ async def create(space: str) -> Response:
     "Lift a hold (space admins): its scope is claimable again",
     response=HoldOut,
     idempotent=True,
+    role="admin",
+    action="tasks.hold.manage",
     tags=["holds"],
 )
-async def lift(space: str, hold: str) -> Response:
+async def lift(hold: str, caller: Caller, access: SpaceAccess) -> Work:
     """Lifting an already lifted hold is refused with 409."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "tasks.hold.manage")
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -171,16 +170,20 @@ async def lift(space: str, hold: str) -> Response:
         assert row is not None
         return Reply(200, await _render(tx, dict(row)))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/holds")
-@api("List holds, live ones unless all=true (viewers)", response=HoldPage, tags=["holds"])
-async def list_holds(space: str) -> Response:
+@api(
+    "List holds, live ones unless all=true (viewers)",
+    response=HoldPage,
+    tags=["holds"],
+    role="viewer",
+    action="tasks.read",
+)
+async def list_holds(access: SpaceAccess) -> Response:
     """Newest first."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request()
     query = (
         HOLD_SELECT.where(holds.c.space_id == access.pk)

@@ -8,13 +8,13 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
-from buildmax.access import require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
 from buildmax.problems import NameTaken
@@ -62,14 +62,13 @@ async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
     response=ProjectOut,
     status=201,
     idempotent=True,
+    role="member",
+    action="tasks.project.create",
     tags=["projects"],
 )
-async def create(space: str) -> Response:
+async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """The name is unique in the space."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.project.create")
-    data = await load_body(ProjectCreate())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -91,16 +90,20 @@ async def create(space: str) -> Response:
         await ch.event("project.created", project_id=row["public_id"], name=data["name"])
         return Reply(201, await _render(tx, dict(row)))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/projects")
-@api("List projects (viewers)", response=ProjectPage, tags=["projects"])
-async def list_projects(space: str) -> Response:
+@api(
+    "List projects (viewers)",
+    response=ProjectPage,
+    tags=["projects"],
+    role="viewer",
+    action="tasks.read",
+)
+async def list_projects(access: SpaceAccess) -> Response:
     """Ordered by name."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request()
     query = (
         sa.select(projects)
@@ -117,12 +120,16 @@ async def list_projects(space: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/projects/<project>")
-@api("Show a project and its current policy (viewers)", response=ProjectOut, tags=["projects"])
-async def show(space: str, project: str) -> Response:
+@api(
+    "Show a project and its current policy (viewers)",
+    response=ProjectOut,
+    tags=["projects"],
+    role="viewer",
+    action="tasks.read",
+)
+async def show(project: str, access: SpaceAccess) -> Response:
     """By public id or name."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     async with app.db.read() as conn:
         row = await find_project(conn, access.pk, project)
         body = await _render(conn, row)
@@ -135,14 +142,13 @@ async def show(space: str, project: str) -> Response:
     body=ProjectUpdate,
     response=ProjectOut,
     idempotent=True,
+    role="member",
+    action="tasks.project.update",
     tags=["projects"],
 )
-async def update(space: str, project: str) -> Response:
+async def update(project: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Description, repository URL and target branch; the name is permanent."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.project.update")
-    data = await load_body(ProjectUpdate())
     expected = data.pop("expected_revision")
 
     async def work(tx: Transaction) -> Reply:
@@ -169,7 +175,7 @@ async def update(space: str, project: str) -> Response:
         await ch.event("project.updated", project_id=row["public_id"])
         return Reply(200, await _render(tx, dict(updated)))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/projects/<project>/policy")
@@ -179,15 +185,16 @@ async def update(space: str, project: str) -> Response:
     response=PolicyOut,
     status=201,
     idempotent=True,
+    role="admin",
+    action="tasks.policy.update",
     tags=["projects"],
 )
-async def set_policy(space: str, project: str) -> Response:
+async def set_policy(
+    project: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Work:
     """``expected_revision`` (the current policy revision, 0 before the first)
     refuses a concurrent edit with 409."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "tasks.policy.update")
-    data = await load_body(PolicyBody())
     expected = data.pop("expected_revision")
 
     async def work(tx: Transaction) -> Reply:
@@ -223,16 +230,19 @@ async def set_policy(space: str, project: str) -> Response:
         body = POLICY_OUT.dump({**data, "revision": revision, "created_at": ch.now})
         return Reply(201, body)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/projects/<project>/policies")
-@api("Every policy revision of a project, newest first (viewers)", tags=["projects"])
-async def list_policies(space: str, project: str) -> Response:
+@api(
+    "Every policy revision of a project, newest first (viewers)",
+    tags=["projects"],
+    role="viewer",
+    action="tasks.read",
+)
+async def list_policies(project: str, access: SpaceAccess) -> Response:
     """Revisions are immutable; the first is the current one."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     async with app.db.read() as conn:
         row = await find_project(conn, access.pk, project)
         rows = await conn.fetch_all(

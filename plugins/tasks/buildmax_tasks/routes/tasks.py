@@ -10,12 +10,12 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response, request
 
-from buildmax.access import SpaceAccess, require_space
+from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
-from buildmax.auth import Caller, authenticate
-from buildmax.bodies import json_response, load_body
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
-from buildmax.idempotency import Reply
+from buildmax.idempotency import Reply, Work
 from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
@@ -86,14 +86,13 @@ async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
     response=TaskOut,
     status=201,
     idempotent=True,
+    role="member",
+    action="tasks.task.create",
     tags=["tasks"],
 )
-async def create(space: str) -> Response:
+async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Ready at once, or open until every prerequisite is done."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.task.create")
-    data = await load_body(TaskCreate())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -155,7 +154,7 @@ async def create(space: str) -> Response:
         task = await task_or_404(tx, access.pk, public_id)
         return Reply(201, await render_one(tx, task, ch.now))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 def _kind() -> str | None:
@@ -201,13 +200,17 @@ def _list_conditions(filters: ClaimFilters) -> list[Any]:
 
 
 @blueprint.get("/v1/spaces/<space>/tasks")
-@api("List and search tasks (viewers)", response=TaskPage, tags=["tasks"])
-async def list_tasks(space: str) -> Response:
+@api(
+    "List and search tasks (viewers)",
+    response=TaskPage,
+    tags=["tasks"],
+    role="viewer",
+    action="tasks.read",
+)
+async def list_tasks(access: SpaceAccess) -> Response:
     """Filters: ``state``, ``kind``, ``label``, ``project``, ``agent``, ``q``
     (title contains); newest first."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request()
     async with app.db.read() as conn:
         conditions = _list_conditions(await _queue_filters(conn, access))
@@ -232,14 +235,14 @@ _TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=Tr
 @api(
     "The ready queue: claimable tasks by priority, then age (viewers)",
     response=TaskPage,
+    role="viewer",
+    action="tasks.read",
     tags=["tasks"],
 )
-async def ready(space: str) -> Response:
+async def ready(access: SpaceAccess) -> Response:
     """Held and parked tasks are left out. Filters: ``project``, ``kind``,
     ``label``, ``agent``."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     page = page_request()
     now = app.clock.now_ms()
     async with app.db.read() as conn:
@@ -270,13 +273,13 @@ async def ready(space: str) -> Response:
     "Show a task (viewers; an attempt's token may read its own task)",
     response=TaskOut,
     scopes=["attempt"],
+    role="viewer",
+    action="tasks.read",
     tags=["tasks"],
 )
-async def show(space: str, task: str) -> Response:
+async def show(task: str, caller: Caller, access: SpaceAccess) -> Response:
     """With its state, why it is parked, its stage and current attempt."""
     app = current_buildmax()
-    caller = await authenticate(accept_scopes=["attempt"])
-    access = await require_space(space, "viewer", caller, "tasks.read")
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
         if caller.actor.scope_type == "attempt":
@@ -322,14 +325,13 @@ async def require_editable(
     body=TaskUpdate,
     response=TaskOut,
     idempotent=True,
+    role="member",
+    action="tasks.task.update",
     tags=["tasks"],
 )
-async def update(space: str, task: str) -> Response:
+async def update(task: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Changing title, body or criteria makes a new immutable revision."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.task.update")
-    data = await load_body(TaskUpdate())
     expected = data.pop("expected_revision")
     reason = data.pop("override_reason")
 
@@ -381,15 +383,21 @@ async def update(space: str, task: str) -> Response:
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/revisions")
-@api("A task's revisions, newest first (viewers)", response=RevisionPage, tags=["tasks"])
-async def revisions(space: str, task: str) -> Response:
+@api(
+    "A task's revisions, newest first (viewers)",
+    response=RevisionPage,
+    role="viewer",
+    action="tasks.read",
+    tags=["tasks"],
+)
+async def revisions(task: str, access: SpaceAccess) -> Response:
     """Revisions are immutable."""
     return await task_children(
-        space,
+        access,
         task,
         lambda pk: sa.select(task_revisions).where(task_revisions.c.task_id == pk),
         task_revisions.c.number,
@@ -399,12 +407,16 @@ async def revisions(space: str, task: str) -> Response:
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/dependencies")
-@api("A task's prerequisites and dependents (viewers)", response=DependenciesOut, tags=["tasks"])
-async def list_dependencies(space: str, task: str) -> Response:
+@api(
+    "A task's prerequisites and dependents (viewers)",
+    response=DependenciesOut,
+    tags=["tasks"],
+    role="viewer",
+    action="tasks.read",
+)
+async def list_dependencies(task: str, access: SpaceAccess) -> Response:
     """Each with its state."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "viewer", caller, "tasks.read")
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
         prereqs = await conn.fetch_all(prerequisite_ids_query(row["id"]))
@@ -424,14 +436,13 @@ async def list_dependencies(space: str, task: str) -> Response:
     status=201,
     also={200: "The task had this prerequisite already"},
     idempotent=True,
+    role="member",
+    action="tasks.task.update",
     tags=["tasks"],
 )
-async def add(space: str, task: str) -> Response:
+async def add(task: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """The task becomes open until the prerequisite is done."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.task.update")
-    data = await load_body(DependencyBody())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -470,16 +481,21 @@ async def add(space: str, task: str) -> Response:
         }
         return Reply(201 if added else 200, body)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.delete("/v1/spaces/<space>/tasks/<task>/dependencies/<prerequisite>")
-@api("Remove a prerequisite (members)", status=204, idempotent=True, tags=["tasks"])
-async def remove(space: str, task: str, prerequisite: str) -> Response:
+@api(
+    "Remove a prerequisite (members)",
+    status=204,
+    idempotent=True,
+    tags=["tasks"],
+    role="member",
+    action="tasks.task.update",
+)
+async def remove(task: str, prerequisite: str, caller: Caller, access: SpaceAccess) -> Work:
     """The task becomes ready when nothing else holds it back."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.task.update")
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -496,7 +512,7 @@ async def remove(space: str, task: str, prerequisite: str) -> Response:
         )
         return Reply(204, None)
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/cancel")
@@ -505,14 +521,13 @@ async def remove(space: str, task: str, prerequisite: str) -> Response:
     body=Reason,
     response=TaskOut,
     idempotent=True,
+    role="member",
+    action="tasks.task.cancel",
     tags=["tasks"],
 )
-async def cancel(space: str, task: str) -> Response:
+async def cancel(task: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """Its active attempt and unfinished stage work are canceled too."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "member", caller, "tasks.task.cancel")
-    data = await load_body(Reason())
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -528,7 +543,7 @@ async def cancel(space: str, task: str) -> Response:
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 
-    return await app.idempotency.run(caller, work)
+    return work
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/retry")
@@ -536,13 +551,13 @@ async def cancel(space: str, task: str) -> Response:
     "Retry a failed, canceled or stranded task with a fresh attempt budget (space admins)",
     response=TaskOut,
     idempotent=True,
+    role="admin",
+    action="tasks.task.retry",
     tags=["tasks"],
 )
-async def retry(space: str, task: str) -> Response:
+async def retry(task: str, caller: Caller, access: SpaceAccess) -> Work:
     """Earlier attempts stay as they were; the next claim has the next generation."""
     app = current_buildmax()
-    caller = await authenticate()
-    access = await require_space(space, "admin", caller, "tasks.task.retry")
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -562,4 +577,4 @@ async def retry(space: str, task: str) -> Response:
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 
-    return await app.idempotency.run(caller, work)
+    return work
