@@ -27,7 +27,7 @@ from .auth import authenticate
 from .bodies import load_body, validate
 from .current import current_buildmax
 from .declaration import RouteDoc, current_route_doc, route_doc
-from .idempotency import Work
+from .idempotency import VIEW_RUNNING, Work
 from .inputs import IDEMPOTENCY_KEY_PATTERN
 from .pagination import PageQuery
 from .problems import Forbidden
@@ -131,9 +131,13 @@ def api(
         @functools.wraps(view)
         async def serve(**path: Any) -> Response:
             given = await _apply(doc, path)
-            answer = await view(
-                **{name: value for name, value in given.items() if takes_all or name in parameters}
-            )
+            running = VIEW_RUNNING.set(True)
+            try:
+                answer = await view(
+                    **{k: v for k, v in given.items() if takes_all or k in parameters}
+                )
+            finally:
+                VIEW_RUNNING.reset(running)
             if isinstance(answer, Response):
                 if doc.idempotent and doc.body_type == JSON:
                     raise RuntimeError(f"{request.endpoint} is idempotent but returned no work")
@@ -322,7 +326,7 @@ def _who(doc: RouteDoc) -> str:
     if doc.system_roles:
         return f"Needs the {' or '.join(doc.system_roles)} system role."
     if doc.role is not None:
-        return f"Needs the {doc.role} role in the space (`{doc.action}`)."
+        return f"Needs at least the {doc.role} role in the space (`{doc.action}`)."
     return ""
 
 

@@ -13,6 +13,7 @@ token), a replay revokes the token nobody saw and answers with a fresh one.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import re
@@ -47,6 +48,10 @@ IN_PROGRESS = "a request with this idempotency key is still running"
 #: (the server stopped mid-upload); a retry after that runs again.
 PENDING_SECONDS = 15 * 60
 _KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+#: Set while a declared view runs: its work is the kernel's to run, after it.
+VIEW_RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "buildmax_view_running", default=False
+)
 
 Reminter = Callable[[Transaction, Caller, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -99,6 +104,13 @@ class Idempotency:
         ``secret_fields`` name body fields (passwords) left out of the
         stored fingerprint, so a receipt holds no guessable hash of them; a
         retry that differs only there replays the first answer."""
+        if VIEW_RUNNING.get():
+            # A view written before routes returned their work: running it
+            # here too would commit it and then fail the request.
+            raise RuntimeError(
+                f"{request.endpoint} runs its own work: an idempotent route returns it "
+                "and the kernel runs it"
+            )
         ident = _ident_of(caller)
         db = self._app.db
         if ident is None:

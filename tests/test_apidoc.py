@@ -14,12 +14,16 @@ import logging
 import re
 
 import pytest
+import sqlalchemy as sa
 from buildmax_hookspecs import Transaction, hookimpl
 from quart import Blueprint, Response
 
 from buildmax.apidoc import api
 from buildmax.app import create_app
+from buildmax.auth import Caller
+from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
+from buildmax.tables import idempotency_receipts, sign_in_failures
 
 _PARAM = re.compile(r"\{[^}]+\}")
 
@@ -92,6 +96,18 @@ async def undeclared() -> Work:
     return work
 
 
+@blueprint.post("/v1/self-run-receipts")
+@api("Declares receipts and runs its own work, as views did before", idempotent=True)
+async def self_run(caller: Caller) -> Response:
+    """Writes a row through the idempotency layer itself."""
+
+    async def work(tx: Transaction) -> Reply:
+        await tx.execute(sign_in_failures.insert().values(name="self-run", address="x", at=1))
+        return Reply(200, {"ok": True})
+
+    return await current_buildmax().idempotency.run(caller, work)
+
+
 @blueprint.post("/v1/workless-receipts")
 @api("Declares receipts and answers itself", idempotent=True)
 async def workless() -> Response:
@@ -140,3 +156,28 @@ async def test_an_idempotent_route_hands_its_work_to_the_kernel(
         )
     assert answer.status_code == 500
     assert "is idempotent but returned no work" in caplog.text
+
+
+@pytest.mark.engine_independent
+async def test_a_view_that_runs_its_own_work_is_refused_before_it_writes(
+    app, buildmax_settings, make_principal, caplog
+):
+    """A plugin view written to run its work itself (``idempotency.run``)
+    would commit the work, keep a receipt and then fail on the kernel's
+    run: it is refused before anything is written (500, logged, no row, no
+    receipt). Catches the guard in ``Idempotency.run`` removed (the row and
+    the receipt are written)."""
+    caller = await make_principal("agent")
+    other = create_app(buildmax_settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
+    caplog.set_level(logging.ERROR)
+    async with other.test_app():
+        answer = await other.test_client().post(
+            "/v1/self-run-receipts", headers={**caller.headers, "Idempotency-Key": "k-1"}
+        )
+    assert answer.status_code == 500
+    assert "runs its own work" in caplog.text
+    async with app.db.read() as conn:
+        rows = await conn.fetch_all(sa.select(sign_in_failures.c.id))
+        receipts = await conn.fetch_all(sa.select(idempotency_receipts.c.id))
+    assert rows == []
+    assert receipts == []

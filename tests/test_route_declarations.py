@@ -91,6 +91,6 @@ async def test_the_declared_space_role_is_in_the_document(app) -> None:
     operation = document["paths"]["/v1/spaces/{space}"]["patch"]
     assert operation["x-space-role"] == "admin"
     assert operation["x-permission-action"] == "space.update"
-    assert "Needs the admin role in the space" in operation["description"]
+    assert "Needs at least the admin role in the space" in operation["description"]
     created = document["paths"]["/v1/spaces"]["post"]
     assert created["x-system-roles"] == ["admin", "operator"]

@@ -322,7 +322,8 @@ def _require_owner_for_owners(
     tags=["spaces"],
 )
 async def delete(principal: str, caller: Caller, access: SpaceAccess) -> Work:
-    """The last owner cannot be removed."""
+    """Any member may remove themselves; removing someone else needs the
+    admin role (an owner: the owner role). The last owner cannot be removed."""
     app = current_buildmax()
     # The space is checked before the principal is looked up, so a stranger
     # cannot learn which principal names exist.

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from buildmax_hookspecs import Actor, Transaction
 
 if TYPE_CHECKING:
+    from buildmax.access import SpaceAccess
     from buildmax.app import BuildMax
+    from buildmax.auth import Caller
 
 
 @dataclass
@@ -64,3 +66,16 @@ class Change:
     async def _publish(self) -> None:
         batch, self._events = self._events, []
         await self.app.events.publish_many(self.tx, self.space_pk, batch)
+
+
+def change(app: BuildMax, tx: Transaction, caller: Caller, access: SpaceAccess) -> Change:
+    """A :class:`Change` by ``caller`` in ``access``'s space, now."""
+    return Change(
+        app=app,
+        tx=tx,
+        actor=caller.actor,
+        space_pk=access.pk,
+        space_id=access.public_id,
+        now=app.clock.now_ms(),
+        admin_override=access.admin_override,
+    )

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import AttemptRef, RunEnvironmentRefused, Verdict
@@ -26,12 +26,12 @@ from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NotFound
 from buildmax.tables import principals
-from buildmax.tokens import issue_token
 
-from .change import Change
+from .attempt_tokens import issue_attempt_token
+from .change import Change, change
 from .engine import stage_engine, stranded
 from .holds import CLAIMABLE, describe_hold, holds_covering, literal, pending_decisions
-from .lifecycle import UNRESERVE, retire_lapsed
+from .lifecycle import UNRESERVE, mark_claimed, retire_lapsed
 from .problems import (
     ClaimVetoed,
     ResourceReserved,
@@ -51,6 +51,11 @@ from .records import (
     task_ref,
 )
 from .tables import agent_revisions, agents, attempts, reservations, tasks
+
+if TYPE_CHECKING:
+    from buildmax.access import SpaceAccess
+    from buildmax.app import BuildMax
+    from buildmax.auth import Caller
 
 
 @dataclass
@@ -259,14 +264,34 @@ async def claim_next(
     return None, skipped
 
 
+#: An active attempt whose lease ran out before ``now``: what recovery
+#: retires, wherever it finds one (in the space, holding a task or a resource).
+LAPSED = sa.and_(
+    attempts.c.state == literal("active"),
+    attempts.c.lease_expires_at <= sa.bindparam("now"),
+)
 _LAPSED_IN_SPACE = (
     ATTEMPT_SELECT.where(
-        attempts.c.state == literal("active"),
-        attempts.c.lease_expires_at <= sa.bindparam("now"),
-        attempts.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
+        LAPSED, attempts.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger)
     )
     .order_by(attempts.c.lease_expires_at)
     .limit(sa.bindparam("limit", type_=sa.Integer))
+)
+_LAPSED_OF_TASK = (
+    sa.select(attempts.c.id)
+    .join(tasks, tasks.c.id == attempts.c.task_id)
+    .where(
+        LAPSED,
+        tasks.c.public_id == sa.bindparam("public_id"),
+        tasks.c.space_id == sa.bindparam("space_pk"),
+    )
+)
+_LAPSED_HOLDER = ATTEMPT_SELECT.join(
+    reservations, reservations.c.attempt_public_id == attempts.c.public_id
+).where(
+    LAPSED,
+    reservations.c.space_id == sa.bindparam("space_pk"),
+    reservations.c.resource == sa.bindparam("resource"),
 )
 
 
@@ -282,12 +307,6 @@ async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
     return len(rows)
 
 
-_BUMP = (
-    sa.update(tasks)
-    .where(tasks.c.id == sa.bindparam("pk"), tasks.c.state == literal("ready"))
-    .values(state="claimed", generation=tasks.c.generation + 1, updated_at=sa.bindparam("now"))
-    .returning(tasks.c.generation)
-)
 _INSERT_ATTEMPT = (
     attempts.insert()
     .values({c.name: sa.bindparam(c.name) for c in attempts.c if c.name != "id"})
@@ -311,26 +330,8 @@ async def _claim(
 ) -> Claim:
     """Claim ``task`` (its row locked) for ``caller_pk``. ``queued`` tasks
     came from the ready query, which already left out held and parked ones."""
-    if task["state"] == "claimed":
-        task = await _retire_if_lapsed(ch, task)
-    if task["state"] != "ready":
-        raise Skip(TaskNotClaimable(f"the task is {task['state']}, not ready", state=task["state"]))
-    if not queued:
-        await _refuse_held_or_parked(ch, task)
-    if task["human_only"] and ch.actor.kind != "human":
-        raise Skip(ClaimVetoed("this work item is reserved for a human", plugin="tasks"))
-    if stranded(stage_engine(ch.app), task):
-        raise Skip(
-            StageNotLoaded(
-                f"this is work of the {task['stage']!r} stage, whose plugin is not loaded",
-                stage=task["stage"],
-            )
-        )
-    for verdict in await ch.app.hooks.claim_check(ch.tx, task_ref(task), ch.actor):
-        if isinstance(verdict, Verdict) and verdict.outcome == "deny":
-            raise Skip(ClaimVetoed(verdict.reason or "a claim check refused this claim"))
+    task = await _claimable(ch, task, queued)
     attempt_id = new_id("at")
-    lease_expires_at = ch.now + lease_ms
     await _reserve(ch, task, attempt_id)
     agent_revision = await _agent_revision(ch, task)
     attempt = AttemptRef(
@@ -341,29 +342,15 @@ async def _claim(
         claimant_id=str(ch.actor.principal_id),
         claimant_kind=ch.actor.kind,
         state="active",
-        lease_expires_at=lease_expires_at,
+        lease_expires_at=ch.now + lease_ms,
         agent_revision_id=agent_revision["public_id"] if agent_revision else None,
     )
-    try:
-        environment = await _run_environment(ch, attempt, agent_revision)
-    except RunEnvironmentRefused as exc:
-        await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt_id})
-        raise Skip(
-            RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
-        ) from None
+    environment = await _resolved_environment(ch, attempt, agent_revision)
     # The guard: only a ready task becomes claimed, whoever else tries.
-    generation = await ch.tx.fetch_val(_BUMP, {"pk": task["id"], "now": ch.now})
+    generation = await mark_claimed(ch, task["id"])
     if generation is None:
         raise Skip(TaskNotClaimable("the task was claimed meanwhile"))
-    issued = await issue_token(
-        ch.tx,
-        principal_pk=caller_pk,
-        now=ch.now,
-        name=f"attempt {attempt_id}",
-        origin="claim",
-        scope_type="attempt",
-        scope_id=attempt_id,
-    )
+    issued = await issue_attempt_token(ch, caller_pk, attempt_id)
     row = {
         "public_id": attempt_id,
         "task_id": task["id"],
@@ -372,7 +359,7 @@ async def _claim(
         "claimant_id": caller_pk,
         "agent_revision_id": agent_revision["id"] if agent_revision else None,
         "state": "active",
-        "lease_expires_at": lease_expires_at,
+        "lease_expires_at": attempt.lease_expires_at,
         "run_environment": json.dumps(environment, separators=(",", ":"), sort_keys=True),
         "progress": None,
         "token_id": issued.public_id,
@@ -385,23 +372,7 @@ async def _claim(
     }
     attempt_pk = await ch.tx.fetch_val(_INSERT_ATTEMPT, row)
     await ch.tx.execute(_POINT_AT, {"pk": task["id"], "attempt_pk": attempt_pk})
-    await ch.audit(
-        "task.claimed",
-        "task",
-        task["public_id"],
-        attempt_id=attempt_id,
-        generation=generation,
-        lease_expires_at=to_rfc3339(lease_expires_at),
-        agent_revision_id=attempt.agent_revision_id,
-        skipped=skipped,
-    )
-    await ch.event(
-        "task.claimed",
-        task_id=task["public_id"],
-        attempt_id=attempt_id,
-        generation=generation,
-        claimant_id=ch.actor.principal_id,
-    )
+    await _announce_claim(ch, attempt, generation, skipped)
     claimed = {
         **task,
         "state": "claimed",
@@ -421,6 +392,65 @@ async def _claim(
         "subject_task_id": task["subject_task_id"],
     }
     return Claim(claimed, shown, issued.public_id, issued.secret)
+
+
+async def _claimable(ch: Change, task: dict[str, Any], queued: bool) -> dict[str, Any]:
+    """``task`` (fresh, once a lapsed attempt holding it is retired) if
+    this caller may claim it now; :class:`Skip` with the problem if not."""
+    if task["state"] == "claimed":
+        task = await _retire_if_lapsed(ch, task)
+    if task["state"] != "ready":
+        raise Skip(TaskNotClaimable(f"the task is {task['state']}, not ready", state=task["state"]))
+    if not queued:
+        await _refuse_held_or_parked(ch, task)
+    if task["human_only"] and ch.actor.kind != "human":
+        raise Skip(ClaimVetoed("this work item is reserved for a human", plugin="tasks"))
+    if stranded(stage_engine(ch.app), task):
+        raise Skip(
+            StageNotLoaded(
+                f"this is work of the {task['stage']!r} stage, whose plugin is not loaded",
+                stage=task["stage"],
+            )
+        )
+    for verdict in await ch.app.hooks.claim_check(ch.tx, task_ref(task), ch.actor):
+        if isinstance(verdict, Verdict) and verdict.outcome == "deny":
+            raise Skip(ClaimVetoed(verdict.reason or "a claim check refused this claim"))
+    return task
+
+
+async def _resolved_environment(
+    ch: Change, attempt: AttemptRef, agent_revision: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The new attempt's run environment; :class:`Skip` (its reservations
+    released) when the plugins cannot resolve it."""
+    try:
+        return await _run_environment(ch, attempt, agent_revision)
+    except RunEnvironmentRefused as exc:
+        await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt.id})
+        raise Skip(
+            RunEnvironmentUnresolved(f"the run environment cannot be resolved: {exc}")
+        ) from None
+
+
+async def _announce_claim(ch: Change, attempt: AttemptRef, generation: int, skipped: int) -> None:
+    """The claim's audit event and stream event."""
+    await ch.audit(
+        "task.claimed",
+        "task",
+        attempt.task_id,
+        attempt_id=attempt.id,
+        generation=generation,
+        lease_expires_at=to_rfc3339(attempt.lease_expires_at),
+        agent_revision_id=attempt.agent_revision_id,
+        skipped=skipped,
+    )
+    await ch.event(
+        "task.claimed",
+        task_id=attempt.task_id,
+        attempt_id=attempt.id,
+        generation=generation,
+        claimant_id=ch.actor.principal_id,
+    )
 
 
 async def _refuse_held_or_parked(ch: Change, task: dict[str, Any]) -> None:
@@ -444,12 +474,26 @@ async def _refuse_held_or_parked(ch: Change, task: dict[str, Any]) -> None:
         )
 
 
-async def recover_lapsed(ch: Change, task_id: str) -> None:
-    """Retire the lapsed attempt holding ``task_id``, if there is one."""
-    task = await load_task(ch.tx, task_id, space_pk=ch.space_pk, for_update=True)
-    if task is not None and task["state"] == "claimed":
-        with contextlib.suppress(Skip):
-            await _retire_if_lapsed(ch, task)
+async def recover_before_claim(
+    app: BuildMax, caller: Caller, access: SpaceAccess, task_id: str
+) -> None:
+    """Retire the lapsed attempt holding ``task_id``, if there is one, in a
+    transaction of its own before the claim: the recovery stands even when
+    the claim that follows is refused (a task whose attempts are spent is
+    then failed, whatever the reaper does)."""
+    async with app.db.read() as conn:
+        lapsed = await conn.fetch_val(
+            _LAPSED_OF_TASK,
+            {"public_id": task_id, "space_pk": access.pk, "now": app.clock.now_ms()},
+        )
+    if lapsed is None:
+        return
+    async with app.db.write() as tx:
+        ch = change(app, tx, caller, access)
+        task = await load_task(tx, task_id, space_pk=ch.space_pk, for_update=True)
+        if task is not None and task["state"] == "claimed":
+            with contextlib.suppress(Skip):
+                await _retire_if_lapsed(ch, task)
 
 
 async def _retire_if_lapsed(ch: Change, task: dict[str, Any]) -> dict[str, Any]:
@@ -520,14 +564,7 @@ async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
 async def _retire_lapsed_holder(ch: Change, resource: str) -> bool:
     """Retire the attempt holding ``resource`` if its lease lapsed; whether it did."""
     holder = await ch.tx.fetch_one(
-        ATTEMPT_SELECT.join(
-            reservations, reservations.c.attempt_public_id == attempts.c.public_id
-        ).where(
-            reservations.c.space_id == ch.space_pk,
-            reservations.c.resource == resource,
-            attempts.c.state == literal("active"),
-            attempts.c.lease_expires_at <= ch.now,
-        )
+        _LAPSED_HOLDER, {"space_pk": ch.space_pk, "resource": resource, "now": ch.now}
     )
     if holder is None:
         return False

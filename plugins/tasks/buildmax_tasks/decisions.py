@@ -10,10 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import sqlalchemy as sa
+from buildmax_hookspecs import Actor
+
 from buildmax.ids import new_id
+from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
 from .change import Change
-from .tables import decisions
+from .problems import InvalidState
+from .tables import decisions, tasks
 
 
 async def open_decision(
@@ -56,3 +61,59 @@ async def open_decision(
     )
     await ch.event("decision.opened", decision_id=public_id, task_id=task["public_id"])
     return public_id
+
+
+#: A decision of the space, locked, with its task's public id.
+_TO_ANSWER = (
+    sa.select(decisions, tasks.c.public_id.label("task_public_id"))
+    .select_from(decisions.join(tasks, tasks.c.id == decisions.c.task_id))
+    .where(
+        decisions.c.public_id == sa.bindparam("public_id"),
+        decisions.c.space_id == sa.bindparam("space_pk"),
+    )
+    .with_for_update(of=decisions)
+)
+
+
+async def answer_decision(
+    ch: Change,
+    decision_id: str,
+    answerer_pk: int,
+    answerer: Actor,
+    answer: str,
+    comment: str | None,
+) -> None:
+    """Answer the pending decision ``decision_id`` with one of its options:
+    404 when the space has none such, 403 when it needs a human and
+    ``answerer`` is not one, 409 once answered or expired, 422 for an
+    answer that is not an option."""
+    row = await ch.tx.fetch_one(_TO_ANSWER, {"public_id": decision_id, "space_pk": ch.space_pk})
+    if row is None:
+        raise NotFound("no such decision in this space")
+    if row["answerable_by"] == "human" and answerer.kind != "human":
+        raise Forbidden("this decision needs a human's answer")
+    if row["state"] != "pending":
+        raise InvalidState(f"the decision is already {row['state']}")
+    if row["expires_at"] is not None and row["expires_at"] <= ch.now:
+        raise InvalidState("the decision has expired")
+    if answer not in json.loads(row["options"]):
+        raise ValidationFailed(
+            "the answer must be one of the options", errors={"answer": ["Not an option."]}
+        )
+    await ch.tx.execute(
+        sa.update(decisions)
+        .where(decisions.c.id == row["id"])
+        .values(
+            state="answered",
+            answer=answer,
+            comment=comment,
+            answered_by=answerer_pk,
+            answered_at=ch.now,
+        )
+    )
+    await ch.audit(
+        "decision.answered", "decision", decision_id, task_id=row["task_public_id"], answer=answer
+    )
+    await ch.event(
+        "decision.answered", decision_id=decision_id, task_id=row["task_public_id"], answer=answer
+    )

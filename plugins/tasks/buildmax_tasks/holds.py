@@ -15,6 +15,12 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
+from buildmax.ids import new_id
+from buildmax.problems import NotFound, ValidationFailed
+
+from .change import Change
+from .problems import InvalidState
+from .records import find_project, task_or_404
 from .tables import decisions, holds, projects, tasks
 
 
@@ -135,3 +141,78 @@ async def describe_hold(conn: Transaction, hold: dict[str, Any]) -> dict[str, An
         "strength": hold["strength"],
         "reason": hold["reason"],
     }
+
+
+async def place_hold(
+    ch: Change, creator_pk: int, scope: str, target: str | None, strength: str, reason: str
+) -> str:
+    """A hold of ``strength`` on the space, or on the project or task
+    ``target`` names (422 for a target the scope does not take); its public
+    id."""
+    scope_pk = None
+    target_id = ch.space_id
+    if scope == "space":
+        if target is not None:
+            raise ValidationFailed(
+                "a space hold names no target", errors={"target": ["Omit for a space hold."]}
+            )
+    elif target is None:
+        raise ValidationFailed(f"a {scope} hold needs a target", errors={"target": ["Required."]})
+    elif scope == "project":
+        project = await find_project(ch.tx, ch.space_pk, target)
+        scope_pk, target_id = project["id"], project["public_id"]
+    else:
+        task = await task_or_404(ch.tx, ch.space_pk, target)
+        scope_pk, target_id = task["id"], task["public_id"]
+    public_id = new_id("hd")
+    await ch.tx.execute(
+        holds.insert().values(
+            public_id=public_id,
+            space_id=ch.space_pk,
+            scope_type=scope,
+            scope_pk=scope_pk,
+            strength=strength,
+            reason=reason,
+            created_by=creator_pk,
+            created_at=ch.now,
+        )
+    )
+    await ch.audit(
+        "hold.created",
+        "hold",
+        public_id,
+        scope_type=scope,
+        scope_id=target_id,
+        strength=strength,
+        reason=reason,
+    )
+    await ch.event(
+        "hold.created", hold_id=public_id, scope_type=scope, scope_id=target_id, strength=strength
+    )
+    return public_id
+
+
+async def lift_hold(ch: Change, lifter_pk: int, hold_id: str) -> None:
+    """Lift the live hold ``hold_id``: 404 when the space has no such hold,
+    409 when it was lifted already."""
+    lifted = await ch.tx.fetch_val(
+        sa.update(holds)
+        .where(
+            holds.c.public_id == hold_id,
+            holds.c.space_id == ch.space_pk,
+            holds.c.lifted_at.is_(None),
+        )
+        .values(lifted_at=ch.now, lifted_by=lifter_pk)
+        .returning(holds.c.id)
+    )
+    if lifted is None:
+        exists = await ch.tx.fetch_val(
+            sa.select(holds.c.id).where(
+                holds.c.public_id == hold_id, holds.c.space_id == ch.space_pk
+            )
+        )
+        if exists is None:
+            raise NotFound("no such hold in this space")
+        raise InvalidState("the hold was already lifted")
+    await ch.audit("hold.lifted", "hold", hold_id)
+    await ch.event("hold.lifted", hold_id=hold_id)

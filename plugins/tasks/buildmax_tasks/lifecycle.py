@@ -1,7 +1,14 @@
 """Task and attempt state transitions shared by every operation.
 
-These functions are the only code that writes ``task_tasks.state`` and
+These functions are the only code that changes ``task_tasks.state`` and
 ``task_attempts.state``; each runs inside the caller's :class:`Change`.
+The stage engine (a task waiting in a stage) and the dependency graph (a
+task that gains an unfinished prerequisite) change it through
+:func:`set_task`.
+A row's first state is written where the row is inserted: a task's in
+:func:`buildmax_tasks.tasks.create_task` (``ready`` or ``open``) and in the
+stage engine (linked work, ``ready``), an attempt's by the claim that
+inserts it (``active``, after :func:`mark_claimed`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import sqlalchemy as sa
 from buildmax.tokens import end_scope
 
 from .change import Change
+from .holds import literal
 from .tables import attempts, dependencies, reservations, tasks
 
 #: States in which a task is finished for good (until an explicit retry).
@@ -49,6 +57,22 @@ async def set_task(ch: Change, task_pk: int, **values: Any) -> None:
     params = {f"new_{name}": value for name, value in values.items()}
     params["task_pk"] = task_pk
     await ch.tx.execute(_task_update(frozenset(values)), params)
+
+
+_MARK_CLAIMED = (
+    sa.update(tasks)
+    .where(tasks.c.id == sa.bindparam("pk"), tasks.c.state == literal("ready"))
+    .values(state="claimed", generation=tasks.c.generation + 1, updated_at=sa.bindparam("now"))
+    .returning(tasks.c.generation)
+)
+
+
+async def mark_claimed(ch: Change, task_pk: int) -> int | None:
+    """``ready`` to ``claimed`` with the next generation, which it returns;
+    ``None`` when the task is not ready (the guard against two owners: only
+    one claim finds it ready, whoever else tries)."""
+    generation = await ch.tx.fetch_val(_MARK_CLAIMED, {"pk": task_pk, "now": ch.now})
+    return None if generation is None else int(generation)
 
 
 async def reopen(ch: Change, task: dict[str, Any], **values: Any) -> str:

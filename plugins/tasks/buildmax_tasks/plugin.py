@@ -10,6 +10,7 @@ from buildmax_hookspecs import Actor, AuditAction, Migration, TaskQueue, Transac
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
+from .attempt_tokens import TOKEN_KIND, attempt_token_reminter
 from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
@@ -59,10 +60,9 @@ def buildmax_register_commands(cli: click.Group) -> None:
 @hookimpl
 def buildmax_startup(app: BuildMax) -> None:
     from .routes import tasks_state
-    from .routes.attempts import TOKEN_KIND, remint_attempt_token
 
     tasks_state(app)  # inconsistent stages stop start-up here
-    app.idempotency.register_reminter(TOKEN_KIND, remint_attempt_token)
+    app.idempotency.register_reminter(TOKEN_KIND, attempt_token_reminter(app))
     interval = task_settings(app).reap_interval_seconds
     start_background(app, _REAPER, reap_forever(app, interval))
 

@@ -14,7 +14,6 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, TaskRef, Transaction
 
-from buildmax.access import SpaceAccess
 from buildmax.problems import NotFound, ValidationFailed
 from buildmax.tables import principals, spaces
 
@@ -274,13 +273,13 @@ async def task_or_404(
     return task
 
 
-async def agent_pk(conn: Transaction, access: SpaceAccess, ref: str | None) -> int | None:
+async def agent_pk(conn: Transaction, space_pk: int, ref: str | None) -> int | None:
     """An agent of this space by public id or name; 422 for another space's."""
     if ref is None:
         return None
     pk = await conn.fetch_val(
         sa.select(agents.c.id).where(
-            agents.c.space_id == access.pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
+            agents.c.space_id == space_pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
         )
     )
     if pk is None:

@@ -1,6 +1,6 @@
 """HTTP routes of the tasks plugin, under ``/v1/spaces/{space}/...``, and
-what they share: the plugin's state on the app, a :class:`Change` per
-write, lease bounds and override rights."""
+what they share: the plugin's state on the app, lease bounds and override
+rights."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.pagination import page_body, page_request
 
-from ..change import Change
 from ..engine import StageEngine, stage_engine
 from ..records import task_or_404
 from ..settings import TaskSettings, task_settings
@@ -36,19 +35,6 @@ class TasksState:
 def tasks_state(app: BuildMax) -> TasksState:
     """The plugin's state on ``app`` (built on first use)."""
     return TasksState(stage_engine(app), task_settings(app))
-
-
-def change(app: BuildMax, tx: Transaction, caller: Caller, access: SpaceAccess) -> Change:
-    """A :class:`Change` for a write in ``access``'s space."""
-    return Change(
-        app=app,
-        tx=tx,
-        actor=caller.actor,
-        space_pk=access.pk,
-        space_id=access.public_id,
-        now=app.clock.now_ms(),
-        admin_override=access.admin_override,
-    )
 
 
 def may_override(access: SpaceAccess, caller: Caller) -> bool:

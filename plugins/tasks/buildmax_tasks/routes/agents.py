@@ -21,6 +21,7 @@ from buildmax.pagination import page_body, page_request
 from buildmax.problems import NameTaken, NotFound
 
 from ..agents import save_revision
+from ..change import change
 from ..problems import RevisionConflict
 from ..schemas import (
     AgentCreate,
@@ -31,7 +32,6 @@ from ..schemas import (
     AgentRevisionPage,
 )
 from ..tables import agent_revisions, agents
-from . import change
 
 blueprint = Blueprint("tasks_agents", __name__)
 AGENT_OUT = AgentOut()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response
 
@@ -22,12 +21,11 @@ from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
 from buildmax.problems import NotFound
-from buildmax.tables import spaces
-from buildmax.tokens import reissue_token
 
 from .. import attempts as ops
-from ..change import Change
-from ..claims import Claim, ClaimFilters, claim_named, claim_next, recover_lapsed
+from ..attempt_tokens import TOKEN_KIND
+from ..change import Change, change
+from ..claims import Claim, ClaimFilters, claim_named, claim_next, recover_before_claim
 from ..problems import NotAttemptOwner, TaskHeld
 from ..records import (
     ATTEMPT_SELECT,
@@ -53,18 +51,15 @@ from ..schemas import (
     SubmissionPage,
     SubmitBody,
 )
-from ..tables import attempts, submissions, tasks
+from ..tables import attempts, submissions
 from ..views import attempt_body, submission_body, task_body
-from . import change, lease_ms, may_override, render_one, task_children, tasks_state
+from . import lease_ms, may_override, render_one, task_children, tasks_state
 
 if TYPE_CHECKING:
-    from buildmax.app import BuildMax
-
     from ..engine import StageEngine
 
 blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
-TOKEN_KIND = "attempt_token"
 
 
 def _claim_body(claim: Claim | None, skipped: int, engine: StageEngine) -> dict[str, Any]:
@@ -91,36 +86,6 @@ def _claim_reply(body: dict[str, Any], status: int) -> Reply:
     )
 
 
-async def remint_attempt_token(
-    tx: Transaction, caller: Caller, body: dict[str, Any]
-) -> dict[str, Any] | None:
-    """A replayed claim: replace the token nobody saw, if its attempt is still active."""
-    app = current_buildmax()
-    attempt = await tx.fetch_one(
-        sa.select(attempts.c.id, attempts.c.state, spaces.c.public_id.label("space_id"))
-        .join(spaces, spaces.c.id == attempts.c.space_id)
-        .where(attempts.c.public_id == body["attempt"]["id"])
-    )
-    if attempt is None or attempt["state"] != "active":
-        return None
-    issued = await reissue_token(tx, body["token_id"], now=app.clock.now_ms())
-    if issued is None:
-        return None
-    await tx.execute(
-        sa.update(attempts).where(attempts.c.id == attempt["id"]).values(token_id=issued.public_id)
-    )
-    await app.audit.record(
-        tx,
-        caller.actor,
-        "token.rotated",
-        space_id=attempt["space_id"],
-        target_type="token",
-        target_id=issued.public_id,
-        details={"principal_id": caller.actor.principal_id, "replaces": body["token_id"]},
-    )
-    return {**body, "token": issued.secret, "token_id": issued.public_id}
-
-
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/claim")
 @api(
     "Claim a task (members): an attempt with a lease and a token scoped to it",
@@ -138,7 +103,7 @@ async def claim(task: str, caller: Caller, access: SpaceAccess, data: dict[str, 
     when the run environment cannot be resolved."""
     app = current_buildmax()
     lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
-    await _recover_lapsed(app, caller, access, task)
+    await recover_before_claim(app, caller, access, task)
 
     async def work(tx: Transaction) -> Reply:
         await recheck_space(tx, access, caller, "member")  # the body took its time
@@ -147,32 +112,6 @@ async def claim(task: str, caller: Caller, access: SpaceAccess, data: dict[str, 
         return _claim_reply(_claim_body(made, 0, tasks_state(app).engine), 201)
 
     return work
-
-
-async def _recover_lapsed(app: BuildMax, caller: Caller, access: SpaceAccess, task: str) -> None:
-    """Retire the task's lapsed attempt in a transaction of its own, so the
-    recovery stands even when the claim that follows is refused (a task
-    whose attempts are spent is then failed, whatever the reaper does)."""
-    async with app.db.read() as conn:
-        lapsed = await conn.fetch_val(
-            _LAPSED_OF_TASK,
-            {"public_id": task, "space_pk": access.pk, "now": app.clock.now_ms()},
-        )
-    if lapsed is not None:
-        async with app.db.write() as tx:
-            await recover_lapsed(change(app, tx, caller, access), task)
-
-
-_LAPSED_OF_TASK = (
-    sa.select(attempts.c.id)
-    .join(tasks, tasks.c.id == attempts.c.task_id)
-    .where(
-        tasks.c.public_id == sa.bindparam("public_id"),
-        tasks.c.space_id == sa.bindparam("space_pk"),
-        attempts.c.state == "active",
-        attempts.c.lease_expires_at <= sa.bindparam("now"),
-    )
-)
 
 
 @blueprint.post("/v1/spaces/<space>/claims")
@@ -204,7 +143,7 @@ async def claim_next_route(caller: Caller, access: SpaceAccess, data: dict[str, 
             else None,
             kind=data["kind"],
             label=data.get("label"),
-            agent_pk=await agent_pk(tx, access, data["agent"]),
+            agent_pk=await agent_pk(tx, access.pk, data["agent"]),
         )
         made, skipped = await claim_next(
             ch, caller.principal_pk, filters, lease, state.settings.claim_scan_limit

@@ -16,16 +16,16 @@ from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.problems import Forbidden, NotFound, ValidationFailed
+from buildmax.problems import ValidationFailed
 from buildmax.tables import principals
 
-from ..decisions import open_decision
+from ..change import change
+from ..decisions import answer_decision, open_decision
 from ..lifecycle import TERMINAL
 from ..problems import InvalidState
 from ..records import task_or_404
 from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
 from ..tables import decisions, tasks
-from . import change
 
 blueprint = Blueprint("tasks_decisions", __name__)
 DECISION_OUT = DecisionOut()
@@ -163,48 +163,10 @@ async def answer(decision: str, caller: Caller, access: SpaceAccess, data: dict[
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await tx.fetch_one(
-            DECISION_SELECT.where(
-                decisions.c.public_id == decision, decisions.c.space_id == access.pk
-            ).with_for_update(of=decisions)
+        await answer_decision(
+            ch, decision, caller.principal_pk, caller.actor, data["answer"], data["comment"]
         )
-        if row is None:
-            raise NotFound("no such decision in this space")
-        if row["answerable_by"] == "human" and caller.actor.kind != "human":
-            raise Forbidden("this decision needs a human's answer")
-        if row["state"] != "pending":
-            raise InvalidState(f"the decision is already {row['state']}")
-        if row["expires_at"] is not None and row["expires_at"] <= ch.now:
-            raise InvalidState("the decision has expired")
-        if data["answer"] not in json.loads(row["options"]):
-            raise ValidationFailed(
-                "the answer must be one of the options", errors={"answer": ["Not an option."]}
-            )
-        await tx.execute(
-            sa.update(decisions)
-            .where(decisions.c.id == row["id"])
-            .values(
-                state="answered",
-                answer=data["answer"],
-                comment=data["comment"],
-                answered_by=caller.principal_pk,
-                answered_at=ch.now,
-            )
-        )
-        await ch.audit(
-            "decision.answered",
-            "decision",
-            decision,
-            task_id=row["task_public_id"],
-            answer=data["answer"],
-        )
-        await ch.event(
-            "decision.answered",
-            decision_id=decision,
-            task_id=row["task_public_id"],
-            answer=data["answer"],
-        )
-        made = await tx.fetch_one(DECISION_SELECT.where(decisions.c.id == row["id"]))
+        made = await tx.fetch_one(DECISION_SELECT.where(decisions.c.public_id == decision))
         assert made is not None
         return Reply(200, _render(dict(made), ch.now))
 

@@ -14,17 +14,13 @@ from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
-from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.problems import NotFound, ValidationFailed
 from buildmax.tables import principals
 
-from ..holds import scope_public_id
-from ..problems import InvalidState
-from ..records import find_project, task_or_404
+from ..change import change
+from ..holds import lift_hold, place_hold, scope_public_id
 from ..schemas import HoldCreate, HoldOut, HoldPage
 from ..tables import holds
-from . import change
 
 blueprint = Blueprint("tasks_holds", __name__)
 HOLD_OUT = HoldOut()
@@ -59,6 +55,13 @@ async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+async def _shown(conn: Transaction, which: Any) -> dict[str, Any]:
+    """The hold ``which`` selects, as the API shows it."""
+    row = await conn.fetch_one(HOLD_SELECT.where(which))
+    assert row is not None
+    return await _render(conn, dict(row))
+
+
 @blueprint.post("/v1/spaces/<space>/holds")
 @api(
     "Place a hold on the space, a project or a task (space admins)",
@@ -77,55 +80,10 @@ async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> W
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        scope_pk = None
-        target_id = access.public_id
-        if data["scope"] == "space":
-            if data["target"] is not None:
-                raise ValidationFailed(
-                    "a space hold names no target", errors={"target": ["Omit for a space hold."]}
-                )
-        elif data["target"] is None:
-            raise ValidationFailed(
-                f"a {data['scope']} hold needs a target", errors={"target": ["Required."]}
-            )
-        elif data["scope"] == "project":
-            project = await find_project(tx, access.pk, data["target"])
-            scope_pk, target_id = project["id"], project["public_id"]
-        else:
-            task = await task_or_404(tx, access.pk, data["target"])
-            scope_pk, target_id = task["id"], task["public_id"]
-        public_id = new_id("hd")
-        await tx.execute(
-            holds.insert().values(
-                public_id=public_id,
-                space_id=access.pk,
-                scope_type=data["scope"],
-                scope_pk=scope_pk,
-                strength=data["strength"],
-                reason=data["reason"],
-                created_by=caller.principal_pk,
-                created_at=ch.now,
-            )
+        public_id = await place_hold(
+            ch, caller.principal_pk, data["scope"], data["target"], data["strength"], data["reason"]
         )
-        await ch.audit(
-            "hold.created",
-            "hold",
-            public_id,
-            scope_type=data["scope"],
-            scope_id=target_id,
-            strength=data["strength"],
-            reason=data["reason"],
-        )
-        await ch.event(
-            "hold.created",
-            hold_id=public_id,
-            scope_type=data["scope"],
-            scope_id=target_id,
-            strength=data["strength"],
-        )
-        row = await tx.fetch_one(HOLD_SELECT.where(holds.c.public_id == public_id))
-        assert row is not None
-        return Reply(201, await _render(tx, dict(row)))
+        return Reply(201, await _shown(tx, holds.c.public_id == public_id))
 
     return work
 
@@ -145,30 +103,8 @@ async def lift(hold: str, caller: Caller, access: SpaceAccess) -> Work:
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        lifted = await tx.fetch_val(
-            sa.update(holds)
-            .where(
-                holds.c.public_id == hold,
-                holds.c.space_id == access.pk,
-                holds.c.lifted_at.is_(None),
-            )
-            .values(lifted_at=ch.now, lifted_by=caller.principal_pk)
-            .returning(holds.c.id)
-        )
-        if lifted is None:
-            exists = await tx.fetch_val(
-                sa.select(holds.c.id).where(
-                    holds.c.public_id == hold, holds.c.space_id == access.pk
-                )
-            )
-            if exists is None:
-                raise NotFound("no such hold in this space")
-            raise InvalidState("the hold was already lifted")
-        await ch.audit("hold.lifted", "hold", hold)
-        await ch.event("hold.lifted", hold_id=hold)
-        row = await tx.fetch_one(HOLD_SELECT.where(holds.c.id == lifted))
-        assert row is not None
-        return Reply(200, await _render(tx, dict(row)))
+        await lift_hold(ch, caller.principal_pk, hold)
+        return Reply(200, await _shown(tx, holds.c.public_id == hold))
 
     return work
 

@@ -12,15 +12,13 @@ from buildmax.access import SpaceAccess
 from buildmax.apidoc import api
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
-from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
-from buildmax.ids import new_id
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import NameTaken
 
+from ..change import change
 from ..engine import current_policy
-from ..problems import RevisionConflict
+from ..projects import create_project, edit_project, revise_policy
 from ..records import find_project
 from ..schemas import (
     PolicyBody,
@@ -31,7 +29,6 @@ from ..schemas import (
     ProjectUpdate,
 )
 from ..tables import policies, projects
-from . import change
 
 blueprint = Blueprint("tasks_projects", __name__)
 PROJECT_OUT = ProjectOut()
@@ -72,23 +69,8 @@ async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> W
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await tx.fetch_one(
-            insert_ignoring_conflict(tx.dialect, projects)
-            .values(
-                public_id=new_id("pj"),
-                space_id=access.pk,
-                created_at=ch.now,
-                updated_at=ch.now,
-                created_by=caller.principal_pk,
-                **data,
-            )
-            .returning(*projects.c)
-        )
-        if row is None:
-            raise NameTaken(f"a project named {data['name']!r} already exists in this space")
-        await ch.audit("project.created", "project", row["public_id"], name=data["name"])
-        await ch.event("project.created", project_id=row["public_id"], name=data["name"])
-        return Reply(201, await _render(tx, dict(row)))
+        row = await create_project(ch, caller.principal_pk, data)
+        return Reply(201, await _render(tx, row))
 
     return work
 
@@ -153,27 +135,8 @@ async def update(project: str, caller: Caller, access: SpaceAccess, data: dict[s
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await find_project(tx, access.pk, project)
-        updated = await tx.fetch_one(
-            sa.update(projects)
-            .where(projects.c.id == row["id"], projects.c.revision == expected)
-            .values(revision=projects.c.revision + 1, updated_at=ch.now, **data)
-            .returning(*projects.c)
-        )
-        if updated is None:
-            raise RevisionConflict(
-                f"the project is at revision {row['revision']}, not {expected}",
-                revision=row["revision"],
-            )
-        await ch.audit(
-            "project.updated",
-            "project",
-            row["public_id"],
-            fields=sorted(data),
-            revision=updated["revision"],
-        )
-        await ch.event("project.updated", project_id=row["public_id"])
-        return Reply(200, await _render(tx, dict(updated)))
+        updated = await edit_project(ch, project, expected, data)
+        return Reply(200, await _render(tx, updated))
 
     return work
 
@@ -199,34 +162,7 @@ async def set_policy(
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await find_project(tx, access.pk, project)
-        locked = await tx.fetch_one(
-            sa.select(projects.c.id).where(projects.c.id == row["id"]).with_for_update()
-        )
-        assert locked is not None
-        current = await current_policy(tx, row["id"])
-        if expected is not None and expected != current["revision"]:
-            raise RevisionConflict(
-                f"the policy is at revision {current['revision']}, not {expected}",
-                revision=current["revision"],
-            )
-        revision = current["revision"] + 1
-        pk = await tx.fetch_val(
-            policies.insert()
-            .values(
-                project_id=row["id"],
-                revision=revision,
-                approvals_required=data["approvals_required"],
-                human_review_required=int(data["human_review_required"]),
-                integration=data["integration"],
-                created_at=ch.now,
-                created_by=caller.principal_pk,
-            )
-            .returning(policies.c.id)
-        )
-        await tx.execute(sa.update(projects).where(projects.c.id == row["id"]).values(policy_id=pk))
-        await ch.audit("policy.revised", "project", row["public_id"], revision=revision, **data)
-        await ch.event("policy.revised", project_id=row["public_id"], revision=revision)
+        revision = await revise_policy(ch, caller.principal_pk, project, expected, data)
         body = POLICY_OUT.dump({**data, "revision": revision, "created_at": ch.now})
         return Reply(201, body)
 

@@ -16,30 +16,21 @@ from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
-from buildmax.ids import new_id
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import (
     BadCursor,
-    Forbidden,
-    NotFound,
     TokenScopeRefused,
     ValidationFailed,
 )
 
-from ..attempts import cancel_task
-from ..change import Change
+from .. import tasks as tasks_domain
+from ..change import change
 from ..claims import ClaimFilters, ready_key, ready_params, ready_statement
-from ..engine import stranded
 from ..graph import (
-    add_dependency,
     dependent_ids_query,
-    lock_graph,
     prerequisite_ids_query,
-    remove_dependency,
 )
-from ..lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
-from ..problems import InvalidState, RevisionConflict
-from ..records import TASK_SELECT, agent_pk, find_project, load_task, task_or_404
+from ..records import TASK_SELECT, agent_pk, find_project, task_or_404
 from ..schemas import (
     DependenciesOut,
     DependencyBody,
@@ -55,28 +46,30 @@ from ..tables import (
     TASK_KINDS,
     TASK_STATES,
     attempts,
-    dependencies,
     task_revisions,
     tasks,
 )
 from ..views import render_tasks
-from . import change, may_override, render_one, task_children, tasks_state
+from . import may_override, render_one, task_children, tasks_state
 
 blueprint = Blueprint("tasks_tasks", __name__)
 REVISION_OUT = RevisionOut()
 
 
-async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
-    found = []
-    for ref in dict.fromkeys(refs):
-        task = await load_task(ch.tx, ref, space_pk=ch.space_pk, for_update=True)
-        if task is None:
-            raise ValidationFailed(
-                f"no task {ref!r} in this space",
-                errors={"prerequisites": [f"No task {ref!r} in this space."]},
-            )
-        found.append(task)
-    return found
+def _editor(access: SpaceAccess, caller: Caller, reason: str | None) -> tasks_domain.Editor:
+    return tasks_domain.Editor(caller.principal_pk, may_override(access, caller), reason)
+
+
+async def _dependencies(conn: Transaction, task_pk: int) -> dict[str, Any]:
+    """A task's prerequisites and dependents, each with its state."""
+
+    def links(rows: Any) -> list[dict[str, Any]]:
+        return [{"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in rows]
+
+    return {
+        "prerequisites": links(await conn.fetch_all(prerequisite_ids_query(task_pk))),
+        "dependents": links(await conn.fetch_all(dependent_ids_query(task_pk))),
+    }
 
 
 @blueprint.post("/v1/spaces/<space>/tasks")
@@ -96,61 +89,7 @@ async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> W
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        project = await find_project(tx, access.pk, data["project"])
-        agent = await agent_pk(tx, access, data["agent"])
-        if data["prerequisites"]:
-            await lock_graph(ch)
-        prereqs = await _prerequisites(ch, data["prerequisites"])
-        undone = any(p["state"] != "done" for p in prereqs)
-        public_id = new_id("ta")
-        pk = await tx.fetch_val(
-            tasks.insert()
-            .values(
-                public_id=public_id,
-                space_id=access.pk,
-                project_id=project["id"],
-                kind=data["kind"],
-                title=data["title"],
-                priority=data["priority"],
-                labels=json.dumps(sorted(set(data["labels"]))),
-                resources=json.dumps(sorted(set(data["resources"]))),
-                agent_id=agent,
-                state="open" if undone else "ready",
-                max_attempts=data["max_attempts"],
-                ready_at=ch.now,
-                created_at=ch.now,
-                created_by=caller.principal_pk,
-                updated_at=ch.now,
-            )
-            .returning(tasks.c.id)
-        )
-        await tx.execute(
-            task_revisions.insert().values(
-                task_id=pk,
-                number=1,
-                title=data["title"],
-                body=data["body"],
-                criteria=data["criteria"],
-                created_at=ch.now,
-                created_by=caller.principal_pk,
-            )
-        )
-        for prereq in prereqs:
-            await tx.execute(
-                dependencies.insert().values(
-                    task_id=pk, prerequisite_id=prereq["id"], created_at=ch.now
-                )
-            )
-        await ch.audit(
-            "task.created",
-            "task",
-            public_id,
-            project_id=project["public_id"],
-            kind=data["kind"],
-            priority=data["priority"],
-            prerequisites=[p["public_id"] for p in prereqs],
-        )
-        await ch.event("task.created", task_id=public_id, project_id=project["public_id"])
+        public_id = await tasks_domain.create_task(ch, caller.principal_pk, data)
         task = await task_or_404(tx, access.pk, public_id)
         return Reply(201, await render_one(tx, task, ch.now))
 
@@ -172,7 +111,7 @@ async def _queue_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters
         project_pk=(await find_project(conn, access.pk, project))["id"] if project else None,
         kind=_kind(),
         label=request.args.get("label"),
-        agent_pk=await agent_pk(conn, access, agent) if agent else None,
+        agent_pk=await agent_pk(conn, access.pk, agent) if agent else None,
     )
 
 
@@ -295,30 +234,6 @@ async def show(task: str, caller: Caller, access: SpaceAccess) -> Response:
     return json_response(body)
 
 
-async def require_editable(
-    ch: Change, task: dict[str, Any], access: SpaceAccess, caller: Caller, reason: str | None
-) -> None:
-    """Members edit unowned work; a task another principal holds needs an
-    admin or owner override with a reason."""
-    if task["state"] != "claimed":
-        return
-    holder = await ch.tx.fetch_val(
-        sa.select(attempts.c.claimant_id).where(
-            attempts.c.task_id == task["id"], attempts.c.state == "active"
-        )
-    )
-    if holder is None or holder == caller.principal_pk:
-        return
-    if not may_override(access, caller):
-        raise Forbidden("another principal's attempt holds this task; only its owner edits it")
-    if not reason:
-        raise ValidationFailed(
-            "editing a task someone else holds needs override_reason",
-            errors={"override_reason": ["Required to override the attempt's owner."]},
-        )
-    ch.override(reason)
-
-
 @blueprint.patch("/v1/spaces/<space>/tasks/<task>")
 @api(
     "Revise a task (members; expected_revision must match)",
@@ -333,53 +248,11 @@ async def update(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
     """Changing title, body or criteria makes a new immutable revision."""
     app = current_buildmax()
     expected = data.pop("expected_revision")
-    reason = data.pop("override_reason")
+    editor = _editor(access, caller, data.pop("override_reason"))
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await task_or_404(tx, access.pk, task, for_update=True)
-        if row["revision"] != expected:
-            raise RevisionConflict(
-                f"the task is at revision {row['revision']}, not {expected}",
-                revision=row["revision"],
-            )
-        if row["state"] in TERMINAL:
-            raise InvalidState(f"the task is {row['state']}; retry it before editing")
-        await require_editable(ch, row, access, caller, reason)
-        values: dict[str, Any] = {"revision": row["revision"] + 1}
-        text = {k: data[k] for k in ("title", "body", "criteria") if k in data}
-        if "priority" in data:
-            values["priority"] = data["priority"]
-        if "labels" in data:
-            values["labels"] = json.dumps(sorted(set(data["labels"])))
-        if "agent" in data:
-            values["agent_id"] = await agent_pk(tx, access, data["agent"])
-        if "max_attempts" in data:
-            values["max_attempts"] = data["max_attempts"]
-        if "title" in text:
-            values["title"] = text["title"]
-        await tx.execute(
-            task_revisions.insert().values(
-                task_id=row["id"],
-                number=values["revision"],
-                title=text.get("title", row["title"]),
-                body=text.get("body", row["body"]),
-                criteria=text.get("criteria", row["criteria"]),
-                created_at=ch.now,
-                created_by=caller.principal_pk,
-            )
-        )
-        if "resources" in data:
-            values["resources"] = json.dumps(sorted(set(data["resources"])))
-        await set_task(ch, row["id"], **values)
-        await ch.audit(
-            "task.revised",
-            "task",
-            row["public_id"],
-            revision=values["revision"],
-            fields=sorted(data),
-        )
-        await ch.event("task.revised", task_id=row["public_id"], revision=values["revision"])
+        await tasks_domain.revise_task(ch, task, expected, editor, data)
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 
@@ -419,13 +292,7 @@ async def list_dependencies(task: str, access: SpaceAccess) -> Response:
     app = current_buildmax()
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
-        prereqs = await conn.fetch_all(prerequisite_ids_query(row["id"]))
-        dependents = await conn.fetch_all(dependent_ids_query(row["id"]))
-
-    def links(rows: Any) -> list[dict[str, Any]]:
-        return [{"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in rows]
-
-    return json_response({"prerequisites": links(prereqs), "dependents": links(dependents)})
+        return json_response(await _dependencies(conn, row["id"]))
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/dependencies")
@@ -446,40 +313,8 @@ async def add(task: str, caller: Caller, access: SpaceAccess, data: dict[str, An
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        await lock_graph(ch)
-        await task_or_404(tx, access.pk, task)
-        # The prerequisite's row first: completing it locks it, then its dependents.
-        prereq = await load_task(tx, data["prerequisite"], space_pk=access.pk, for_update=True)
-        if prereq is None:
-            raise ValidationFailed(
-                "no such prerequisite task in this space",
-                errors={"prerequisite": ["No such task in this space."]},
-            )
-        row = await task_or_404(tx, access.pk, task, for_update=True)
-        added = await add_dependency(ch, row, prereq)
-        if added:
-            await ch.audit(
-                "task.dependency.added",
-                "task",
-                row["public_id"],
-                prerequisite_id=prereq["public_id"],
-            )
-            await ch.event(
-                "task.dependency.added",
-                task_id=row["public_id"],
-                prerequisite_id=prereq["public_id"],
-            )
-        prereqs = await tx.fetch_all(prerequisite_ids_query(row["id"]))
-        dependents = await tx.fetch_all(dependent_ids_query(row["id"]))
-        body = {
-            "prerequisites": [
-                {"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in prereqs
-            ],
-            "dependents": [
-                {"id": r["public_id"], "state": r["state"], "title": r["title"]} for r in dependents
-            ],
-        }
-        return Reply(201 if added else 200, body)
+        row = await tasks_domain.add_prerequisite(ch, task, data["prerequisite"])
+        return Reply(201 if row["added"] else 200, await _dependencies(tx, row["id"]))
 
     return work
 
@@ -499,17 +334,7 @@ async def remove(task: str, prerequisite: str, caller: Caller, access: SpaceAcce
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        await lock_graph(ch)  # before any task row: the order every graph edit takes
-        row = await task_or_404(tx, access.pk, task, for_update=True)
-        prereq = await task_or_404(tx, access.pk, prerequisite)
-        if not await remove_dependency(ch, row, prereq):
-            raise NotFound("the task has no such prerequisite")
-        await ch.audit(
-            "task.dependency.removed", "task", row["public_id"], prerequisite_id=prereq["public_id"]
-        )
-        await ch.event(
-            "task.dependency.removed", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
-        )
+        await tasks_domain.remove_prerequisite(ch, task, prerequisite)
         return Reply(204, None)
 
     return work
@@ -529,17 +354,11 @@ async def cancel(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
     """Its active attempt and unfinished stage work are canceled too."""
     app = current_buildmax()
 
+    editor = _editor(access, caller, data["override_reason"])
+
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await task_or_404(tx, access.pk, task, for_update=True)
-        if row["state"] in TERMINAL:
-            raise InvalidState(f"the task is already {row['state']}")
-        if row["subject_task_id"] is not None and not may_override(access, caller):
-            raise Forbidden(
-                "stage work belongs to its workflow stage; only a space admin cancels it"
-            )
-        await require_editable(ch, row, access, caller, data["override_reason"])
-        await cancel_task(ch, row, data["reason"])
+        await tasks_domain.cancel(ch, task, data["reason"], editor)
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 
@@ -561,19 +380,7 @@ async def retry(task: str, caller: Caller, access: SpaceAccess) -> Work:
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await task_or_404(tx, access.pk, task, for_update=True)
-        waiting = row["state"] == "waiting" and stranded(tasks_state(app).engine, row)
-        if row["state"] not in ("failed", "canceled") and not waiting:
-            raise InvalidState(
-                "only failed or canceled tasks, or tasks waiting in a stage no loaded plugin "
-                f"supplies, are retried; this one is {row['state']}"
-            )
-        if waiting and row["current_submission_id"] is not None:
-            await cancel_linked_work(ch, row["current_submission_id"], "the task was retried")
-        state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **leave_stage(row))
-        await ch.audit(
-            "task.retried", "task", row["public_id"], previous_state=row["state"], state=state
-        )
+        await tasks_domain.retry(ch, task, tasks_state(app).engine)
         fresh = await task_or_404(tx, access.pk, task)
         return Reply(200, await render_one(tx, fresh, ch.now))
 

@@ -1,0 +1,255 @@
+"""Tasks: creating, revising, linking, canceling and retrying them.
+
+Each operation runs in the caller's :class:`Change`, checks what the task's
+state allows, writes through :mod:`lifecycle` where a state changes, and
+audits and announces what it did. The routes authorize, parse and render.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from buildmax.ids import new_id
+from buildmax.problems import Forbidden, NotFound, ValidationFailed
+
+from .attempts import cancel_task as end_task_and_attempt
+from .change import Change
+from .engine import StageEngine, stranded
+from .graph import add_dependency, lock_graph, remove_dependency
+from .lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
+from .problems import InvalidState, RevisionConflict
+from .records import agent_pk, find_project, load_task, task_or_404
+from .tables import attempts, dependencies, task_revisions, tasks
+
+
+@dataclass(frozen=True)
+class Editor:
+    """Who edits a task: the principal, and whether (with a reason) they may
+    override another principal's attempt on it."""
+
+    principal_pk: int
+    may_override: bool
+    override_reason: str | None = None
+
+
+async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
+    """A new task of the project ``data["project"]`` (for the agent
+    ``data["agent"]``, if any) with its first revision and prerequisites:
+    ``ready``, or ``open`` until every prerequisite is done. Its public id."""
+    project = await find_project(ch.tx, ch.space_pk, data["project"])
+    agent = await agent_pk(ch.tx, ch.space_pk, data["agent"])
+    if data["prerequisites"]:
+        await lock_graph(ch)
+    prereqs = await _prerequisites(ch, data["prerequisites"])
+    undone = any(p["state"] != "done" for p in prereqs)
+    public_id = new_id("ta")
+    pk = await ch.tx.fetch_val(
+        tasks.insert()
+        .values(
+            public_id=public_id,
+            space_id=ch.space_pk,
+            project_id=project["id"],
+            kind=data["kind"],
+            title=data["title"],
+            priority=data["priority"],
+            labels=json.dumps(sorted(set(data["labels"]))),
+            resources=json.dumps(sorted(set(data["resources"]))),
+            agent_id=agent,
+            # A task's first state; every later one is lifecycle's to write.
+            state="open" if undone else "ready",
+            max_attempts=data["max_attempts"],
+            ready_at=ch.now,
+            created_at=ch.now,
+            created_by=creator_pk,
+            updated_at=ch.now,
+        )
+        .returning(tasks.c.id)
+    )
+    await ch.tx.execute(
+        task_revisions.insert().values(
+            task_id=pk,
+            number=1,
+            title=data["title"],
+            body=data["body"],
+            criteria=data["criteria"],
+            created_at=ch.now,
+            created_by=creator_pk,
+        )
+    )
+    for prereq in prereqs:
+        await ch.tx.execute(
+            dependencies.insert().values(
+                task_id=pk, prerequisite_id=prereq["id"], created_at=ch.now
+            )
+        )
+    await ch.audit(
+        "task.created",
+        "task",
+        public_id,
+        project_id=project["public_id"],
+        kind=data["kind"],
+        priority=data["priority"],
+        prerequisites=[p["public_id"] for p in prereqs],
+    )
+    await ch.event("task.created", task_id=public_id, project_id=project["public_id"])
+    return public_id
+
+
+async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
+    """The tasks ``refs`` name, locked; 422 naming one that is not in the space."""
+    found = []
+    for ref in dict.fromkeys(refs):
+        task = await load_task(ch.tx, ref, space_pk=ch.space_pk, for_update=True)
+        if task is None:
+            raise ValidationFailed(
+                f"no task {ref!r} in this space",
+                errors={"prerequisites": [f"No task {ref!r} in this space."]},
+            )
+        found.append(task)
+    return found
+
+
+async def require_editable(ch: Change, task: dict[str, Any], editor: Editor) -> None:
+    """Members edit unowned work; a task another principal holds needs an
+    admin or owner override with a reason."""
+    if task["state"] != "claimed":
+        return
+    holder = await ch.tx.fetch_val(
+        sa.select(attempts.c.claimant_id).where(
+            attempts.c.task_id == task["id"], attempts.c.state == "active"
+        )
+    )
+    if holder is None or holder == editor.principal_pk:
+        return
+    if not editor.may_override:
+        raise Forbidden("another principal's attempt holds this task; only its owner edits it")
+    if not editor.override_reason:
+        raise ValidationFailed(
+            "editing a task someone else holds needs override_reason",
+            errors={"override_reason": ["Required to override the attempt's owner."]},
+        )
+    ch.override(editor.override_reason)
+
+
+async def revise_task(
+    ch: Change,
+    task_id: str,
+    expected_revision: int,
+    editor: Editor,
+    changes: dict[str, Any],
+) -> None:
+    """Apply ``changes`` (title, body, criteria, priority, labels,
+    resources, agent, max_attempts) as the next revision; 409 when the task
+    is not at ``expected_revision``."""
+    row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    if row["revision"] != expected_revision:
+        raise RevisionConflict(
+            f"the task is at revision {row['revision']}, not {expected_revision}",
+            revision=row["revision"],
+        )
+    if row["state"] in TERMINAL:
+        raise InvalidState(f"the task is {row['state']}; retry it before editing")
+    await require_editable(ch, row, editor)
+    values: dict[str, Any] = {"revision": row["revision"] + 1}
+    if "agent" in changes:
+        values["agent_id"] = await agent_pk(ch.tx, ch.space_pk, changes["agent"])
+    for name in ("priority", "max_attempts", "title"):
+        if name in changes:
+            values[name] = changes[name]
+    for name in ("labels", "resources"):
+        if name in changes:
+            values[name] = json.dumps(sorted(set(changes[name])))
+    await ch.tx.execute(
+        task_revisions.insert().values(
+            task_id=row["id"],
+            number=values["revision"],
+            title=changes.get("title", row["title"]),
+            body=changes.get("body", row["body"]),
+            criteria=changes.get("criteria", row["criteria"]),
+            created_at=ch.now,
+            created_by=editor.principal_pk,
+        )
+    )
+    await set_task(ch, row["id"], **values)
+    await ch.audit(
+        "task.revised",
+        "task",
+        row["public_id"],
+        revision=values["revision"],
+        fields=sorted(changes),
+    )
+    await ch.event("task.revised", task_id=row["public_id"], revision=values["revision"])
+
+
+async def add_prerequisite(ch: Change, task_id: str, prerequisite_id: str) -> dict[str, Any]:
+    """Make ``prerequisite_id`` a prerequisite of ``task_id`` (409 for a
+    cycle); the task's row, with ``added`` false when it was one already."""
+    await lock_graph(ch)
+    await task_or_404(ch.tx, ch.space_pk, task_id)
+    # The prerequisite's row first: completing it locks it, then its dependents.
+    prereq = await load_task(ch.tx, prerequisite_id, space_pk=ch.space_pk, for_update=True)
+    if prereq is None:
+        raise ValidationFailed(
+            "no such prerequisite task in this space",
+            errors={"prerequisite": ["No such task in this space."]},
+        )
+    row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    added = await add_dependency(ch, row, prereq)
+    if added:
+        await ch.audit(
+            "task.dependency.added", "task", row["public_id"], prerequisite_id=prereq["public_id"]
+        )
+        await ch.event(
+            "task.dependency.added", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
+        )
+    return {**row, "added": added}
+
+
+async def remove_prerequisite(ch: Change, task_id: str, prerequisite_id: str) -> None:
+    """Remove ``prerequisite_id`` from the task's prerequisites (404 when
+    it is not one)."""
+    await lock_graph(ch)  # before any task row: the order every graph edit takes
+    row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    prereq = await task_or_404(ch.tx, ch.space_pk, prerequisite_id)
+    if not await remove_dependency(ch, row, prereq):
+        raise NotFound("the task has no such prerequisite")
+    await ch.audit(
+        "task.dependency.removed", "task", row["public_id"], prerequisite_id=prereq["public_id"]
+    )
+    await ch.event(
+        "task.dependency.removed", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
+    )
+
+
+async def cancel(ch: Change, task_id: str, reason: str, editor: Editor) -> None:
+    """Cancel a task for good, with its active attempt and unfinished stage
+    work; stage work only by someone who may override."""
+    row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    if row["state"] in TERMINAL:
+        raise InvalidState(f"the task is already {row['state']}")
+    if row["subject_task_id"] is not None and not editor.may_override:
+        raise Forbidden("stage work belongs to its workflow stage; only a space admin cancels it")
+    await require_editable(ch, row, editor)
+    await end_task_and_attempt(ch, row, reason)
+
+
+async def retry(ch: Change, task_id: str, engine: StageEngine) -> None:
+    """A failed or canceled task, or one waiting in a stage no loaded
+    plugin supplies, is ready (or open) again with a fresh attempt budget."""
+    row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    waiting = row["state"] == "waiting" and stranded(engine, row)
+    if row["state"] not in ("failed", "canceled") and not waiting:
+        raise InvalidState(
+            "only failed or canceled tasks, or tasks waiting in a stage no loaded plugin "
+            f"supplies, are retried; this one is {row['state']}"
+        )
+    if waiting and row["current_submission_id"] is not None:
+        await cancel_linked_work(ch, row["current_submission_id"], "the task was retried")
+    state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **leave_stage(row))
+    await ch.audit(
+        "task.retried", "task", row["public_id"], previous_state=row["state"], state=state
+    )
