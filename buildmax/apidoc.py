@@ -15,7 +15,7 @@ import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
@@ -131,13 +131,16 @@ def api(
         @functools.wraps(view)
         async def serve(**path: Any) -> Response:
             given = await _apply(doc, path)
-            running = VIEW_RUNNING.set(True)
+            # Per request, not per task: a request the view makes meanwhile
+            # (in process, or from a task it started) has a scope of its own.
+            scope = cast(dict[str, Any], request.scope)
+            scope[VIEW_RUNNING] = True
             try:
                 answer = await view(
                     **{k: v for k, v in given.items() if takes_all or k in parameters}
                 )
             finally:
-                VIEW_RUNNING.reset(running)
+                scope[VIEW_RUNNING] = False
             if isinstance(answer, Response):
                 if doc.idempotent and doc.body_type == JSON:
                     raise RuntimeError(f"{request.endpoint} is idempotent but returned no work")

@@ -13,7 +13,6 @@ token), a replay revokes the token nobody saw and answers with a fresh one.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import json
 import re
@@ -48,10 +47,9 @@ IN_PROGRESS = "a request with this idempotency key is still running"
 #: (the server stopped mid-upload); a retry after that runs again.
 PENDING_SECONDS = 15 * 60
 _KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
-#: Set while a declared view runs: its work is the kernel's to run, after it.
-VIEW_RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "buildmax_view_running", default=False
-)
+#: Set in a request's scope while its declared view runs: the work of an
+#: idempotent view is the kernel's to run, after the view returns it.
+VIEW_RUNNING = "buildmax.view_running"
 
 Reminter = Callable[[Transaction, Caller, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
@@ -104,7 +102,7 @@ class Idempotency:
         ``secret_fields`` name body fields (passwords) left out of the
         stored fingerprint, so a receipt holds no guessable hash of them; a
         retry that differs only there replays the first answer."""
-        if VIEW_RUNNING.get():
+        if request.scope.get(VIEW_RUNNING):
             # A view written before routes returned their work: running it
             # here too would commit it and then fail the request.
             raise RuntimeError(

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import Transaction
+from buildmax_hookspecs import Actor, Transaction
 
 from .conflicts import insert_ignoring_conflict
 from .ids import new_id
-from .problems import Conflict, LastOwner, SlugTaken
+from .problems import Conflict, Forbidden, LastOwner, NotFound, SlugTaken
 from .tables import principals, space_members, spaces
+
+if TYPE_CHECKING:
+    from .access import SpaceAccess
+    from .app import BuildMax
 
 
 async def space_pk(conn: Transaction, space_id: str) -> int | None:
@@ -106,3 +110,117 @@ MEMBER_COLUMNS = (
     space_members.c.role,
     space_members.c.created_at,
 )
+
+
+async def rename_space(
+    app: BuildMax, tx: Transaction, actor: Actor, access: SpaceAccess, name: str
+) -> None:
+    """Give ``access``'s space the display name ``name`` (its slug is
+    permanent), audited and announced."""
+    await tx.execute(sa.update(spaces).where(spaces.c.id == access.pk).values(name=name))
+    await app.audit.record(
+        tx,
+        actor,
+        "space.updated",
+        space_id=access.public_id,
+        target_type="space",
+        target_id=access.public_id,
+        details={"name": name},
+        admin_override=access.admin_override,
+    )
+    await app.events.publish(tx, access.pk, "space.updated", {"name": name})
+
+
+async def set_member(
+    app: BuildMax,
+    tx: Transaction,
+    actor: Actor,
+    access: SpaceAccess,
+    target: dict[str, Any],
+    role: str,
+    *,
+    owner_rights: bool,
+) -> None:
+    """Make ``target`` a member of ``access``'s space with ``role``, or change
+    its role: told to the plugins (``buildmax_member_changed``), audited and
+    announced when it changes, nothing when it already is so. Granting or
+    taking the owner role needs ``owner_rights`` (403)."""
+    _require_owner_rights(owner_rights, role, await member_role(tx, access.pk, target["id"]))
+    previous = await put_member(tx, access.pk, target["id"], role, app.clock.now_ms())
+    if previous == role:
+        return
+    await _member_changed(app, tx, actor, access, target, role, previous)
+    action = "space.member.added" if previous is None else "space.member.role_changed"
+    await app.audit.record(
+        tx,
+        actor,
+        action,
+        space_id=access.public_id,
+        target_type="principal",
+        target_id=target["public_id"],
+        details={"role": role, "previous_role": previous},
+        admin_override=access.admin_override,
+    )
+    await app.events.publish(
+        tx, access.pk, "space.member.changed", {"principal_id": target["public_id"], "role": role}
+    )
+
+
+async def end_membership(
+    app: BuildMax,
+    tx: Transaction,
+    actor: Actor,
+    access: SpaceAccess,
+    target: dict[str, Any],
+    *,
+    owner_rights: bool,
+) -> None:
+    """Remove ``target`` from ``access``'s space (404 when it is not a
+    member; 409 for the last owner): told to the plugins, audited and
+    announced. Removing an owner needs ``owner_rights`` (403)."""
+    _require_owner_rights(owner_rights, None, await member_role(tx, access.pk, target["id"]))
+    previous = await remove_member(tx, access.pk, target["id"])
+    if previous is None:
+        raise NotFound("the principal is not a member of this space")
+    await _member_changed(app, tx, actor, access, target, None, previous)
+    await app.audit.record(
+        tx,
+        actor,
+        "space.member.removed",
+        space_id=access.public_id,
+        target_type="principal",
+        target_id=target["public_id"],
+        details={"previous_role": previous},
+        admin_override=access.admin_override,
+    )
+    await app.events.publish(
+        tx, access.pk, "space.member.changed", {"principal_id": target["public_id"], "role": None}
+    )
+
+
+def _require_owner_rights(owner_rights: bool, role: str | None, target_role: str | None) -> None:
+    """Granting, changing or removing an owner needs an owner (or a system admin)."""
+    if "owner" in (role, target_role) and not owner_rights:
+        raise Forbidden("only an owner grants, changes or removes the owner role")
+
+
+async def _member_changed(
+    app: BuildMax,
+    tx: Transaction,
+    actor: Actor,
+    access: SpaceAccess,
+    target: dict[str, Any],
+    role: str | None,
+    previous: str | None,
+) -> None:
+    """Tell the plugins that ``target``'s membership changed
+    (``buildmax_member_changed``), in the change's transaction and before
+    its event is published, which locks the space row until commit."""
+    await app.hooks.member_changed(
+        tx,
+        space_id=access.public_id,
+        principal_id=target["public_id"],
+        role=role,
+        previous_role=previous,
+        actor=actor,
+    )

@@ -15,14 +15,8 @@ from ..current import current_buildmax
 from ..idempotency import Reply, Work
 from ..pagination import page_body, page_request
 from ..passwords import hash_password, verify_password
-from ..principals import (
-    PUBLIC_COLUMNS,
-    count_admins,
-    create_principal,
-    find_principal,
-    lock_admins,
-)
-from ..problems import Forbidden, LastAdmin, NotFound, ValidationFailed
+from ..principals import PUBLIC_COLUMNS, change_principal, create_principal, find_principal
+from ..problems import Forbidden, NotFound, ValidationFailed
 from ..roles import SYSTEM_ROLES
 from ..schemas import (
     PRINCIPAL_OUT,
@@ -31,7 +25,7 @@ from ..schemas import (
     PrincipalPage,
     PrincipalUpdate,
 )
-from ..tables import principals, tokens
+from ..tables import principals
 
 blueprint = Blueprint("buildmax_principals", __name__)
 
@@ -199,87 +193,9 @@ async def _update(caller: Caller, data: dict[str, Any], ref: str) -> Work:
     password_hash = await _password_hash(target["kind"], data.get("password"))
 
     async def work(tx: Transaction) -> Reply:
-        if {"system_role", "disabled"} & set(data):
-            await lock_admins(tx)
-        now = app.clock.now_ms()
-        values = _changes(target, data, password_hash, now)
-        if values:
-            await tx.execute(
-                sa.update(principals).where(principals.c.id == target["id"]).values(**values)
-            )
-        if await count_admins(tx) == 0:
-            raise LastAdmin("this would leave no enabled system admin")
-        ended = []
-        if password_hash is not None:
-            ended = await _end_other_sessions(tx, target["id"], caller.token_pk, now)
-        row = await find_principal(tx, target["public_id"])
-        assert row is not None
-        for action, details in _audit_actions(values, row):
-            await app.audit.record(
-                tx,
-                caller.actor,
-                action,
-                target_type="principal",
-                target_id=row["public_id"],
-                details=details,
-            )
-        for token_id in ended:
-            await app.audit.record(
-                tx,
-                caller.actor,
-                "token.revoked",
-                target_type="token",
-                target_id=token_id,
-                details={"principal_id": row["public_id"]},
-            )
+        row = await change_principal(
+            app, tx, caller.actor, target, data, password_hash, keep_token_pk=caller.token_pk
+        )
         return Reply(200, _render(row))
 
     return work
-
-
-def _changes(
-    target: dict[str, Any], data: dict[str, Any], password_hash: str | None, now: int
-) -> dict[str, Any]:
-    """The columns that actually change."""
-    values: dict[str, Any] = {}
-    if "display_name" in data and data["display_name"] != target["display_name"]:
-        values["display_name"] = data["display_name"]
-    if password_hash is not None:
-        values["password_hash"] = password_hash
-    if "system_role" in data and data["system_role"] != target["system_role"]:
-        values["system_role"] = data["system_role"]
-    if "disabled" in data and data["disabled"] != (target["disabled_at"] is not None):
-        values["disabled_at"] = now if data["disabled"] else None
-    return values
-
-
-async def _end_other_sessions(
-    tx: Transaction, principal_pk: int, keep_token_pk: int, now: int
-) -> list[str]:
-    """A new password ends the principal's sign-in sessions but the current
-    one; the public ids of the sessions it ended."""
-    rows = await tx.fetch_all(
-        sa.update(tokens)
-        .where(
-            tokens.c.principal_id == principal_pk,
-            tokens.c.origin == "session",
-            tokens.c.revoked_at.is_(None),
-            tokens.c.id != keep_token_pk,
-        )
-        .values(revoked_at=now)
-        .returning(tokens.c.public_id)
-    )
-    return sorted(row["public_id"] for row in rows)
-
-
-def _audit_actions(values: dict[str, Any], row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    actions: list[tuple[str, dict[str, Any]]] = []
-    if "disabled_at" in values:
-        actions.append(("principal.disabled" if values["disabled_at"] else "principal.enabled", {}))
-    if "system_role" in values:
-        actions.append(("principal.role_changed", {"system_role": row["system_role"]}))
-    if "password_hash" in values:
-        actions.append(("principal.password_set", {}))
-    if "display_name" in values:
-        actions.append(("principal.updated", {"display_name": row["display_name"]}))
-    return actions

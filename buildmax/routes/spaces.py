@@ -16,7 +16,7 @@ from ..current import current_buildmax
 from ..idempotency import Reply, Work
 from ..pagination import page_body, page_request
 from ..principals import find_member_candidate, find_principal
-from ..problems import Forbidden, NotFound
+from ..problems import NotFound
 from ..roles import SYSTEM_ROLES
 from ..schemas import (
     MEMBER_OUT,
@@ -29,7 +29,7 @@ from ..schemas import (
     SpacePage,
     SpaceUpdate,
 )
-from ..spaces import MEMBER_COLUMNS, create_space, member_role, put_member, remove_member
+from ..spaces import MEMBER_COLUMNS, create_space, end_membership, rename_space, set_member
 from ..tables import principals, space_members, spaces
 
 blueprint = Blueprint("buildmax_spaces", __name__)
@@ -160,20 +160,7 @@ async def update(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> W
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        await tx.execute(
-            sa.update(spaces).where(spaces.c.id == access.pk).values(name=data["name"])
-        )
-        await app.audit.record(
-            tx,
-            caller.actor,
-            "space.updated",
-            space_id=access.public_id,
-            target_type="space",
-            target_id=access.public_id,
-            details={"name": data["name"]},
-            admin_override=access.admin_override,
-        )
-        await app.events.publish(tx, access.pk, "space.updated", {"name": data["name"]})
+        await rename_space(app, tx, caller.actor, access, data["name"])
         return Reply(200, _render({**_access_row(access), "name": data["name"]}))
 
     return work
@@ -240,29 +227,9 @@ async def put(principal: str, caller: Caller, access: SpaceAccess, data: dict[st
     role = data["role"]
 
     async def work(tx: Transaction) -> Reply:
-        target_role = await member_role(tx, access.pk, target["id"])
-        _require_owner_for_owners(access, caller, role, target_role)
-        now = app.clock.now_ms()
-        previous = await put_member(tx, access.pk, target["id"], role, now)
-        if previous != role:
-            await _announce(tx, access, caller, target, role, previous)
-            action = "space.member.added" if previous is None else "space.member.role_changed"
-            await app.audit.record(
-                tx,
-                caller.actor,
-                action,
-                space_id=access.public_id,
-                target_type="principal",
-                target_id=target["public_id"],
-                details={"role": role, "previous_role": previous},
-                admin_override=access.admin_override,
-            )
-            await app.events.publish(
-                tx,
-                access.pk,
-                "space.member.changed",
-                {"principal_id": target["public_id"], "role": role},
-            )
+        await set_member(
+            app, tx, caller.actor, access, target, role, owner_rights=_owner_rights(access, caller)
+        )
         created_at = await tx.fetch_val(
             sa.select(space_members.c.created_at).where(
                 space_members.c.space_id == access.pk,
@@ -283,33 +250,9 @@ async def put(principal: str, caller: Caller, access: SpaceAccess, data: dict[st
     return work
 
 
-async def _announce(
-    tx: Transaction,
-    access: SpaceAccess,
-    caller: Caller,
-    target: dict[str, Any],
-    role: str | None,
-    previous: str | None,
-) -> None:
-    """Tell the plugins that ``target``'s membership changed
-    (``buildmax_member_changed``), in the change's transaction and before
-    its event is published, which locks the space row until commit."""
-    await current_buildmax().hooks.member_changed(
-        tx,
-        space_id=access.public_id,
-        principal_id=target["public_id"],
-        role=role,
-        previous_role=previous,
-        actor=caller.actor,
-    )
-
-
-def _require_owner_for_owners(
-    access: SpaceAccess, caller: Caller, role: str | None, target_role: str | None
-) -> None:
-    """Granting, changing or removing an owner needs an owner (or a system admin)."""
-    if "owner" in (role, target_role) and access.role != "owner" and not caller.is_admin:
-        raise Forbidden("only an owner grants, changes or removes the owner role")
+def _owner_rights(access: SpaceAccess, caller: Caller) -> bool:
+    """Whether the caller grants, changes or removes owners: an owner, or a system admin."""
+    return access.role == "owner" or caller.is_admin
 
 
 @blueprint.delete("/v1/spaces/<space>/members/<principal>")
@@ -333,29 +276,10 @@ async def delete(principal: str, caller: Caller, access: SpaceAccess) -> Work:
     target = await _member_target(caller, principal)
 
     async def work(tx: Transaction) -> Reply:
-        target_role = await member_role(tx, access.pk, target["id"])
-        if not leaving:
-            _require_owner_for_owners(access, caller, None, target_role)
-        previous = await remove_member(tx, access.pk, target["id"])
-        if previous is None:
-            raise NotFound("the principal is not a member of this space")
-        await _announce(tx, access, caller, target, None, previous)
-        await app.audit.record(
-            tx,
-            caller.actor,
-            "space.member.removed",
-            space_id=access.public_id,
-            target_type="principal",
-            target_id=target["public_id"],
-            details={"previous_role": previous},
-            admin_override=access.admin_override,
-        )
-        await app.events.publish(
-            tx,
-            access.pk,
-            "space.member.changed",
-            {"principal_id": target["public_id"], "role": None},
-        )
+        # Leaving is always allowed, whatever role one holds (the last owner
+        # excepted); removing someone else follows the owner rule.
+        rights = leaving or _owner_rights(access, caller)
+        await end_membership(app, tx, caller.actor, access, target, owner_rights=rights)
         return Reply(204, None)
 
     return work

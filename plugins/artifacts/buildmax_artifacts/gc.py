@@ -23,9 +23,12 @@ from buildmax.app import blob_store
 from buildmax.tables import spaces
 
 from .quota import Reservation, settle, tombstoned
-from .routes import KEY_PREFIX
 from .settings import artifact_settings
 from .tables import artifacts, quotas, uploads
+
+#: The blob store's key prefix of this plugin (other plugins keep their own):
+#: an artifact's bytes are under ``artifacts/space/<space id>/``.
+KEY_PREFIX = "artifacts"
 
 
 @dataclass

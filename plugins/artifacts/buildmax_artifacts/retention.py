@@ -1,6 +1,7 @@
 """Retention: artifacts older than the configured days are tombstoned
 (pinned ones are kept), their quota given back; the collector then removes
-bytes no live artifact references. Each server runs both periodically."""
+bytes no live artifact references. Each server runs both periodically. A
+member pins an artifact to keep it, or deletes it (a tombstone) sooner."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import asyncio
 import logging
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR, App
+from buildmax_hookspecs import SYSTEM_ACTOR, Actor, App, Transaction
 
+from buildmax.problems import NotFound
 from buildmax.tables import spaces
 
 from .gc import collect
@@ -97,3 +99,76 @@ async def maintain_forever(app: App) -> None:
                 )
         except Exception:
             log.exception("artifacts maintenance failed")
+
+
+async def tombstone_artifact(
+    app: App,
+    tx: Transaction,
+    actor: Actor,
+    principal_pk: int,
+    space_pk: int,
+    space_id: str,
+    artifact_id: str,
+    *,
+    admin_override: bool,
+) -> None:
+    """Tombstone the space's live artifact ``artifact_id`` (404 when there
+    is none), giving its quota back; its bytes go with the collector."""
+    deleted = await tx.fetch_val(
+        sa.update(artifacts)
+        .where(
+            artifacts.c.public_id == artifact_id,
+            artifacts.c.space_id == space_pk,
+            artifacts.c.deleted_at.is_(None),
+        )
+        .values(deleted_at=app.clock.now_ms(), deleted_by=principal_pk)
+        .returning(artifacts.c.size)
+    )
+    if deleted is None:
+        raise NotFound("no such artifact in this space")
+    await tombstoned(
+        app,
+        tx,
+        actor,
+        "artifact.deleted",
+        space_id,
+        artifact_id,
+        int(deleted),
+        admin_override=admin_override,
+    )
+
+
+async def set_pinned(
+    app: App,
+    tx: Transaction,
+    actor: Actor,
+    space_pk: int,
+    space_id: str,
+    artifact_id: str,
+    pinned: bool,
+    *,
+    admin_override: bool,
+) -> None:
+    """Pin the space's live artifact (retention keeps it) or unpin it;
+    audited when it changes, nothing when it already is so."""
+    changed = await tx.fetch_val(
+        sa.update(artifacts)
+        .where(
+            artifacts.c.public_id == artifact_id,
+            artifacts.c.space_id == space_pk,
+            artifacts.c.deleted_at.is_(None),
+            artifacts.c.pinned != int(pinned),
+        )
+        .values(pinned=int(pinned))
+        .returning(artifacts.c.id)
+    )
+    if changed is not None:
+        await app.audit.record(
+            tx,
+            actor,
+            "artifact.pinned" if pinned else "artifact.unpinned",
+            space_id=space_id,
+            target_type="artifact",
+            target_id=artifact_id,
+            admin_override=admin_override,
+        )

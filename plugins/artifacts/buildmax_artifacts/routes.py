@@ -50,16 +50,16 @@ from buildmax.schemas import Pattern, Timestamp, revision_number
 from buildmax.streaming import allow_body
 from buildmax.tables import principals
 
+from .gc import KEY_PREFIX
 from .links import MAX_REASON, Link, requested_link, task_queue
 from .problems import DigestMismatch, RangeNotSatisfiable
-from .quota import Reservation, release, reserve, settle, tombstoned
+from .quota import Reservation, release, reserve, settle
+from .retention import set_pinned, tombstone_artifact
 from .settings import ArtifactSettings, artifact_settings
 from .tables import artifacts
 
 blueprint = Blueprint("artifacts", __name__)
 
-#: The blob store's key prefix of this plugin (other plugins keep their own).
-KEY_PREFIX = "artifacts"
 _MEDIA_TYPE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]{0,126}/[a-z0-9][a-z0-9!#$&^_.+-]{0,126}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: Media types shown inline; everything else is served as an attachment.
@@ -507,26 +507,14 @@ async def delete_artifact(artifact: str, caller: Caller, access: SpaceAccess) ->
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        deleted = await tx.fetch_val(
-            sa.update(artifacts)
-            .where(
-                artifacts.c.public_id == artifact,
-                artifacts.c.space_id == access.pk,
-                artifacts.c.deleted_at.is_(None),
-            )
-            .values(deleted_at=app.clock.now_ms(), deleted_by=caller.principal_pk)
-            .returning(artifacts.c.size)
-        )
-        if deleted is None:
-            raise NotFound("no such artifact in this space")
-        await tombstoned(
+        await tombstone_artifact(
             app,
             tx,
             caller.actor,
-            "artifact.deleted",
+            caller.principal_pk,
+            access.pk,
             access.public_id,
             artifact,
-            int(deleted),
             admin_override=access.admin_override,
         )
         return Reply(204, None)
@@ -538,27 +526,16 @@ def _set_pin(caller: Caller, access: SpaceAccess, artifact: str, pinned: bool) -
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        changed = await tx.fetch_val(
-            sa.update(artifacts)
-            .where(
-                artifacts.c.public_id == artifact,
-                artifacts.c.space_id == access.pk,
-                artifacts.c.deleted_at.is_(None),
-                artifacts.c.pinned != int(pinned),
-            )
-            .values(pinned=int(pinned))
-            .returning(artifacts.c.id)
+        await set_pinned(
+            app,
+            tx,
+            caller.actor,
+            access.pk,
+            access.public_id,
+            artifact,
+            pinned,
+            admin_override=access.admin_override,
         )
-        if changed is not None:
-            await app.audit.record(
-                tx,
-                caller.actor,
-                "artifact.pinned" if pinned else "artifact.unpinned",
-                space_id=access.public_id,
-                target_type="artifact",
-                target_id=artifact,
-                admin_override=access.admin_override,
-            )
         return Reply(200, _render(access, await _live(tx, access, artifact)))
 
     return work

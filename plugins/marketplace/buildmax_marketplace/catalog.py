@@ -26,11 +26,11 @@ from packaging.version import Version
 
 from buildmax.app import BuildMax, blob_store
 from buildmax.conflicts import insert_ignoring_conflict
-from buildmax.problems import PayloadTooLarge
+from buildmax.problems import NotFound, PayloadTooLarge
 from buildmax.tables import principals
 
-from .package import CHUNK, Package, PackageRefused, inspect
-from .problems import PackageInvalid, PluginArchived, ReleaseExists
+from .package import CHUNK, Package, PackageRefused, inspect, is_plugin_name
+from .problems import PackageInvalid, PluginArchived, ReleaseDigestMismatch, ReleaseExists
 from .settings import marketplace_settings
 from .tables import plugins, releases
 
@@ -233,3 +233,129 @@ async def releases_of(conn: Transaction, name: str) -> list[dict[str, Any]]:
     """Every release of a plugin, newest version first."""
     rows = await conn.fetch_all(RELEASE_SELECT.where(plugins.c.name == name))
     return sorted((dict(r) for r in rows), key=lambda r: Version(r["version"]), reverse=True)
+
+
+#: A plugin of the catalog with its publisher's public id.
+PLUGIN_SELECT = sa.select(plugins, principals.c.public_id.label("publisher")).select_from(
+    plugins.join(principals, principals.c.id == plugins.c.publisher_id)
+)
+
+
+def checked_name(name: str) -> str:
+    """``name`` if it can name a plugin; 404 otherwise (nothing is read)."""
+    if not is_plugin_name(name):
+        raise NotFound("no such plugin in the catalog")
+    return name
+
+
+async def plugin_or_404(conn: Transaction, name: str, *, lock: bool = False) -> dict[str, Any]:
+    """The plugin ``name`` (its row locked with ``lock``), or 404."""
+    query = PLUGIN_SELECT.where(plugins.c.name == checked_name(name))
+    if lock:
+        query = query.with_for_update(of=plugins)
+    row = await conn.fetch_one(query)
+    if row is None:
+        raise NotFound("no such plugin in the catalog")
+    return dict(row)
+
+
+async def release_or_404(conn: Transaction, name: str, version: str) -> dict[str, Any]:
+    """The release ``name`` ``version``, or 404."""
+    row = await release(conn, checked_name(name), version)
+    if row is None:
+        raise NotFound("no such release in the catalog")
+    return row
+
+
+async def yank_release(
+    app: BuildMax,
+    tx: Transaction,
+    actor: Actor,
+    principal_pk: int,
+    name: str,
+    version: str,
+    data: dict[str, Any],
+) -> dict[str, Any]:
+    """No longer offer the release (pins stay), with ``data["reason"]``;
+    yanking twice keeps the first reason. The release's row."""
+    row = await release_or_404(tx, name, version)
+    if row["yanked_at"] is not None:
+        return row
+    await tx.execute(
+        sa.update(releases)
+        .where(releases.c.id == row["id"], releases.c.yanked_at.is_(None))
+        .values(yanked_at=app.clock.now_ms(), yanked_by=principal_pk, yank_reason=data["reason"])
+    )
+    await _audit(app, tx, actor, "catalog.release.yanked", row, reason=data["reason"])
+    return await release_or_404(tx, name, version)
+
+
+async def archive_plugin(
+    app: BuildMax, tx: Transaction, actor: Actor, principal_pk: int, name: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    """Publish nothing more of the plugin (pins stay), with
+    ``data["reason"]``; archiving twice keeps the first reason. Its row."""
+    row = await plugin_or_404(tx, name, lock=True)
+    if row["archived_at"] is not None:
+        return row
+    await tx.execute(
+        sa.update(plugins)
+        .where(plugins.c.id == row["id"])
+        .values(
+            archived_at=app.clock.now_ms(), archived_by=principal_pk, archive_reason=data["reason"]
+        )
+    )
+    await app.audit.record(
+        tx,
+        actor,
+        "catalog.plugin.archived",
+        target_type="catalog_plugin",
+        target_id=row["name"],
+        details={"reason": data["reason"]},
+    )
+    return await plugin_or_404(tx, name)
+
+
+async def set_eligibility(
+    app: BuildMax,
+    tx: Transaction,
+    actor: Actor,
+    principal_pk: int,
+    name: str,
+    version: str,
+    data: dict[str, Any],
+) -> dict[str, Any]:
+    """Mark the release eligible for unattended use, or not
+    (``data["eligible"]``), when ``data["sha256"]`` names it (409
+    otherwise: the admin read another release's report). The release's row."""
+    row = await release_or_404(tx, name, version)
+    if data["sha256"] != row["sha256"]:
+        raise ReleaseDigestMismatch(
+            f"{name} {row['version']} has sha256 {row['sha256'][:12]}…, not the release "
+            "you read; read its capability report again",
+            sha256=row["sha256"],
+        )
+    if data["eligible"] == (row["eligible_at"] is not None):
+        return row
+    values = (
+        {"eligible_at": app.clock.now_ms(), "eligible_by": principal_pk}
+        if data["eligible"]
+        else {"eligible_at": None, "eligible_by": None}
+    )
+    await tx.execute(sa.update(releases).where(releases.c.id == row["id"]).values(**values))
+    action = "catalog.release.eligible" if data["eligible"] else "catalog.release.ineligible"
+    await _audit(app, tx, actor, action, row)
+    return await release_or_404(tx, name, version)
+
+
+async def _audit(
+    app: BuildMax, tx: Transaction, actor: Actor, action: str, row: dict[str, Any], **extra: Any
+) -> None:
+    await app.audit.record(
+        tx,
+        actor,
+        action,
+        target_type="catalog_plugin",
+        target_id=row["name"],
+        details={"version": row["version"], "sha256_prefix": row["sha256"][:12], **extra},
+    )

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 from typing import Any
 
-import sqlalchemy as sa
 from buildmax_hookspecs import BlobNotFound, TaskQueue, Transaction
 from marshmallow import RAISE, Schema, fields, validate
 from quart import Blueprint, Response, request
@@ -41,22 +39,25 @@ from buildmax.problems import (
 from buildmax.roles import SYSTEM_ROLES
 from buildmax.schemas import Pattern, StrictBoolean
 from buildmax.streaming import allow_body
-from buildmax.tables import principals
 
 from .catalog import (
+    PLUGIN_SELECT,
     Spooled,
+    archive_plugin,
+    checked_name,
+    plugin_or_404,
     publish,
     release,
+    release_or_404,
     releases_of,
+    set_eligibility,
     spool,
+    yank_release,
 )
-from .problems import ReleaseDigestMismatch
 from .settings import marketplace_settings
-from .tables import plugins, releases
+from .tables import plugins
 
 blueprint = Blueprint("catalog", __name__)
-
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
 
 
 class ReasonBody(Schema):
@@ -147,34 +148,6 @@ async def _plugin_view(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]
     }
 
 
-_PLUGIN_SELECT = sa.select(plugins, principals.c.public_id.label("publisher")).select_from(
-    plugins.join(principals, principals.c.id == plugins.c.publisher_id)
-)
-
-
-def _checked_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise NotFound("no such plugin in the catalog")
-    return name
-
-
-async def _plugin_or_404(conn: Transaction, name: str, *, lock: bool = False) -> dict[str, Any]:
-    query = _PLUGIN_SELECT.where(plugins.c.name == _checked_name(name))
-    if lock:
-        query = query.with_for_update(of=plugins)
-    row = await conn.fetch_one(query)
-    if row is None:
-        raise NotFound("no such plugin in the catalog")
-    return dict(row)
-
-
-async def _release_or_404(conn: Transaction, name: str, version: str) -> dict[str, Any]:
-    row = await release(conn, _checked_name(name), version)
-    if row is None:
-        raise NotFound("no such release in the catalog")
-    return row
-
-
 @blueprint.post("/v1/catalog/<name>/releases")
 @api(
     "Publish a release (system admins and operators); the body is the .tar.gz or .zip",
@@ -195,7 +168,7 @@ async def publish_release(name: str, caller: Caller) -> Response:
     same (422 ``idempotency-key-reused`` if not), and a duplicate while the
     first still streams is 409."""
     app = current_buildmax()
-    _checked_name(name)
+    checked_name(name)
     limit = marketplace_settings(app).max_package_bytes
     if (request.content_length or 0) > limit:
         raise PayloadTooLarge(f"a release archive may have at most {limit} bytes")
@@ -236,7 +209,7 @@ async def list_plugins() -> Response:
     """``archived=true`` includes archived plugins."""
     app = current_buildmax()
     page = page_request()
-    query = _PLUGIN_SELECT.order_by(plugins.c.name).limit(page.limit + 1)
+    query = PLUGIN_SELECT.order_by(plugins.c.name).limit(page.limit + 1)
     if request.args.get("archived") != "true":
         query = query.where(plugins.c.archived_at.is_(None))
     if page.after is not None:
@@ -252,7 +225,7 @@ async def list_plugins() -> Response:
 async def show_plugin(name: str) -> Response:
     app = current_buildmax()
     async with app.db.read() as conn:
-        return json_response(await _plugin_view(conn, await _plugin_or_404(conn, name)))
+        return json_response(await _plugin_view(conn, await plugin_or_404(conn, name)))
 
 
 @blueprint.get("/v1/catalog/<name>/releases/<version>")
@@ -260,7 +233,7 @@ async def show_plugin(name: str) -> Response:
 async def show_release(name: str, version: str) -> Response:
     app = current_buildmax()
     async with app.db.read() as conn:
-        return json_response(release_view(await _release_or_404(conn, name, version)))
+        return json_response(release_view(await release_or_404(conn, name, version)))
 
 
 @blueprint.get("/v1/catalog/<name>/releases/<version>/package")
@@ -273,7 +246,7 @@ async def download_package(name: str, version: str) -> Response:
     """``ETag`` is the sha256 of the bytes."""
     app = current_buildmax()
     async with app.db.read() as conn:
-        row = await _release_or_404(conn, name, version)
+        row = await release_or_404(conn, name, version)
     return await package_response(app, row)
 
 
@@ -315,19 +288,7 @@ async def yank(name: str, version: str, caller: Caller, data: dict[str, Any]) ->
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        row = await _release_or_404(tx, name, version)
-        if row["yanked_at"] is None:
-            await tx.execute(
-                sa.update(releases)
-                .where(releases.c.id == row["id"], releases.c.yanked_at.is_(None))
-                .values(
-                    yanked_at=app.clock.now_ms(),
-                    yanked_by=caller.principal_pk,
-                    yank_reason=data["reason"],
-                )
-            )
-            await _audit(app, tx, caller, "catalog.release.yanked", row, reason=data["reason"])
-            row = await _release_or_404(tx, name, version)
+        row = await yank_release(app, tx, caller.actor, caller.principal_pk, name, version, data)
         return Reply(200, release_view(row))
 
     return work
@@ -346,26 +307,7 @@ async def archive(name: str, caller: Caller, data: dict[str, Any]) -> Work:
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        row = await _plugin_or_404(tx, name, lock=True)
-        if row["archived_at"] is None:
-            await tx.execute(
-                sa.update(plugins)
-                .where(plugins.c.id == row["id"])
-                .values(
-                    archived_at=app.clock.now_ms(),
-                    archived_by=caller.principal_pk,
-                    archive_reason=data["reason"],
-                )
-            )
-            await app.audit.record(
-                tx,
-                caller.actor,
-                "catalog.plugin.archived",
-                target_type="catalog_plugin",
-                target_id=row["name"],
-                details={"reason": data["reason"]},
-            )
-            row = await _plugin_or_404(tx, name)
+        row = await archive_plugin(app, tx, caller.actor, caller.principal_pk, name, data)
         return Reply(200, await _plugin_view(tx, row))
 
     return work
@@ -387,42 +329,10 @@ async def eligibility(name: str, version: str, caller: Caller, data: dict[str, A
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        row = await _release_or_404(tx, name, version)
-        if data["sha256"] != row["sha256"]:
-            raise ReleaseDigestMismatch(
-                f"{name} {row['version']} has sha256 {row['sha256'][:12]}…, not the release "
-                "you read; read its capability report again",
-                sha256=row["sha256"],
-            )
-        eligible = row["eligible_at"] is not None
-        if data["eligible"] != eligible:
-            values = (
-                {"eligible_at": app.clock.now_ms(), "eligible_by": caller.principal_pk}
-                if data["eligible"]
-                else {"eligible_at": None, "eligible_by": None}
-            )
-            await tx.execute(sa.update(releases).where(releases.c.id == row["id"]).values(**values))
-            action = (
-                "catalog.release.eligible" if data["eligible"] else "catalog.release.ineligible"
-            )
-            await _audit(app, tx, caller, action, row)
-            row = await _release_or_404(tx, name, version)
+        row = await set_eligibility(app, tx, caller.actor, caller.principal_pk, name, version, data)
         return Reply(200, release_view(row))
 
     return work
-
-
-async def _audit(
-    app: BuildMax, tx: Transaction, caller: Caller, action: str, row: dict[str, Any], **extra: Any
-) -> None:
-    await app.audit.record(
-        tx,
-        caller.actor,
-        action,
-        target_type="catalog_plugin",
-        target_id=row["name"],
-        details={"version": row["version"], "sha256_prefix": row["sha256"][:12], **extra},
-    )
 
 
 # -- a run's packages --------------------------------------------------------------

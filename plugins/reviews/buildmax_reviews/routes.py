@@ -26,10 +26,11 @@ from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.problems import Forbidden, NotFound, ValidationFailed
+from buildmax.problems import NotFound, ValidationFailed
 from buildmax.schemas import Pattern, StrictBoolean, revision_number
 
 from .candidates import FindingIn
+from .findings import FINDING_SELECT, resolve
 from .tables import DECISIONS, KINDS, activities, findings, integrations, reviews
 from .workflow import activity_view, stale
 
@@ -137,10 +138,6 @@ _ITEM_SELECT = (
     .order_by(activities.c.id.desc())
 )
 
-_FINDING_SELECT = sa.select(findings, reviews.c.public_id.label("review_public_id")).select_from(
-    findings.join(reviews, reviews.c.id == findings.c.review_id)
-)
-
 
 def _arg(name: str) -> str | None:
     value = request.args.get(name)
@@ -237,7 +234,7 @@ async def _render(conn: Transaction, rows: list[dict[str, Any]]) -> list[dict[st
     review_ids = [r["review_public_id"] for r in rows if r["review_public_id"]]
     if review_ids:
         for f in await conn.fetch_all(
-            _FINDING_SELECT.where(reviews.c.public_id.in_(review_ids)).order_by(findings.c.id)
+            FINDING_SELECT.where(reviews.c.public_id.in_(review_ids)).order_by(findings.c.id)
         ):
             found.setdefault(f["review_public_id"], []).append(dict(f))
     return [_item_view(r, work, found.get(r["review_public_id"], [])) for r in rows]
@@ -385,7 +382,7 @@ async def list_findings(access: SpaceAccess) -> Response:
     app = current_buildmax()
     page = page_request()
     query = (
-        _FINDING_SELECT.where(findings.c.space_id == access.pk)
+        FINDING_SELECT.where(findings.c.space_id == access.pk)
         .order_by(findings.c.id.desc())
         .limit(page.limit + 1)
     )
@@ -425,42 +422,16 @@ async def resolve_finding(
     app = current_buildmax()
 
     async def work(tx: Transaction) -> Reply:
-        lookup = _FINDING_SELECT.where(
-            findings.c.space_id == access.pk, findings.c.public_id == finding
+        row = await resolve(
+            app,
+            tx,
+            caller.actor,
+            access.pk,
+            access.public_id,
+            finding,
+            data["resolution"],
+            admin_override=access.admin_override,
         )
-        row = await tx.fetch_one(lookup)
-        if row is None:
-            raise NotFound("no such finding in this space")
-        if caller.actor.scope_type == "attempt":
-            attempt = await app.services.get(TaskQueue).attempt(tx, str(caller.actor.scope_id))
-            if attempt is None or attempt.task_id != row["subject_task_id"]:
-                raise Forbidden("an attempt's token resolves the findings of its own task only")
-        if row["resolved_at"] is None:
-            now = app.clock.now_ms()
-            await tx.execute(
-                sa.update(findings)
-                .where(findings.c.id == row["id"], findings.c.resolved_at.is_(None))
-                .values(
-                    resolved_at=now,
-                    resolved_by=caller.actor.principal_id,
-                    resolution=data["resolution"],
-                )
-            )
-            await app.audit.record(
-                tx,
-                caller.actor,
-                "finding.resolved",
-                space_id=access.public_id,
-                target_type="finding",
-                target_id=finding,
-                details={
-                    "subject_id": row["subject_task_id"],
-                    "review_id": row["review_public_id"],
-                },
-                admin_override=access.admin_override,
-            )
-            row = await tx.fetch_one(lookup)
-            assert row is not None
-        return Reply(200, _finding_view(dict(row)))
+        return Reply(200, _finding_view(row))
 
     return work

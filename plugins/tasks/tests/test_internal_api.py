@@ -18,8 +18,9 @@ from buildmax_hookspecs import hookimpl
 from buildmax_tasks.tables import attempts
 from quart import Blueprint, Response, request
 
+from buildmax.apidoc import api
 from buildmax.app import create_app
-from buildmax.auth import Caller, authenticate
+from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.database.base import NestedTransactionError
@@ -33,18 +34,27 @@ board = Blueprint("board", __name__)
 
 
 @board.get("/v1/spaces/<space>/board")
-async def show_board(space: str) -> Response:
+@api("The space's ready work, as you may see it", tags=["board"])
+async def show_board(space: str, caller: Caller) -> Response:
     """The space's ready work, every page of it, as the caller may see it."""
-    api = InternalApi(current_buildmax(), await authenticate())
-    ready = [task async for task in api.paginate(f"/v1/spaces/{space}/ready", {"limit": "1"})]
+    internal = InternalApi(current_buildmax(), caller)
+    ready = [task async for task in internal.paginate(f"/v1/spaces/{space}/ready", {"limit": "1"})]
     return json_response({"ready": [task["id"] for task in ready]})
 
 
 @board.post("/v1/spaces/<space>/board/take")
-async def take(space: str) -> Response:
-    """Claim the next ready task for the caller."""
-    api = InternalApi(current_buildmax(), await authenticate())
-    claimed = await api.request(
+@api(
+    "Claim the next ready task for you",
+    status=201,
+    not_idempotent="the claim it makes honours the Idempotency-Key it passes on",
+    tags=["board"],
+)
+async def take(space: str, caller: Caller) -> Response:
+    """Claim the next ready task for the caller: a declared view calling an
+    idempotent route in process, whose work the kernel runs for that
+    request (the view's own request is still running)."""
+    internal = InternalApi(current_buildmax(), caller)
+    claimed = await internal.request(
         "POST",
         f"/v1/spaces/{space}/claims",
         json={},
