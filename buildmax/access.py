@@ -113,7 +113,7 @@ def require_role(access: SpaceAccess, minimum: str, caller: Caller, action: str)
         if access.role is None and not caller.is_operator and not caller.is_admin:
             raise NotFound("no such space")
         raise Forbidden(f"this needs the {minimum} role in the space")
-    return replace(access, admin_override=override)
+    return access if access.admin_override == override else replace(access, admin_override=override)
 
 
 #: The caller's role in the space, share-locked (on PostgreSQL) until the
