@@ -38,6 +38,19 @@ class NoteCreate(Schema):
     text = fields.String(required=True, validate=validate.Length(min=1, max=2000))
 
 
+class NoteOut(Schema):
+    id = fields.String()
+    text = fields.String()
+    created_at = fields.String()
+
+
+class NotePage(Schema):
+    """A page: the document gives the route ``limit`` and ``cursor``."""
+
+    items = fields.List(fields.Nested(NoteOut))
+    next_cursor = fields.String(allow_none=True)
+
+
 blueprint = Blueprint("notes", __name__)
 
 
@@ -54,10 +67,10 @@ def _render(row: Any) -> dict[str, Any]:
     "Add a note to a space (members)",
     body=NoteCreate,
     status=201,
-    idempotent=True,
-    tags=["notes"],
     role="member",
     action="notes.add",
+    idempotent=True,
+    tags=["notes"],
 )
 async def add_note(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
     """The note is audited and announced on the space's event stream."""
@@ -100,7 +113,7 @@ async def add_note(caller: Caller, access: SpaceAccess, data: dict[str, Any]) ->
 async def list_notes(access: SpaceAccess) -> Response:
     """Paged with ``limit`` and ``cursor``."""
     app = current_buildmax()
-    page = page_request(app.settings.page_size_default, app.settings.page_size_max)
+    page = page_request(key_types=(int, str))
     query = (
         sa.select(notes.c.public_id, notes.c.text, notes.c.created_at)
         .where(notes.c.space_id == access.pk)

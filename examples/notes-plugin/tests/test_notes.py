@@ -12,6 +12,7 @@ import httpx
 import sqlalchemy as sa
 from buildmax.client import Client
 from buildmax.migrations import migration_status
+from buildmax.testing import call
 
 from buildmax_notes import notes
 from buildmax_notes.client import NotesClient
@@ -52,22 +53,20 @@ async def test_its_migration_has_run_and_created_the_table(app):
 
 async def test_a_member_adds_and_lists_notes(client, clock, make_principal, make_space):
     owner = await make_principal("human")
+    stranger = await make_principal("agent")
     space = await make_space(owner)
 
-    created = await client.post(notes_url(space), json={"text": "hello"}, headers=owner.headers)
-    assert created.status_code == 201
-    first = await created.get_json()
+    first = await call(client, "POST", notes_url(space), owner, json={"text": "hello"}, expect=201)
     assert first["id"].startswith("nt_")
     assert first["text"] == "hello"
     assert first["created_at"].endswith("Z")
 
     clock.advance(seconds=1)
-    second = await client.post(notes_url(space), json={"text": "world"}, headers=owner.headers)
-    assert second.status_code == 201
+    await call(client, "POST", notes_url(space), owner, json={"text": "world"}, expect=201)
 
-    listed = await client.get(notes_url(space), headers=owner.headers)
-    assert listed.status_code == 200
-    assert [note["text"] for note in (await listed.get_json())["items"]] == ["world", "hello"]
+    listed = await call(client, "GET", notes_url(space), owner, expect=200)
+    assert [note["text"] for note in listed["items"]] == ["world", "hello"]
+    await call(client, "GET", notes_url(space), stranger, expect=404, problem="not-found")
 
 
 async def test_the_list_is_paged_newest_first(client, clock, make_principal, make_space):
