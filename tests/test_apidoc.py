@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -121,6 +122,17 @@ class UndeclaredReceipts:
         return [blueprint]
 
 
+async def _post_to_probes(settings, caller, path: str, caplog) -> Any:
+    """POST ``path`` with a key, as ``caller``, to an app that serves the
+    probe routes above; errors are captured from the log."""
+    other = create_app(settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
+    caplog.set_level(logging.ERROR)
+    async with other.test_app():
+        return await other.test_client().post(
+            path, headers={**caller.headers, "Idempotency-Key": "k-1"}
+        )
+
+
 @pytest.mark.engine_independent
 async def test_a_route_keeps_receipts_only_where_it_declares_so(
     buildmax_settings, make_principal, caplog
@@ -130,12 +142,7 @@ async def test_a_route_keeps_receipts_only_where_it_declares_so(
     it cannot ship with a header the document does not show. Catches the
     check in ``Idempotency.run`` removed (the undeclared route answers 200)."""
     caller = await make_principal("agent")  # in the database the app fixture migrated
-    other = create_app(buildmax_settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
-    caplog.set_level(logging.ERROR)
-    async with other.test_app():
-        answer = await other.test_client().post(
-            "/v1/undeclared-receipts", headers={**caller.headers, "Idempotency-Key": "k-1"}
-        )
+    answer = await _post_to_probes(buildmax_settings, caller, "/v1/undeclared-receipts", caplog)
     assert answer.status_code == 500
     assert "not declared idempotent" in caplog.text
 
@@ -148,12 +155,7 @@ async def test_an_idempotent_route_hands_its_work_to_the_kernel(
     key it advertises: a server bug, reported as one (500, logged). Catches
     the check in ``api`` removed (the route answers 204)."""
     caller = await make_principal("agent")
-    other = create_app(buildmax_settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
-    caplog.set_level(logging.ERROR)
-    async with other.test_app():
-        answer = await other.test_client().post(
-            "/v1/workless-receipts", headers={**caller.headers, "Idempotency-Key": "k-1"}
-        )
+    answer = await _post_to_probes(buildmax_settings, caller, "/v1/workless-receipts", caplog)
     assert answer.status_code == 500
     assert "is idempotent but returned no work" in caplog.text
 
@@ -168,12 +170,7 @@ async def test_a_view_that_runs_its_own_work_is_refused_before_it_writes(
     receipt). Catches the guard in ``Idempotency.run`` removed (the row and
     the receipt are written)."""
     caller = await make_principal("agent")
-    other = create_app(buildmax_settings, extra_plugins=[("undeclared", UndeclaredReceipts())])
-    caplog.set_level(logging.ERROR)
-    async with other.test_app():
-        answer = await other.test_client().post(
-            "/v1/self-run-receipts", headers={**caller.headers, "Idempotency-Key": "k-1"}
-        )
+    answer = await _post_to_probes(buildmax_settings, caller, "/v1/self-run-receipts", caplog)
     assert answer.status_code == 500
     assert "runs its own work" in caplog.text
     async with app.db.read() as conn:

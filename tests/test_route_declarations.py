@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from buildmax.apidoc import build_openapi
+from buildmax.apidoc import api, build_openapi
 from buildmax.declaration import route_doc
+from buildmax.testing import call
 
 
 def _route_modules(app: Any) -> set[ModuleType]:
@@ -94,3 +95,51 @@ async def test_the_declared_space_role_is_in_the_document(app) -> None:
     assert "Needs at least the admin role in the space" in operation["description"]
     created = document["paths"]["/v1/spaces"]["post"]
     assert created["x-system-roles"] == ["admin", "operator"]
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"idempotent": True, "not_idempotent": "no"}, "idempotent or says why not"),
+        ({"role": "member"}, "needs the action"),
+        ({"action": "x.y"}, "needs the action"),
+        ({"role": "boss", "action": "x.y"}, "not a space role"),
+        ({"system_roles": ["root"]}, "system roles are"),
+        ({"auth": False, "role": "viewer", "action": "x.y"}, "need a caller"),
+        ({"auth": False, "idempotent": True}, "need a caller"),
+        ({"secret_fields": ["password"]}, "idempotent route's fingerprint"),
+    ],
+)
+@pytest.mark.engine_independent
+def test_a_declaration_the_kernel_cannot_apply_is_refused_at_import(options, why) -> None:
+    with pytest.raises(ValueError, match=why):
+        api("A route declared wrong", **options)
+
+
+@pytest.mark.engine_independent
+async def test_who_may_call_is_decided_before_the_body_is_read(
+    client, make_principal, make_space
+) -> None:
+    """A caller refused by the declaration learns nothing from its body:
+    no token is 401, a stranger 404, a member below the role 403, and only
+    an allowed caller gets the body's 422. Catches the body validated
+    before the role check."""
+    owner = await make_principal("human")
+    viewer = await make_principal("agent")
+    stranger = await make_principal("agent")
+    space = await make_space(owner)
+    await call(
+        client,
+        "PUT",
+        f"/v1/spaces/{space.id}/members/{viewer.id}",
+        owner,
+        json={"role": "viewer"},
+        expect=200,
+    )
+    path = f"/v1/spaces/{space.id}"
+    bad = {"name": 7}
+    await call(client, "PATCH", path, None, json=bad, expect=401)
+    await call(client, "PATCH", path, stranger, json=bad, expect=404, problem="not-found")
+    await call(client, "PATCH", path, viewer, json=bad, expect=403, problem="forbidden")
+    await call(client, "PATCH", path, owner, json=bad, expect=422, problem="validation-error")
+    await call(client, "POST", "/v1/principals", viewer, json={"kind": 7}, expect=403)
