@@ -45,7 +45,9 @@ def attempt_token_reminter(app: BuildMax) -> Reminter:
     ) -> dict[str, Any] | None:
         """Replace the token nobody saw, if its attempt is still active."""
         attempt = await tx.fetch_one(
-            sa.select(attempts.c.id, attempts.c.state, spaces.c.public_id.label("space_id"))
+            sa.select(
+                attempts.c.id.label("pk"), attempts.c.state, spaces.c.public_id.label("space_id")
+            )
             .join(spaces, spaces.c.id == attempts.c.space_id)
             .where(attempts.c.public_id == body["attempt"]["id"])
         )
@@ -56,7 +58,7 @@ def attempt_token_reminter(app: BuildMax) -> Reminter:
             return None
         await tx.execute(
             sa.update(attempts)
-            .where(attempts.c.id == attempt["id"])
+            .where(attempts.c.id == attempt["pk"])
             .values(token_id=issued.public_id)
         )
         await app.audit.record(

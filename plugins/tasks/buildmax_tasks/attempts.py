@@ -10,7 +10,7 @@ may override with a reason, and the audit trail says so.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -33,7 +33,8 @@ from .problems import (
     SubmissionRefused,
     TaskHeld,
 )
-from .records import attempt_ref, load_attempt, load_task_by_pk, task_ref
+from .records import ATTEMPT_SELECT, attempt_ref, load_attempt, load_task_by_pk, task_ref
+from .rows import AttemptRow, SubmissionRow, TaskRow
 from .tables import attempts, checkpoints, submission_artifacts, submissions, tasks
 
 
@@ -54,7 +55,7 @@ async def fenced(
     authority: Authority,
     *,
     allow_lapsed: bool = False,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[AttemptRow, TaskRow]:
     """The attempt and its task, locked, if the caller may act on it now.
 
     Sets ``ch.admin_override`` when an admin or owner acts on someone
@@ -62,7 +63,7 @@ async def fenced(
     attempt, task = await locked(ch, attempt_id)
     if authority.scope_id is not None and authority.scope_id != attempt_id:
         raise NotAttemptOwner("this token is scoped to another attempt")
-    if attempt["claimant_id"] != authority.principal_pk:
+    if attempt.claimant_pk != authority.principal_pk:
         if authority.scope_id is not None or not authority.may_override:
             raise NotAttemptOwner(
                 "only the attempt's owner acts on it (a space admin or owner may override "
@@ -74,22 +75,22 @@ async def fenced(
                 errors={"override_reason": ["Required to override the attempt's owner."]},
             )
         ch.override(authority.override_reason)
-    if generation != attempt["generation"]:
+    if generation != attempt.generation:
         raise StaleGeneration(
-            f"generation {generation} is not this attempt's ({attempt['generation']})",
-            generation=attempt["generation"],
+            f"generation {generation} is not this attempt's ({attempt.generation})",
+            generation=attempt.generation,
         )
-    if attempt["state"] != "active":
-        raise AttemptEnded(f"the attempt is {attempt['state']}", state=attempt["state"])
-    if attempt["lease_expires_at"] <= ch.now and not allow_lapsed:
+    if attempt.state != "active":
+        raise AttemptEnded(f"the attempt is {attempt.state}", state=attempt.state)
+    if attempt.lease_expires_at <= ch.now and not allow_lapsed:
         raise LeaseLapsed(
-            f"the lease lapsed at {to_rfc3339(attempt['lease_expires_at'])}",
-            lease_expires_at=to_rfc3339(attempt["lease_expires_at"]),
+            f"the lease lapsed at {to_rfc3339(attempt.lease_expires_at)}",
+            lease_expires_at=to_rfc3339(attempt.lease_expires_at),
         )
     return attempt, task
 
 
-async def locked(ch: Change, attempt_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+async def locked(ch: Change, attempt_id: str) -> tuple[AttemptRow, TaskRow]:
     """The attempt of ``ch``'s space and its task, their rows locked until
     the transaction ends, as committed once the locks are held; 404 when
     there is no such attempt in the space."""
@@ -98,11 +99,11 @@ async def locked(ch: Change, attempt_id: str) -> tuple[dict[str, Any], dict[str,
         raise NotFound("no such attempt in this space")
     # Rows are locked in one order everywhere: subject task, task, attempt.
     # The task row's lock serialises every change to its attempts.
-    if attempt["subject_task_id"] is not None:
+    if attempt.subject_task_pk is not None:
         await ch.tx.fetch_all(
-            sa.select(tasks.c.id).where(tasks.c.id == attempt["subject_task_id"]).with_for_update()
+            sa.select(tasks.c.id).where(tasks.c.id == attempt.subject_task_pk).with_for_update()
         )
-    task = await load_task_by_pk(ch.tx, attempt["task_id"], for_update=True)
+    task = await load_task_by_pk(ch.tx, attempt.task_pk, for_update=True)
     assert task is not None
     if ch.tx.dialect == "postgresql" and _maybe_stale(attempt, task, ch.now):
         # Changed while we waited for the lock: read what committed.
@@ -111,18 +112,18 @@ async def locked(ch: Change, attempt_id: str) -> tuple[dict[str, Any], dict[str,
     return attempt, task
 
 
-def _maybe_stale(attempt: dict[str, Any], task: dict[str, Any], now: int) -> bool:
+def _maybe_stale(attempt: AttemptRow, task: TaskRow, now: int) -> bool:
     """Whether an attempt read before its task's lock was taken may be out of
     date. Every change that ends an attempt also changes its task's state or
     current attempt, so an attempt still current on the locked task row is
     still active; only a renewal (a later lease) could have been missed."""
-    if attempt["state"] != "active":
+    if attempt.state != "active":
         return False  # ended attempts never change again
-    current = task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]
-    return not current or attempt["lease_expires_at"] <= now
+    current = task.state == "claimed" and task.current_attempt_pk == attempt.pk
+    return not current or attempt.lease_expires_at <= now
 
 
-async def stopped_hold(ch: Change, task: dict[str, Any]) -> dict[str, Any] | None:
+async def stopped_hold(ch: Change, task: TaskRow) -> dict[str, Any] | None:
     """The stopped hold covering a task, described, or ``None``."""
     for hold in await holds_covering(ch.tx, task):
         if hold["strength"] == "stopped":
@@ -152,21 +153,19 @@ _RENEW_WITH_PROGRESS = _RENEW.values(progress=sa.bindparam("new_progress"))
 
 
 async def renew(
-    ch: Change, attempt: dict[str, Any], task: dict[str, Any], lease_ms: int, progress: Any
-) -> dict[str, Any]:
+    ch: Change, attempt: AttemptRow, task: TaskRow, lease_ms: int, progress: Any
+) -> AttemptRow:
     """Extend the lease from now; keep the latest progress report."""
     hold = await stopped_hold(ch, task)
     if hold is not None:
         raise hold_refusal(hold, "renewals")
     expires = ch.now + lease_ms
-    values: dict[str, Any] = {"lease_expires_at": expires, "renewed_at": ch.now}
-    if progress is not None:
-        values["progress"] = json.dumps(progress, separators=(",", ":"))
+    reported = None if progress is None else json.dumps(progress, separators=(",", ":"))
     await ch.tx.execute(
-        _RENEW if progress is None else _RENEW_WITH_PROGRESS,
+        _RENEW if reported is None else _RENEW_WITH_PROGRESS,
         {
-            "attempt_pk": attempt["id"],
-            "new_progress": values.get("progress"),
+            "attempt_pk": attempt.pk,
+            "new_progress": reported,
             "expires": expires,
             "now": ch.now,
         },
@@ -174,16 +173,22 @@ async def renew(
     await ch.audit(
         "attempt.renewed",
         "attempt",
-        attempt["public_id"],
-        generation=attempt["generation"],
+        attempt.id,
+        generation=attempt.generation,
         lease_expires_at=to_rfc3339(expires),
     )
     await ch.event(
         "attempt.renewed",
-        attempt_id=attempt["public_id"],
+        attempt_id=attempt.id,
         lease_expires_at=to_rfc3339(expires),
     )
-    return {**attempt, **values}
+    return replace(
+        attempt,
+        lease_expires_at=expires,
+        renewed_at=ch.now,
+        hold_refused_at=None,
+        progress=attempt.progress if reported is None else reported,
+    )
 
 
 async def mark_hold_refused(ch: Change, attempt_id: str, generation: int) -> None:
@@ -201,31 +206,29 @@ async def mark_hold_refused(ch: Change, attempt_id: str, generation: int) -> Non
     )
 
 
-async def checkpoint(ch: Change, attempt: dict[str, Any], data: Any) -> dict[str, Any]:
+async def checkpoint(ch: Change, attempt: AttemptRow, data: Any) -> dict[str, Any]:
     """Append a checkpoint to the attempt."""
     pk = await ch.tx.fetch_val(
         checkpoints.insert()
         .values(
-            attempt_id=attempt["id"],
+            attempt_id=attempt.pk,
             data=json.dumps(data, separators=(",", ":")),
             created_at=ch.now,
         )
         .returning(checkpoints.c.id)
     )
     count = await ch.tx.fetch_val(
-        sa.select(sa.func.count()).where(checkpoints.c.attempt_id == attempt["id"])
+        sa.select(sa.func.count()).where(checkpoints.c.attempt_id == attempt.pk)
     )
-    await ch.audit(
-        "attempt.checkpointed", "attempt", attempt["public_id"], generation=attempt["generation"]
-    )
-    await ch.event("attempt.checkpointed", attempt_id=attempt["public_id"], number=count)
+    await ch.audit("attempt.checkpointed", "attempt", attempt.id, generation=attempt.generation)
+    await ch.event("attempt.checkpointed", attempt_id=attempt.id, number=count)
     return {"number": int(count), "created_at": ch.now, "pk": pk}
 
 
 async def give_up(
     ch: Change,
-    attempt: dict[str, Any],
-    task: dict[str, Any],
+    attempt: AttemptRow,
+    task: TaskRow,
     state: str,
     reason: str | None,
 ) -> str:
@@ -233,18 +236,18 @@ async def give_up(
     ``canceled``); only ``failed`` is charged. The task's new state."""
     charged = state == "failed"
     await _end(ch, attempt, task, state, reason, charged=charged)
-    if task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]:
+    if task.state == "claimed" and task.current_attempt_pk == attempt.pk:
         return await after_attempt(ch, task, charged=charged)
-    return str(task["state"])
+    return task.state
 
 
 async def submit(
     ch: Change,
     engine: StageEngine,
-    attempt: dict[str, Any],
-    task: dict[str, Any],
+    attempt: AttemptRow,
+    task: TaskRow,
     body: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[SubmissionRow, dict[str, Any]]:
     """Record the submission, end the attempt, and let the stage engine move
     the task on. The submission row and what the engine did.
 
@@ -257,18 +260,20 @@ async def submit(
         )
     public_id = new_id("sb")
     await _check_submission(ch, attempt, task, public_id, body)
+    candidate = json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True)
+    evidence = json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True)
     pk = await ch.tx.fetch_val(
         submissions.insert()
         .values(
             public_id=public_id,
-            task_id=task["id"],
-            attempt_id=attempt["id"],
-            generation=attempt["generation"],
-            task_revision=task["revision"],
-            submitted_by=attempt["claimant_id"],
+            task_id=task.pk,
+            attempt_id=attempt.pk,
+            generation=attempt.generation,
+            task_revision=task.revision,
+            submitted_by=attempt.claimant_pk,
             summary=body["summary"],
-            candidate=json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True),
-            evidence=json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True),
+            candidate=candidate,
+            evidence=evidence,
             created_at=ch.now,
         )
         .returning(submissions.c.id)
@@ -284,41 +289,41 @@ async def submit(
     await ch.audit(
         "attempt.submitted",
         "attempt",
-        attempt["public_id"],
-        task_id=task["public_id"],
-        generation=attempt["generation"],
+        attempt.id,
+        task_id=task.id,
+        generation=attempt.generation,
         submission_id=public_id,
     )
     await ch.event(
         "attempt.submitted",
-        attempt_id=attempt["public_id"],
-        task_id=task["public_id"],
+        attempt_id=attempt.id,
+        task_id=task.id,
         submission_id=public_id,
     )
-    submission = {
-        "id": pk,
-        "public_id": public_id,
-        "task_id": task["id"],
-        "attempt_id": attempt["id"],
-        "generation": attempt["generation"],
-        "task_revision": task["revision"],
-        "submitted_by": attempt["claimant_id"],
-        "summary": body["summary"],
-        "candidate": json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True),
-        "evidence": json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True),
-        "artifact_ids": artifact_ids,
-        "verdict": None,
-        "created_at": ch.now,
-        "task_public_id": task["public_id"],
-        "attempt_public_id": attempt["public_id"],
-        "submitted_by_public_id": attempt["claimant_public_id"],
-        "extensions": body["extensions"],
-    }
-    task = {**task, "current_submission_id": pk, "state": "claimed"}
+    submission = SubmissionRow(
+        pk=pk,
+        id=public_id,
+        task_pk=task.pk,
+        task_id=task.id,
+        attempt_pk=attempt.pk,
+        attempt_id=attempt.id,
+        generation=attempt.generation,
+        task_revision=task.revision,
+        submitted_by_pk=attempt.claimant_pk,
+        submitted_by_id=attempt.claimant_id,
+        summary=body["summary"],
+        candidate=candidate,
+        evidence=evidence,
+        verdict=None,
+        created_at=ch.now,
+        artifact_ids=artifact_ids,
+        extensions=body["extensions"],
+    )
+    task = replace(task, current_submission_pk=pk, current_submission_id=public_id, state="claimed")
     outcome = await engine.submitted(
         ch,
         task,
-        {**attempt, "state": "submitted"},
+        replace(attempt, state="submitted"),
         submission,
         {"current_submission_id": pk, "finding_ids": "[]"},
     )
@@ -327,8 +332,8 @@ async def submit(
 
 async def _check_submission(
     ch: Change,
-    attempt: dict[str, Any],
-    task: dict[str, Any],
+    attempt: AttemptRow,
+    task: TaskRow,
     public_id: str,
     body: dict[str, Any],
 ) -> None:
@@ -336,11 +341,11 @@ async def _check_submission(
     be written; :class:`SubmissionRefused` with every refusal's reason."""
     submission = SubmissionRef(
         id=public_id,
-        task_id=task["public_id"],
-        attempt_id=attempt["public_id"],
-        generation=attempt["generation"],
-        task_revision=task["revision"],
-        submitted_by=attempt["claimant_public_id"],
+        task_id=task.id,
+        attempt_id=attempt.id,
+        generation=attempt.generation,
+        task_revision=task.revision,
+        submitted_by=attempt.claimant_id,
         summary=body["summary"],
         candidate=body["candidate"],
         evidence=body["evidence"],
@@ -363,22 +368,20 @@ async def _check_submission(
         raise SubmissionRefused("; ".join(refusals))
 
 
-async def cancel_task(ch: Change, task: dict[str, Any], reason: str) -> None:
+async def cancel_task(ch: Change, task: TaskRow, reason: str) -> None:
     """Cancel a task for good (its active attempt too)."""
     active = await ch.tx.fetch_one(
-        sa.select(attempts.c.id, attempts.c.public_id, attempts.c.generation).where(
-            attempts.c.task_id == task["id"], attempts.c.state == "active"
-        )
+        ATTEMPT_SELECT.where(attempts.c.task_id == task.pk, attempts.c.state == "active")
     )
     if active is not None:
-        await _end(ch, dict(active), task, "canceled", reason, charged=False)
+        await _end(ch, AttemptRow.of(active), task, "canceled", reason, charged=False)
     await finish(ch, task, "canceled", reason)
 
 
 async def _end(
     ch: Change,
-    attempt: dict[str, Any],
-    task: dict[str, Any],
+    attempt: AttemptRow,
+    task: TaskRow,
     state: str,
     reason: str | None,
     *,
@@ -389,9 +392,9 @@ async def _end(
     await ch.audit(
         f"attempt.{state}",
         "attempt",
-        attempt["public_id"],
-        task_id=task["public_id"],
-        generation=attempt["generation"],
+        attempt.id,
+        task_id=task.id,
+        generation=attempt.generation,
         reason=reason,
     )
-    await ch.event(f"attempt.{state}", attempt_id=attempt["public_id"], task_id=task["public_id"])
+    await ch.event(f"attempt.{state}", attempt_id=attempt.id, task_id=task.id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -50,6 +50,7 @@ from .records import (
     load_task_by_pk,
     task_ref,
 )
+from .rows import AgentRevisionRow, AttemptRow, TaskRow, field_name
 from .tables import agent_revisions, agents, attempts, reservations, tasks
 
 if TYPE_CHECKING:
@@ -62,8 +63,8 @@ if TYPE_CHECKING:
 class Claim:
     """A successful claim: the attempt row, its task, and the token secret."""
 
-    task: dict[str, Any]
-    attempt: dict[str, Any]
+    task: TaskRow
+    attempt: AttemptRow
     token_id: str
     token: str
 
@@ -118,7 +119,7 @@ def ready_statement(
     reads ``task_tasks`` alone (the rows are loaded by key afterwards) and
     its state is a literal, so the planner matches the index's predicate."""
     project, kind, label, agent = shape
-    query = sa.select(tasks.c.id, tasks.c.priority, tasks.c.ready_at).where(
+    query = sa.select(tasks.c.id.label("pk"), tasks.c.priority, tasks.c.ready_at).where(
         tasks.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
         tasks.c.state == literal("ready"),
         *CLAIMABLE,
@@ -166,7 +167,7 @@ def ready_params(
 
 def ready_key(row: Any) -> tuple[int, int, int]:
     """A ready row's position in the queue (for paging past it)."""
-    return (row["priority"], row["ready_at"], row["id"])
+    return (row["priority"], row["ready_at"], row["pk"])
 
 
 class Skip(Exception):
@@ -245,13 +246,11 @@ async def claim_next(
         for candidate in candidates:
             examined += 1
             after = ready_key(candidate)
-            task = await load_task_by_pk(ch.tx, candidate["id"])
-            if task is None:
-                continue
-            if postgres and task["subject_task_id"] is not None:
+            task = await load_task_by_pk(ch.tx, candidate["pk"])
+            if postgres and task.subject_task_pk is not None:
                 # The work item is locked already: its subject must not be
                 # waited for (that order is the other way round elsewhere).
-                locked = await ch.tx.fetch_val(_TRY_LOCK_SUBJECT, {"pk": task["subject_task_id"]})
+                locked = await ch.tx.fetch_val(_TRY_LOCK_SUBJECT, {"pk": task.subject_task_pk})
                 if locked is None:
                     skipped += 1
                     continue
@@ -300,16 +299,15 @@ async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
     rows = await ch.tx.fetch_all(
         _LAPSED_IN_SPACE, {"now": ch.now, "space_pk": ch.space_pk, "limit": limit}
     )
-    for row in rows:
-        task = await load_task_by_pk(ch.tx, row["task_id"], for_update=True)
-        if task is not None:
-            await retire_lapsed(ch, dict(row), task)
+    for attempt in map(AttemptRow.of, rows):
+        task = await load_task_by_pk(ch.tx, attempt.task_pk, for_update=True)
+        await retire_lapsed(ch, attempt, task)
     return len(rows)
 
 
 _INSERT_ATTEMPT = (
     attempts.insert()
-    .values({c.name: sa.bindparam(c.name) for c in attempts.c if c.name != "id"})
+    .values({c.name: sa.bindparam(field_name(c)) for c in attempts.c if c.name != "id"})
     .returning(attempts.c.id)
 )
 _POINT_AT = (
@@ -322,7 +320,7 @@ _POINT_AT = (
 async def _claim(
     ch: Change,
     caller_pk: int,
-    task: dict[str, Any],
+    task: TaskRow,
     lease_ms: int,
     *,
     skipped: int,
@@ -336,28 +334,28 @@ async def _claim(
     agent_revision = await _agent_revision(ch, task)
     attempt = AttemptRef(
         id=attempt_id,
-        task_id=task["public_id"],
+        task_id=task.id,
         space_id=ch.space_id,
-        generation=task["generation"] + 1,
+        generation=task.generation + 1,
         claimant_id=str(ch.actor.principal_id),
         claimant_kind=ch.actor.kind,
         state="active",
         lease_expires_at=ch.now + lease_ms,
-        agent_revision_id=agent_revision["public_id"] if agent_revision else None,
+        agent_revision_id=agent_revision.id if agent_revision else None,
     )
     environment = await _resolved_environment(ch, attempt, agent_revision)
     # The guard: only a ready task becomes claimed, whoever else tries.
-    generation = await mark_claimed(ch, task["id"])
+    generation = await mark_claimed(ch, task.pk)
     if generation is None:
         raise Skip(TaskNotClaimable("the task was claimed meanwhile"))
     issued = await issue_attempt_token(ch, caller_pk, attempt_id)
-    row = {
-        "public_id": attempt_id,
-        "task_id": task["id"],
-        "space_id": ch.space_pk,
+    row: dict[str, Any] = {
+        "id": attempt_id,
+        "task_pk": task.pk,
+        "space_pk": ch.space_pk,
         "generation": generation,
-        "claimant_id": caller_pk,
-        "agent_revision_id": agent_revision["id"] if agent_revision else None,
+        "claimant_pk": caller_pk,
+        "agent_revision_pk": agent_revision.pk if agent_revision else None,
         "state": "active",
         "lease_expires_at": attempt.lease_expires_at,
         "run_environment": json.dumps(environment, separators=(",", ":"), sort_keys=True),
@@ -371,45 +369,45 @@ async def _claim(
         "ended_at": None,
     }
     attempt_pk = await ch.tx.fetch_val(_INSERT_ATTEMPT, row)
-    await ch.tx.execute(_POINT_AT, {"pk": task["id"], "attempt_pk": attempt_pk})
+    await ch.tx.execute(_POINT_AT, {"pk": task.pk, "attempt_pk": attempt_pk})
     await _announce_claim(ch, attempt, generation, skipped)
-    claimed = {
-        **task,
-        "state": "claimed",
-        "generation": generation,
-        "current_attempt_id": attempt_pk,
-        "current_attempt_public_id": attempt_id,
-        "updated_at": ch.now,
-    }
-    shown = {
+    claimed = replace(
+        task,
+        state="claimed",
+        generation=generation,
+        current_attempt_pk=attempt_pk,
+        current_attempt_id=attempt_id,
+        updated_at=ch.now,
+    )
+    shown = AttemptRow(
+        pk=attempt_pk,
         **row,
-        "id": attempt_pk,
-        "task_public_id": task["public_id"],
-        "space_public_id": ch.space_id,
-        "claimant_public_id": ch.actor.principal_id,
-        "claimant_kind": ch.actor.kind,
-        "agent_revision_public_id": attempt.agent_revision_id,
-        "subject_task_id": task["subject_task_id"],
-    }
+        task_id=task.id,
+        subject_task_pk=task.subject_task_pk,
+        space_id=ch.space_id,
+        claimant_id=attempt.claimant_id,
+        claimant_kind=ch.actor.kind,
+        agent_revision_id=attempt.agent_revision_id,
+    )
     return Claim(claimed, shown, issued.public_id, issued.secret)
 
 
-async def _claimable(ch: Change, task: dict[str, Any], queued: bool) -> dict[str, Any]:
+async def _claimable(ch: Change, task: TaskRow, queued: bool) -> TaskRow:
     """``task`` (fresh, once a lapsed attempt holding it is retired) if
     this caller may claim it now; :class:`Skip` with the problem if not."""
-    if task["state"] == "claimed":
+    if task.state == "claimed":
         task = await _retire_if_lapsed(ch, task)
-    if task["state"] != "ready":
-        raise Skip(TaskNotClaimable(f"the task is {task['state']}, not ready", state=task["state"]))
+    if task.state != "ready":
+        raise Skip(TaskNotClaimable(f"the task is {task.state}, not ready", state=task.state))
     if not queued:
         await _refuse_held_or_parked(ch, task)
-    if task["human_only"] and ch.actor.kind != "human":
+    if task.human_only and ch.actor.kind != "human":
         raise Skip(ClaimVetoed("this work item is reserved for a human", plugin="tasks"))
     if stranded(stage_engine(ch.app), task):
         raise Skip(
             StageNotLoaded(
-                f"this is work of the {task['stage']!r} stage, whose plugin is not loaded",
-                stage=task["stage"],
+                f"this is work of the {task.stage!r} stage, whose plugin is not loaded",
+                stage=task.stage,
             )
         )
     for verdict in await ch.app.hooks.claim_check(ch.tx, task_ref(task), ch.actor):
@@ -419,7 +417,7 @@ async def _claimable(ch: Change, task: dict[str, Any], queued: bool) -> dict[str
 
 
 async def _resolved_environment(
-    ch: Change, attempt: AttemptRef, agent_revision: dict[str, Any] | None
+    ch: Change, attempt: AttemptRef, agent_revision: AgentRevisionRow | None
 ) -> dict[str, Any]:
     """The new attempt's run environment; :class:`Skip` (its reservations
     released) when the plugins cannot resolve it."""
@@ -453,7 +451,7 @@ async def _announce_claim(ch: Change, attempt: AttemptRef, generation: int, skip
     )
 
 
-async def _refuse_held_or_parked(ch: Change, task: dict[str, Any]) -> None:
+async def _refuse_held_or_parked(ch: Change, task: TaskRow) -> None:
     held = await holds_covering(ch.tx, task)
     if held:
         described = await describe_hold(ch.tx, held[0])
@@ -464,7 +462,7 @@ async def _refuse_held_or_parked(ch: Change, task: dict[str, Any]) -> None:
                 hold=described,
             )
         )
-    parked = await pending_decisions(ch.tx, task["id"], ch.now)
+    parked = await pending_decisions(ch.tx, task.pk, ch.now)
     if parked:
         raise Skip(
             TaskParked(
@@ -491,33 +489,32 @@ async def recover_before_claim(
     async with app.db.write() as tx:
         ch = change(app, tx, caller, access)
         task = await load_task(tx, task_id, space_pk=ch.space_pk, for_update=True)
-        if task is not None and task["state"] == "claimed":
+        if task is not None and task.state == "claimed":
             with contextlib.suppress(Skip):
                 await _retire_if_lapsed(ch, task)
 
 
-async def _retire_if_lapsed(ch: Change, task: dict[str, Any]) -> dict[str, Any]:
+async def _retire_if_lapsed(ch: Change, task: TaskRow) -> TaskRow:
     """A claimed task whose attempt's lease lapsed is recovered here."""
-    attempt = await ch.tx.fetch_one(
-        ATTEMPT_SELECT.where(attempts.c.task_id == task["id"], attempts.c.state == "active")
+    row = await ch.tx.fetch_one(
+        ATTEMPT_SELECT.where(attempts.c.task_id == task.pk, attempts.c.state == "active")
     )
-    if attempt is None:
+    if row is None:
         return task
-    if attempt["lease_expires_at"] > ch.now:
+    attempt = AttemptRow.of(row)
+    if attempt.lease_expires_at > ch.now:
         raise Skip(
             TaskClaimed(
                 "another attempt holds this task",
                 holder={
-                    "attempt_id": attempt["public_id"],
-                    "principal_id": attempt["claimant_public_id"],
-                    "lease_expires_at": to_rfc3339(attempt["lease_expires_at"]),
+                    "attempt_id": attempt.id,
+                    "principal_id": attempt.claimant_id,
+                    "lease_expires_at": to_rfc3339(attempt.lease_expires_at),
                 },
             )
         )
-    await retire_lapsed(ch, dict(attempt), task)
-    fresh = await load_task_by_pk(ch.tx, task["id"], for_update=True)
-    assert fresh is not None
-    return fresh
+    await retire_lapsed(ch, attempt, task)
+    return await load_task_by_pk(ch.tx, task.pk, for_update=True)
 
 
 _RESERVE_STATEMENTS: dict[str, Any] = {}
@@ -535,12 +532,12 @@ def _reserve_statement(dialect: str) -> Any:
     return statement
 
 
-async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
+async def _reserve(ch: Change, task: TaskRow, attempt_id: str) -> None:
     """Reserve every resource the task names, or none (the unique constraint
     on (space, resource) decides; a conflict names the holder). A holder
     whose lease lapsed is retired first, so it never blocks a claim."""
     statement = _reserve_statement(ch.tx.dialect)
-    for resource in json.loads(task["resources"]):
+    for resource in json.loads(task.resources):
         values = {
             "space_id": ch.space_pk,
             "resource": resource,
@@ -563,15 +560,14 @@ async def _reserve(ch: Change, task: dict[str, Any], attempt_id: str) -> None:
 
 async def _retire_lapsed_holder(ch: Change, resource: str) -> bool:
     """Retire the attempt holding ``resource`` if its lease lapsed; whether it did."""
-    holder = await ch.tx.fetch_one(
+    row = await ch.tx.fetch_one(
         _LAPSED_HOLDER, {"space_pk": ch.space_pk, "resource": resource, "now": ch.now}
     )
-    if holder is None:
+    if row is None:
         return False
-    holder_task = await load_task_by_pk(ch.tx, holder["task_id"], for_update=True)
-    if holder_task is None:
-        return False
-    await retire_lapsed(ch, dict(holder), holder_task)
+    holder = AttemptRow.of(row)
+    holder_task = await load_task_by_pk(ch.tx, holder.task_pk, for_update=True)
+    await retire_lapsed(ch, holder, holder_task)
     return True
 
 
@@ -602,22 +598,22 @@ async def _holder(ch: Change, resource: str) -> dict[str, Any] | None:
     }
 
 
-async def _agent_revision(ch: Change, task: dict[str, Any]) -> dict[str, Any] | None:
-    if task["agent_id"] is None:
+async def _agent_revision(ch: Change, task: TaskRow) -> AgentRevisionRow | None:
+    if task.agent_pk is None:
         return None
     row = await ch.tx.fetch_one(
         AGENT_REVISION_SELECT.where(
             agent_revisions.c.id
             == sa.select(agents.c.current_revision_id)
-            .where(agents.c.id == task["agent_id"])
+            .where(agents.c.id == task.agent_pk)
             .scalar_subquery()
         )
     )
-    return dict(row) if row is not None else None
+    return AgentRevisionRow.of(row) if row is not None else None
 
 
 async def _run_environment(
-    ch: Change, attempt: AttemptRef, agent_revision: dict[str, Any] | None
+    ch: Change, attempt: AttemptRef, agent_revision: AgentRevisionRow | None
 ) -> dict[str, Any]:
     ref = agent_revision_ref(agent_revision) if agent_revision else None
     merged: dict[str, Any] = {}

@@ -8,7 +8,6 @@ agent can never answer for a person).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor
@@ -18,12 +17,13 @@ from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
 from .change import Change
 from .problems import InvalidState
+from .rows import TaskRow
 from .tables import decisions, tasks
 
 
 async def open_decision(
     ch: Change,
-    task: dict[str, Any],
+    task: TaskRow,
     *,
     question: str,
     options: list[str],
@@ -41,7 +41,7 @@ async def open_decision(
         decisions.insert().values(
             public_id=public_id,
             space_id=ch.space_pk,
-            task_id=task["id"],
+            task_id=task.pk,
             question=question,
             options=json.dumps(options),
             answerable_by=answerable_by,
@@ -55,11 +55,11 @@ async def open_decision(
         "decision.opened",
         "decision",
         public_id,
-        task_id=task["public_id"],
+        task_id=task.id,
         answerable_by=answerable_by,
         option_count=len(options),
     )
-    await ch.event("decision.opened", decision_id=public_id, task_id=task["public_id"])
+    await ch.event("decision.opened", decision_id=public_id, task_id=task.id)
     return public_id
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -23,7 +23,15 @@ from buildmax.ids import new_id
 
 from .change import Change
 from .lifecycle import TERMINAL, cancel_linked_work, complete, finish, reopen, set_task
-from .records import attempt_ref, load_task, load_task_by_pk, submission_ref, task_ref
+from .records import (
+    PROJECT_SELECT,
+    attempt_ref,
+    load_task,
+    load_task_by_pk,
+    submission_ref,
+    task_ref,
+)
+from .rows import AttemptRow, ProjectRow, SubmissionRow, TaskRow
 from .tables import policies, projects, submissions, task_revisions, tasks
 
 if TYPE_CHECKING:
@@ -115,21 +123,20 @@ class StageEngine:
     async def submitted(
         self,
         ch: Change,
-        task: dict[str, Any],
-        attempt: dict[str, Any],
-        submission: dict[str, Any],
+        task: TaskRow,
+        attempt: AttemptRow,
+        submission: SubmissionRow,
         values: dict[str, Any],
     ) -> dict[str, Any]:
         """Apply a fresh submission (already written) to task state, writing
         ``values`` to the submitted task with its new state; what happened."""
-        linked = task["subject_task_id"] is not None
         subject = None
-        if linked:
+        if task.subject_task_pk is not None:
             # Serialises every hand-in of one subject's stage work: two
             # last approvals arriving together cannot both count as pending.
-            subject = await load_task_by_pk(ch.tx, task["subject_task_id"], for_update=True)
+            subject = await load_task_by_pk(ch.tx, task.subject_task_pk, for_update=True)
             await complete(ch, task, **values)
-            task = {**task, "state": "done"}
+            task = replace(task, state="done")
         verdicts = await ch.app.hooks.attempt_submitted(
             ch.tx,
             task=task_ref(task),
@@ -137,33 +144,33 @@ class StageEngine:
             submission=submission_ref(submission),
             actor=ch.actor,
         )
-        if not linked:
-            return await self._enter_next(ch, task, submission["id"], None, values)
-        assert subject is not None
-        verdict = _one_verdict(verdicts, task["stage"])
+        if subject is None:
+            return await self._enter_next(ch, task, submission.pk, None, values)
+        stage = task.stage
+        assert stage is not None, "linked work belongs to a stage"
+        verdict = _one_verdict(verdicts, stage)
         if verdict is None:
             return {"verdict": None}
         await ch.tx.execute(
             sa.update(submissions)
-            .where(submissions.c.id == submission["id"])
+            .where(submissions.c.id == submission.pk)
             .values(verdict=verdict.outcome)
         )
         current = (
-            subject["state"] == "waiting"
-            and subject["current_submission_id"] == task["subject_submission_id"]
-            and subject["stage"] == task["stage"]
+            subject.state == "waiting"
+            and subject.current_submission_pk == task.subject_submission_pk
+            and subject.stage == stage
         )
         if not current:
             # The subject moved on (another slot asked for changes): the
             # verdict is kept on the submission and changes nothing else.
             return {"verdict": verdict.outcome, "applied": False}
-        await self._apply(ch, subject, task["stage"], verdict)
+        await self._apply(ch, subject, stage, verdict)
         return {"verdict": verdict.outcome, "applied": True}
 
-    async def _apply(
-        self, ch: Change, subject: dict[str, Any], stage: str, verdict: Verdict
-    ) -> None:
-        submission_pk = subject["current_submission_id"]
+    async def _apply(self, ch: Change, subject: TaskRow, stage: str, verdict: Verdict) -> None:
+        submission_pk = subject.current_submission_pk
+        assert submission_pk is not None, "a subject waiting in a stage has a submission"
         if verdict.outcome == "pending":
             return
         if verdict.outcome == "pass":
@@ -181,24 +188,29 @@ class StageEngine:
             await ch.audit(
                 "task.reopened",
                 "task",
-                subject["public_id"],
+                subject.id,
                 stage=stage,
                 finding_ids=findings,
                 reason=reason,
             )
             return
-        await finish(ch, {**subject, "current_submission_id": None}, "failed", reason)
+        await finish(
+            ch,
+            replace(subject, current_submission_pk=None, current_submission_id=None),
+            "failed",
+            reason,
+        )
 
     async def _enter_next(
         self,
         ch: Change,
-        subject: dict[str, Any],
+        subject: TaskRow,
         submission_pk: int,
         after: str | None,
         values: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         remaining = self.after(after)
-        policy = await current_policy(ch.tx, subject["project_id"]) if remaining else {}
+        policy = await current_policy(ch.tx, subject.project_pk) if remaining else {}
         for stage in remaining:
             slots = _slot_count(stage.spec, policy)
             if slots == 0:
@@ -208,12 +220,10 @@ class StageEngine:
             work = await _create_linked_work(
                 ch, subject, submission_pk, stage.spec, slots, human, resources
             )
-            await set_task(
-                ch, subject["id"], state="waiting", stage=stage.spec.name, **(values or {})
-            )
+            await set_task(ch, subject.pk, state="waiting", stage=stage.spec.name, **(values or {}))
             await ch.app.hooks.stage_entered(
                 ch.tx,
-                subject=task_ref({**subject, "state": "waiting", "stage": stage.spec.name}),
+                subject=task_ref(replace(subject, state="waiting", stage=stage.spec.name)),
                 stage=stage.spec.name,
                 work=[task_ref(row) for row in await _loaded(ch, work)],
                 actor=ch.actor,
@@ -221,13 +231,13 @@ class StageEngine:
             await ch.audit(
                 "task.stage_entered",
                 "task",
-                subject["public_id"],
+                subject.id,
                 stage=stage.spec.name,
                 work_ids=work,
             )
             await ch.event(
                 "task.state",
-                task_id=subject["public_id"],
+                task_id=subject.id,
                 state="waiting",
                 stage=stage.spec.name,
             )
@@ -257,28 +267,24 @@ def _slot_count(spec: StageSpec, policy: dict[str, Any]) -> int:
     return value
 
 
-async def _target_resources(ch: Change, subject: dict[str, Any]) -> list[str]:
+async def _target_resources(ch: Change, subject: TaskRow) -> list[str]:
     """The subject project's integration target, as a reservable resource."""
-    project = await ch.tx.fetch_one(
-        sa.select(projects.c.public_id, projects.c.repository_url, projects.c.target_branch).where(
-            projects.c.id == subject["project_id"]
-        )
-    )
+    project = await ch.tx.fetch_one(PROJECT_SELECT.where(projects.c.id == subject.project_pk))
     assert project is not None, "a task's project exists"
-    return [integration_target(dict(project))]
+    return [integration_target(ProjectRow.of(project))]
 
 
-def integration_target(project: dict[str, Any]) -> str:
+def integration_target(project: ProjectRow) -> str:
     """``repo:<repository_url>@<target_branch>`` (``repo:<url>`` with no
     branch), or ``project:<id>`` for a project without a repository."""
-    url = project["repository_url"]
+    url = project.repository_url
     if not url:
-        return f"project:{project['public_id']}"
-    branch = project["target_branch"]
+        return f"project:{project.id}"
+    branch = project.target_branch
     return f"repo:{url}@{branch}" if branch else f"repo:{url}"
 
 
-async def _loaded(ch: Change, public_ids: list[str]) -> list[dict[str, Any]]:
+async def _loaded(ch: Change, public_ids: list[str]) -> list[TaskRow]:
     rows = []
     for public_id in public_ids:
         row = await load_task(ch.tx, public_id)
@@ -289,7 +295,7 @@ async def _loaded(ch: Change, public_ids: list[str]) -> list[dict[str, Any]]:
 
 async def _create_linked_work(
     ch: Change,
-    subject: dict[str, Any],
+    subject: TaskRow,
     submission_pk: int,
     spec: StageSpec,
     slots: int,
@@ -301,25 +307,25 @@ async def _create_linked_work(
     created = []
     for slot in range(slots):
         public_id = new_id("ta")
-        title = f"{spec.name} {slot + 1}/{slots}: {subject['title']}"[:500]
+        title = f"{spec.name} {slot + 1}/{slots}: {subject.title}"[:500]
         pk = await ch.tx.fetch_val(
             tasks.insert()
             .values(
                 public_id=public_id,
-                space_id=subject["space_id"],
-                project_id=subject["project_id"],
+                space_id=subject.space_pk,
+                project_id=subject.project_pk,
                 kind=spec.work_kind,
                 title=title,
-                priority=subject["priority"],
+                priority=subject.priority,
                 labels="[]",
                 resources=json.dumps(resources),
                 state="ready",
                 stage=spec.name,
-                subject_task_id=subject["id"],
+                subject_task_id=subject.pk,
                 subject_submission_id=submission_pk,
                 slot=slot,
                 human_only=int(human_first and slot == 0),
-                max_attempts=subject["max_attempts"],
+                max_attempts=subject.max_attempts,
                 ready_at=ch.now,
                 created_at=ch.now,
                 created_by=None,
@@ -356,13 +362,13 @@ def stage_engine(app: BuildMax) -> StageEngine:
     return engine
 
 
-def stranded(engine: StageEngine, row: dict[str, Any]) -> bool:
+def stranded(engine: StageEngine, row: TaskRow) -> bool:
     """True for a task that waits in, or is linked work of, a stage whose
     plugin is not loaded: it is reported, never completed by nobody."""
-    if row["state"] == "waiting":
-        return not engine.known(row["stage"])
-    linked = row["subject_task_id"] is not None and row["state"] not in TERMINAL
-    return linked and not engine.known(row["stage"])
+    if row.state == "waiting":
+        return not engine.known(row.stage)
+    linked = row.subject_task_pk is not None and row.state not in TERMINAL
+    return linked and not engine.known(row.stage)
 
 
 DEFAULT_POLICY = {

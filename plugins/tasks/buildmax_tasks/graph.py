@@ -19,6 +19,7 @@ from buildmax.database.locks import lock
 from .change import Change
 from .lifecycle import reopen, set_task
 from .problems import DependencyCycle, InvalidState
+from .rows import TaskRow
 from .tables import dependencies, tasks
 
 #: Tasks whose prerequisites may still change.
@@ -53,58 +54,58 @@ async def reaches(ch: Change, start_pk: int, target_pk: int) -> bool:
     return found is not None
 
 
-async def add_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]) -> bool:
+async def add_dependency(ch: Change, task: TaskRow, prerequisite: TaskRow) -> bool:
     """Add ``task -> prerequisite``; ``False`` when the edge already exists.
     The caller holds :func:`lock_graph`, taken before any task row.
 
     Refuses a cycle (409) and a task that is no longer open or ready."""
-    if task["state"] not in EDITABLE:
+    if task.state not in EDITABLE:
         raise InvalidState(
-            f"the task is {task['state']}; prerequisites change only while it is open or ready"
+            f"the task is {task.state}; prerequisites change only while it is open or ready"
         )
     exists = await ch.tx.fetch_val(
         sa.select(dependencies.c.task_id).where(
-            dependencies.c.task_id == task["id"],
-            dependencies.c.prerequisite_id == prerequisite["id"],
+            dependencies.c.task_id == task.pk,
+            dependencies.c.prerequisite_id == prerequisite.pk,
         )
     )
     if exists is not None:
         return False
-    if await reaches(ch, prerequisite["id"], task["id"]):
+    if await reaches(ch, prerequisite.pk, task.pk):
         raise DependencyCycle(
             "the prerequisite already depends on this task, directly or through others",
-            task_id=task["public_id"],
-            prerequisite_id=prerequisite["public_id"],
+            task_id=task.id,
+            prerequisite_id=prerequisite.id,
         )
     await ch.tx.execute(
         dependencies.insert().values(
-            task_id=task["id"], prerequisite_id=prerequisite["id"], created_at=ch.now
+            task_id=task.pk, prerequisite_id=prerequisite.pk, created_at=ch.now
         )
     )
-    if prerequisite["state"] != "done" and task["state"] == "ready":
-        await set_task(ch, task["id"], state="open")
-        await ch.event("task.state", task_id=task["public_id"], state="open")
+    if prerequisite.state != "done" and task.state == "ready":
+        await set_task(ch, task.pk, state="open")
+        await ch.event("task.state", task_id=task.id, state="open")
     return True
 
 
-async def remove_dependency(ch: Change, task: dict[str, Any], prerequisite: dict[str, Any]) -> bool:
+async def remove_dependency(ch: Change, task: TaskRow, prerequisite: TaskRow) -> bool:
     """Remove ``task -> prerequisite``; ``False`` when there was no such edge.
     The caller holds :func:`lock_graph`, taken before any task row."""
-    if task["state"] not in EDITABLE:
+    if task.state not in EDITABLE:
         raise InvalidState(
-            f"the task is {task['state']}; prerequisites change only while it is open or ready"
+            f"the task is {task.state}; prerequisites change only while it is open or ready"
         )
     removed = await ch.tx.fetch_all(
         sa.delete(dependencies)
         .where(
-            dependencies.c.task_id == task["id"],
-            dependencies.c.prerequisite_id == prerequisite["id"],
+            dependencies.c.task_id == task.pk,
+            dependencies.c.prerequisite_id == prerequisite.pk,
         )
         .returning(dependencies.c.task_id)
     )
     if not removed:
         return False
-    if task["state"] == "open":
+    if task.state == "open":
         await reopen(ch, task)
     return True
 

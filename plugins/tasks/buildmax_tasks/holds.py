@@ -21,6 +21,7 @@ from buildmax.problems import NotFound, ValidationFailed
 from .change import Change
 from .problems import InvalidState
 from .records import find_project, task_or_404
+from .rows import TaskRow
 from .tables import decisions, holds, projects, tasks
 
 
@@ -102,11 +103,11 @@ _PENDING = (
 )
 
 
-async def holds_covering(conn: Transaction, task: dict[str, Any]) -> list[dict[str, Any]]:
+async def holds_covering(conn: Transaction, task: TaskRow) -> list[dict[str, Any]]:
     """The live holds covering a task (space, its project, itself), strongest first."""
     rows = await conn.fetch_all(
         _COVERING,
-        {"space_pk": task["space_id"], "project_pk": task["project_id"], "task_pk": task["id"]},
+        {"space_pk": task.space_pk, "project_pk": task.project_pk, "task_pk": task.pk},
     )
     return [dict(r) for r in rows]
 
@@ -160,10 +161,10 @@ async def place_hold(
         raise ValidationFailed(f"a {scope} hold needs a target", errors={"target": ["Required."]})
     elif scope == "project":
         project = await find_project(ch.tx, ch.space_pk, target)
-        scope_pk, target_id = project["id"], project["public_id"]
+        scope_pk, target_id = project.pk, project.id
     else:
         task = await task_or_404(ch.tx, ch.space_pk, target)
-        scope_pk, target_id = task["id"], task["public_id"]
+        scope_pk, target_id = task.pk, task.id
     public_id = new_id("hd")
     await ch.tx.execute(
         holds.insert().values(

@@ -22,6 +22,8 @@ from buildmax.tokens import end_scope
 
 from .change import Change
 from .holds import literal
+from .records import ATTEMPT_SELECT
+from .rows import AttemptRow, TaskRow
 from .tables import attempts, dependencies, reservations, tasks
 
 #: States in which a task is finished for good (until an explicit retry).
@@ -75,12 +77,12 @@ async def mark_claimed(ch: Change, task_pk: int) -> int | None:
     return None if generation is None else int(generation)
 
 
-async def reopen(ch: Change, task: dict[str, Any], **values: Any) -> str:
+async def reopen(ch: Change, task: TaskRow, **values: Any) -> str:
     """Make a task claimable again: ``ready``, or ``open`` while a
     prerequisite is not done. Returns the new state."""
-    state = "ready" if await prerequisites_done(ch, task["id"]) else "open"
-    await set_task(ch, task["id"], state=state, ready_at=ch.now, **values)
-    await ch.event("task.state", task_id=task["public_id"], state=state)
+    state = "ready" if await prerequisites_done(ch, task.pk) else "open"
+    await set_task(ch, task.pk, state=state, ready_at=ch.now, **values)
+    await ch.event("task.state", task_id=task.id, state=state)
     return state
 
 
@@ -107,7 +109,7 @@ _RELEASE_DEPENDENTS = (
         ),
     )
     .values(state="ready", ready_at=sa.bindparam("now"), updated_at=sa.bindparam("now"))
-    .returning(tasks.c.public_id)
+    .returning(tasks.c.public_id.label("id"))
 )
 
 
@@ -122,34 +124,34 @@ async def release_dependents(ch: Change, task_pk: int) -> list[str]:
     if not waiting:
         return []
     rows = await ch.tx.fetch_all(_RELEASE_DEPENDENTS, {"task_pk": task_pk, "now": ch.now})
-    ready = sorted(r["public_id"] for r in rows)
+    ready = sorted(r["id"] for r in rows)
     for public_id in ready:
         await ch.event("task.state", task_id=public_id, state="ready")
     return ready
 
 
-def leave_stage(task: dict[str, Any]) -> dict[str, Any]:
+def leave_stage(task: TaskRow) -> dict[str, Any]:
     """A finished task leaves the stage it waited in; linked stage work keeps
     the stage it belongs to (it is part of the work item's identity)."""
-    return {} if task.get("subject_task_id") is not None else {"stage": None}
+    return {} if task.subject_task_pk is not None else {"stage": None}
 
 
-async def complete(ch: Change, task: dict[str, Any], **values: Any) -> list[str]:
+async def complete(ch: Change, task: TaskRow, **values: Any) -> list[str]:
     """Mark a task done (writing ``values`` too) and release its dependents;
     their public ids."""
-    await set_task(ch, task["id"], state="done", outcome_reason=None, **leave_stage(task), **values)
-    await ch.audit("task.done", "task", task["public_id"])
-    await ch.event("task.state", task_id=task["public_id"], state="done")
-    return await release_dependents(ch, task["id"])
+    await set_task(ch, task.pk, state="done", outcome_reason=None, **leave_stage(task), **values)
+    await ch.audit("task.done", "task", task.id)
+    await ch.event("task.state", task_id=task.id, state="done")
+    return await release_dependents(ch, task.pk)
 
 
-async def finish(ch: Change, task: dict[str, Any], state: str, reason: str) -> None:
+async def finish(ch: Change, task: TaskRow, state: str, reason: str) -> None:
     """End a task as ``failed`` or ``canceled`` (with its unfinished linked work)."""
-    await set_task(ch, task["id"], state=state, outcome_reason=reason, **leave_stage(task))
-    await ch.audit(f"task.{state}", "task", task["public_id"], reason=reason)
-    await ch.event("task.state", task_id=task["public_id"], state=state)
-    if task["current_submission_id"] is not None:
-        await cancel_linked_work(ch, task["current_submission_id"], reason)
+    await set_task(ch, task.pk, state=state, outcome_reason=reason, **leave_stage(task))
+    await ch.audit(f"task.{state}", "task", task.id, reason=reason)
+    await ch.event("task.state", task_id=task.id, state=state)
+    if task.current_submission_pk is not None:
+        await cancel_linked_work(ch, task.current_submission_pk, reason)
 
 
 _END_ATTEMPT = (
@@ -174,7 +176,7 @@ UNRESERVE = sa.delete(reservations).where(
 
 async def end_attempt(
     ch: Change,
-    attempt: dict[str, Any],
+    attempt: AttemptRow,
     state: str,
     reason: str | None,
     *,
@@ -188,7 +190,7 @@ async def end_attempt(
     ended = await ch.tx.fetch_val(
         _EXPIRE_ATTEMPT if only_if_lapsed else _END_ATTEMPT,
         {
-            "attempt_pk": attempt["id"],
+            "attempt_pk": attempt.pk,
             "new_state": state,
             "now": ch.now,
             "reason": reason,
@@ -197,75 +199,71 @@ async def end_attempt(
     )
     if ended is None:
         return False
-    await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt["public_id"]})
-    await end_scope(ch.tx, "attempt", attempt["public_id"], now=ch.now)
+    await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt.id})
+    await end_scope(ch.tx, "attempt", attempt.id, now=ch.now)
     return True
 
 
-async def after_attempt(ch: Change, task: dict[str, Any], *, charged: bool) -> str:
+async def after_attempt(ch: Change, task: TaskRow, *, charged: bool) -> str:
     """The task of an attempt that ended without a submission: back to the
     queue, or ``failed`` once a charged attempt spends its budget."""
-    used = task["attempts_used"] + (1 if charged else 0)
-    if charged and used >= task["max_attempts"]:
-        await set_task(ch, task["id"], attempts_used=used)
-        await finish(ch, task, "failed", f"all {task['max_attempts']} attempts were spent")
+    used = task.attempts_used + (1 if charged else 0)
+    if charged and used >= task.max_attempts:
+        await set_task(ch, task.pk, attempts_used=used)
+        await finish(ch, task, "failed", f"all {task.max_attempts} attempts were spent")
         return "failed"
     return await reopen(ch, task, attempts_used=used)
 
 
-async def retire_lapsed(ch: Change, attempt: dict[str, Any], task: dict[str, Any]) -> str:
+async def retire_lapsed(ch: Change, attempt: AttemptRow, task: TaskRow) -> str:
     """Expire an attempt whose lease lapsed, and put its task back.
 
     The lapse is charged against ``max_attempts`` unless a stopped hold
     refused the attempt's renewal. Returns the task's new state."""
-    charge = attempt["hold_refused_at"] is None
+    charge = attempt.hold_refused_at is None
     if not await end_attempt(
         ch, attempt, "expired", "the lease lapsed", charge=charge, only_if_lapsed=True
     ):
-        return str(task["state"])
+        return task.state
     await ch.audit(
         "attempt.expired",
         "attempt",
-        attempt["public_id"],
-        task_id=task["public_id"],
-        generation=attempt["generation"],
+        attempt.id,
+        task_id=task.id,
+        generation=attempt.generation,
         charged=charge,
     )
-    await ch.event("attempt.expired", attempt_id=attempt["public_id"], task_id=task["public_id"])
-    if task["state"] == "claimed" and task["current_attempt_id"] == attempt["id"]:
+    await ch.event("attempt.expired", attempt_id=attempt.id, task_id=task.id)
+    if task.state == "claimed" and task.current_attempt_pk == attempt.pk:
         return await after_attempt(ch, task, charged=charge)
-    return str(task["state"])
+    return task.state
 
 
 async def cancel_linked_work(ch: Change, submission_pk: int, reason: str) -> list[str]:
     """Cancel the unfinished stage work of a submission (and end its active
     attempts); the public ids of the canceled tasks."""
     rows = await ch.tx.fetch_all(
-        sa.select(tasks.c.id, tasks.c.public_id)
+        sa.select(tasks.c.id.label("pk"), tasks.c.public_id.label("id"))
         .where(tasks.c.subject_submission_id == submission_pk, tasks.c.state.in_(UNFINISHED))
         .order_by(tasks.c.id)
         .with_for_update()
     )
     for row in rows:
         active = await ch.tx.fetch_all(
-            sa.select(attempts.c.id, attempts.c.public_id, attempts.c.generation).where(
-                attempts.c.task_id == row["id"], attempts.c.state == "active"
-            )
+            ATTEMPT_SELECT.where(attempts.c.task_id == row["pk"], attempts.c.state == "active")
         )
-        for attempt in active:
-            await end_attempt(ch, dict(attempt), "canceled", reason, charge=False)
+        for attempt in map(AttemptRow.of, active):
+            await end_attempt(ch, attempt, "canceled", reason, charge=False)
             await ch.audit(
                 "attempt.canceled",
                 "attempt",
-                attempt["public_id"],
-                task_id=row["public_id"],
-                generation=attempt["generation"],
+                attempt.id,
+                task_id=attempt.task_id,
+                generation=attempt.generation,
                 reason=reason,
             )
-            await ch.event(
-                "attempt.canceled", attempt_id=attempt["public_id"], task_id=row["public_id"]
-            )
-        await set_task(ch, row["id"], state="canceled", outcome_reason=reason)
-        await ch.audit("task.canceled", "task", row["public_id"], reason=reason)
-        await ch.event("task.state", task_id=row["public_id"], state="canceled")
-    return [r["public_id"] for r in rows]
+            await ch.event("attempt.canceled", attempt_id=attempt.id, task_id=attempt.task_id)
+        await set_task(ch, row["pk"], state="canceled", outcome_reason=reason)
+        await ch.audit("task.canceled", "task", row["id"], reason=reason)
+        await ch.event("task.state", task_id=row["id"], state="canceled")
+    return [r["id"] for r in rows]

@@ -57,5 +57,5 @@ async def member_changed(
     ch = Change(app, tx, actor, space_pk, space_id, app.clock.now_ms())
     for row in held:
         attempt, task = await locked(ch, row["public_id"])
-        if attempt["state"] == "active":
+        if attempt.state == "active":
             await give_up(ch, attempt, task, "released", _reason(role))

@@ -15,10 +15,11 @@ from .change import Change
 from .engine import current_policy
 from .problems import RevisionConflict
 from .records import find_project
+from .rows import ProjectRow, keyed
 from .tables import policies, projects
 
 
-async def create_project(ch: Change, creator_pk: int, fields: dict[str, Any]) -> dict[str, Any]:
+async def create_project(ch: Change, creator_pk: int, fields: dict[str, Any]) -> ProjectRow:
     """A new project of the space with ``fields`` (its name, description,
     repository URL, target branch); 409 ``name-taken`` for a name the space
     has. Its row."""
@@ -32,41 +33,43 @@ async def create_project(ch: Change, creator_pk: int, fields: dict[str, Any]) ->
             created_by=creator_pk,
             **fields,
         )
-        .returning(*projects.c)
+        .returning(*keyed(projects))
     )
     if row is None:
         raise NameTaken(f"a project named {fields['name']!r} already exists in this space")
-    await ch.audit("project.created", "project", row["public_id"], name=fields["name"])
-    await ch.event("project.created", project_id=row["public_id"], name=fields["name"])
-    return dict(row)
+    project = ProjectRow.of(row)
+    await ch.audit("project.created", "project", project.id, name=fields["name"])
+    await ch.event("project.created", project_id=project.id, name=fields["name"])
+    return project
 
 
 async def edit_project(
     ch: Change, project_ref: str, expected_revision: int, changes: dict[str, Any]
-) -> dict[str, Any]:
+) -> ProjectRow:
     """Write ``changes`` as the project's next revision; 409 when it is not
     at ``expected_revision``. Its row."""
     row = await find_project(ch.tx, ch.space_pk, project_ref)
-    updated = await ch.tx.fetch_one(
+    written = await ch.tx.fetch_one(
         sa.update(projects)
-        .where(projects.c.id == row["id"], projects.c.revision == expected_revision)
+        .where(projects.c.id == row.pk, projects.c.revision == expected_revision)
         .values(revision=projects.c.revision + 1, updated_at=ch.now, **changes)
-        .returning(*projects.c)
+        .returning(*keyed(projects))
     )
-    if updated is None:
+    if written is None:
         raise RevisionConflict(
-            f"the project is at revision {row['revision']}, not {expected_revision}",
-            revision=row["revision"],
+            f"the project is at revision {row.revision}, not {expected_revision}",
+            revision=row.revision,
         )
+    updated = ProjectRow.of(written)
     await ch.audit(
         "project.updated",
         "project",
-        row["public_id"],
+        row.id,
         fields=sorted(changes),
-        revision=updated["revision"],
+        revision=updated.revision,
     )
-    await ch.event("project.updated", project_id=row["public_id"])
-    return dict(updated)
+    await ch.event("project.updated", project_id=row.id)
+    return updated
 
 
 async def revise_policy(
@@ -81,10 +84,10 @@ async def revise_policy(
     revision number."""
     row = await find_project(ch.tx, ch.space_pk, project_ref)
     locked = await ch.tx.fetch_one(
-        sa.select(projects.c.id).where(projects.c.id == row["id"]).with_for_update()
+        sa.select(projects.c.id).where(projects.c.id == row.pk).with_for_update()
     )
     assert locked is not None
-    current = await current_policy(ch.tx, row["id"])
+    current = await current_policy(ch.tx, row.pk)
     if expected_revision is not None and expected_revision != current["revision"]:
         raise RevisionConflict(
             f"the policy is at revision {current['revision']}, not {expected_revision}",
@@ -94,7 +97,7 @@ async def revise_policy(
     pk = await ch.tx.fetch_val(
         policies.insert()
         .values(
-            project_id=row["id"],
+            project_id=row.pk,
             revision=revision,
             approvals_required=policy["approvals_required"],
             human_review_required=int(policy["human_review_required"]),
@@ -104,7 +107,7 @@ async def revise_policy(
         )
         .returning(policies.c.id)
     )
-    await ch.tx.execute(sa.update(projects).where(projects.c.id == row["id"]).values(policy_id=pk))
-    await ch.audit("policy.revised", "project", row["public_id"], revision=revision, **policy)
-    await ch.event("policy.revised", project_id=row["public_id"], revision=revision)
+    await ch.tx.execute(sa.update(projects).where(projects.c.id == row.pk).values(policy_id=pk))
+    await ch.audit("policy.revised", "project", row.id, revision=revision, **policy)
+    await ch.event("policy.revised", project_id=row.id, revision=revision)
     return revision

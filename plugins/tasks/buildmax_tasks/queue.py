@@ -36,6 +36,7 @@ from .records import (
     submission_ref,
     task_ref,
 )
+from .rows import AgentRevisionRow, AttemptRow, SubmissionRow, TaskRow
 from .settings import task_settings
 from .tables import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
 
@@ -55,19 +56,19 @@ class SqlTaskQueue:
 
     async def attempt(self, conn: Transaction, attempt_id: str) -> AttemptRef | None:
         row = await conn.fetch_one(ATTEMPT_SELECT.where(attempts.c.public_id == attempt_id))
-        return attempt_ref(dict(row)) if row is not None else None
+        return attempt_ref(AttemptRow.of(row)) if row is not None else None
 
     async def submission(self, conn: Transaction, submission_id: str) -> SubmissionRef | None:
         row = await conn.fetch_one(
             SUBMISSION_SELECT.where(submissions.c.public_id == submission_id)
         )
-        return submission_ref(dict(row)) if row is not None else None
+        return submission_ref(SubmissionRow.of(row)) if row is not None else None
 
     async def submissions(self, conn: Transaction, task_id: str) -> Sequence[SubmissionRef]:
         rows = await conn.fetch_all(
             SUBMISSION_SELECT.where(tasks.c.public_id == task_id).order_by(submissions.c.id)
         )
-        return [submission_ref(dict(r)) for r in rows]
+        return [submission_ref(SubmissionRow.of(r)) for r in rows]
 
     async def policy(self, conn: Transaction, project_id: str) -> Mapping[str, Any]:
         pk = await conn.fetch_val(
@@ -81,7 +82,7 @@ class SqlTaskQueue:
         row = await conn.fetch_one(
             AGENT_REVISION_SELECT.where(agent_revisions.c.public_id == revision_id)
         )
-        return agent_revision_ref(dict(row)) if row is not None else None
+        return agent_revision_ref(AgentRevisionRow.of(row)) if row is not None else None
 
     async def agents_naming(
         self, conn: Transaction, space_id: str, plugin: str
@@ -97,7 +98,7 @@ class SqlTaskQueue:
             )
             .order_by(agents.c.name)
         )
-        return [agent_revision_ref(dict(r)) for r in rows]
+        return [agent_revision_ref(AgentRevisionRow.of(r)) for r in rows]
 
     async def agents(self, conn: Transaction, space_id: str) -> Sequence[AgentRevisionRef]:
         rows = await conn.fetch_all(
@@ -106,19 +107,19 @@ class SqlTaskQueue:
                 agents.c.current_revision_id == agent_revisions.c.id,
             ).order_by(agents.c.name)
         )
-        return [agent_revision_ref(dict(r)) for r in rows]
+        return [agent_revision_ref(AgentRevisionRow.of(r)) for r in rows]
 
     async def tasks(self, conn: Transaction, task_ids: Sequence[str]) -> Mapping[str, TaskRef]:
         if not task_ids:
             return {}
         rows = await conn.fetch_all(TASK_SELECT.where(tasks.c.public_id.in_(list(task_ids))))
-        return {row["public_id"]: task_ref(dict(row)) for row in rows}
+        return {row["id"]: task_ref(TaskRow.of(row)) for row in rows}
 
     async def attempts(self, conn: Transaction, task_id: str) -> Sequence[AttemptRef]:
         rows = await conn.fetch_all(
             ATTEMPT_SELECT.where(tasks.c.public_id == task_id).order_by(attempts.c.generation)
         )
-        return [attempt_ref(dict(r)) for r in rows]
+        return [attempt_ref(AttemptRow.of(r)) for r in rows]
 
     async def fence(
         self,
@@ -180,7 +181,7 @@ class SqlTaskQueue:
         )
         held = await tx.fetch_one(
             sa.select(attempts.c.public_id, attempts.c.generation, attempts.c.claimant_id).where(
-                attempts.c.task_id == task["id"], attempts.c.state == "active"
+                attempts.c.task_id == task.pk, attempts.c.state == "active"
             )
         )
         if held is not None and held["claimant_id"] == principal_pk:
@@ -188,14 +189,14 @@ class SqlTaskQueue:
         elif actor.kind == "human" and authority.scope_id is None and generation is None:
             settings = task_settings(self._app)
             claim = await claim_named(ch, principal_pk, task_id, settings.lease_seconds * 1000)
-            attempt_id, at = claim.attempt["public_id"], claim.attempt["generation"]
+            attempt_id, at = claim.attempt.id, claim.attempt.generation
         elif held is not None:
             raise NotAttemptOwner("another principal holds this task's attempt")
         else:
             raise TaskNotClaimable(
                 "claim the task before handing in its work (only a human claims and hands "
                 "in at once)",
-                state=task["state"],
+                state=task.state,
             )
         row, locked = await fenced(ch, attempt_id, at, authority)
         body = {
@@ -209,19 +210,19 @@ class SqlTaskQueue:
         after = await load_task(tx, task_id)
         assert after is not None
         return {
-            "submission_id": submission["public_id"],
+            "submission_id": submission.id,
             "attempt_id": attempt_id,
-            "generation": row["generation"],
-            "task_state": after["state"],
+            "generation": row.generation,
+            "task_state": after.state,
         }
 
-    def _change(self, tx: Transaction, actor: Actor, task: dict[str, Any]) -> Change:
+    def _change(self, tx: Transaction, actor: Actor, task: TaskRow) -> Change:
         return Change(
             app=self._app,
             tx=tx,
             actor=actor,
-            space_pk=task["space_id"],
-            space_id=task["space_public_id"],
+            space_pk=task.space_pk,
+            space_id=task.space_id,
             now=self._app.clock.now_ms(),
         )
 
@@ -234,7 +235,7 @@ class SqlTaskQueue:
         rows = await conn.fetch_all(
             TASK_SELECT.where(tasks.c.subject_submission_id == pk).order_by(tasks.c.id)
         )
-        return [task_ref(dict(row)) for row in rows]
+        return [task_ref(TaskRow.of(row)) for row in rows]
 
     async def open_decision(
         self,

@@ -10,14 +10,12 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR
-
-from buildmax.tables import spaces
 
 from .change import Change
 from .lifecycle import retire_lapsed
 from .records import ATTEMPT_SELECT, load_task_by_pk
+from .rows import AttemptRow
 from .tables import attempts
 
 if TYPE_CHECKING:
@@ -40,14 +38,10 @@ async def reap(app: BuildMax) -> int:
                 .order_by(attempts.c.lease_expires_at)
                 .limit(BATCH)
             )
-            for row in rows:
-                space_id = await tx.fetch_val(
-                    sa.select(spaces.c.public_id).where(spaces.c.id == row["space_id"])
-                )
-                ch = Change(app, tx, SYSTEM_ACTOR, row["space_id"], space_id, now)
-                task = await load_task_by_pk(tx, row["task_id"], for_update=True)
-                if task is not None:
-                    await retire_lapsed(ch, dict(row), task)
+            for attempt in map(AttemptRow.of, rows):
+                ch = Change(app, tx, SYSTEM_ACTOR, attempt.space_pk, attempt.space_id, now)
+                task = await load_task_by_pk(tx, attempt.task_pk, for_update=True)
+                await retire_lapsed(ch, attempt, task)
         total += len(rows)
         if len(rows) < BATCH:
             return total

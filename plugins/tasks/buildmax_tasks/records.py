@@ -1,4 +1,5 @@
-"""Reading tasks, attempts and submissions, and turning rows into the
+"""Reading tasks, attempts, submissions, agent revisions and projects into
+their rows (:mod:`buildmax_tasks.rows`), and turning rows into the
 contract's records (:class:`TaskRef`, :class:`AttemptRef`, ...).
 
 Every lookup is scoped by space: a public id of another space finds nothing.
@@ -17,6 +18,7 @@ from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, Task
 from buildmax.problems import NotFound, ValidationFailed
 from buildmax.tables import principals, spaces
 
+from .rows import AgentRevisionRow, AttemptRow, ProjectRow, SubmissionRow, TaskRow, keyed
 from .tables import (
     agent_revisions,
     agents,
@@ -33,16 +35,16 @@ _subject_submission = submissions.alias("subject_submission")
 _current_attempt = attempts.alias("current_attempt")
 _current_submission = submissions.alias("current_submission")
 
-#: A task with the public ids of everything it points at.
+#: A task with the public ids of everything it points at (:class:`TaskRow`).
 TASK_SELECT = sa.select(
-    tasks,
-    spaces.c.public_id.label("space_public_id"),
-    projects.c.public_id.label("project_public_id"),
-    agents.c.public_id.label("agent_public_id"),
-    _subject.c.public_id.label("subject_public_id"),
-    _subject_submission.c.public_id.label("subject_submission_public_id"),
-    _current_attempt.c.public_id.label("current_attempt_public_id"),
-    _current_submission.c.public_id.label("current_submission_public_id"),
+    *keyed(tasks),
+    spaces.c.public_id.label("space_id"),
+    projects.c.public_id.label("project_id"),
+    agents.c.public_id.label("agent_id"),
+    _subject.c.public_id.label("subject_task_id"),
+    _subject_submission.c.public_id.label("subject_submission_id"),
+    _current_attempt.c.public_id.label("current_attempt_id"),
+    _current_submission.c.public_id.label("current_submission_id"),
     task_revisions.c.body,
     task_revisions.c.criteria,
 ).select_from(
@@ -91,8 +93,8 @@ async def load_task(
     *,
     space_pk: int | None = None,
     for_update: bool = False,
-) -> dict[str, Any] | None:
-    """A task row by public id (in ``space_pk`` when given), or ``None``.
+) -> TaskRow | None:
+    """A task by public id (in ``space_pk`` when given), or ``None``.
 
     ``for_update`` locks the task row until the transaction ends (PostgreSQL;
     SQLite's writer lock already excludes other writers)."""
@@ -100,98 +102,98 @@ async def load_task(
     if space_pk is not None:
         params["space_pk"] = space_pk
     row = await conn.fetch_one(_BY_PUBLIC_ID[(space_pk is not None, for_update)], params)
-    return dict(row) if row is not None else None
+    return TaskRow.of(row) if row is not None else None
 
 
-async def load_task_by_pk(
-    conn: Transaction, pk: int, *, for_update: bool = False
-) -> dict[str, Any] | None:
-    """A task row by numeric key (for rows reached from another row)."""
+async def load_task_by_pk(conn: Transaction, pk: int, *, for_update: bool = False) -> TaskRow:
+    """A task by numeric key (for rows reached from another row, which a
+    foreign key guarantees)."""
     row = await conn.fetch_one(_BY_PK[for_update], {"pk": pk})
-    return dict(row) if row is not None else None
+    assert row is not None, f"task {pk} is referenced but missing"
+    return TaskRow.of(row)
 
 
-def task_ref(task: dict[str, Any]) -> TaskRef:
-    """The contract's view of a task row from :data:`TASK_SELECT`."""
+def task_ref(task: TaskRow) -> TaskRef:
+    """The contract's view of a task."""
     return TaskRef(
-        id=task["public_id"],
-        space_id=task["space_public_id"],
-        project_id=task["project_public_id"],
-        kind=task["kind"],
-        title=task["title"],
-        state=task["state"],
-        priority=task["priority"],
-        generation=task["generation"],
-        revision=task["revision"],
-        labels=tuple(json.loads(task["labels"])),
-        agent_id=task["agent_public_id"],
-        stage=task["stage"],
-        slot=task["slot"],
-        human_only=bool(task["human_only"]),
-        subject_task_id=task["subject_public_id"],
-        submission_id=task["subject_submission_public_id"],
-        resources=tuple(json.loads(task["resources"])),
-        criteria_sha256=hashlib.sha256(task["criteria"].encode()).hexdigest(),
+        id=task.id,
+        space_id=task.space_id,
+        project_id=task.project_id,
+        kind=task.kind,
+        title=task.title,
+        state=task.state,
+        priority=task.priority,
+        generation=task.generation,
+        revision=task.revision,
+        labels=tuple(json.loads(task.labels)),
+        agent_id=task.agent_id,
+        stage=task.stage,
+        slot=task.slot,
+        human_only=bool(task.human_only),
+        subject_task_id=task.subject_task_id,
+        submission_id=task.subject_submission_id,
+        resources=tuple(json.loads(task.resources)),
+        criteria_sha256=hashlib.sha256(task.criteria.encode()).hexdigest(),
     )
 
 
-#: An attempt with its task's and claimant's public ids.
+#: An attempt with its task's and claimant's public ids (:class:`AttemptRow`).
 ATTEMPT_SELECT = sa.select(
-    attempts,
-    tasks.c.public_id.label("task_public_id"),
-    tasks.c.subject_task_id,
-    spaces.c.public_id.label("space_public_id"),
-    principals.c.public_id.label("claimant_public_id"),
+    *keyed(attempts),
+    tasks.c.public_id.label("task_id"),
+    tasks.c.subject_task_id.label("subject_task_pk"),
+    spaces.c.public_id.label("space_id"),
+    principals.c.public_id.label("claimant_id"),
     principals.c.kind.label("claimant_kind"),
-    agent_revisions.c.public_id.label("agent_revision_public_id"),
+    agent_revisions.c.public_id.label("agent_revision_id"),
 ).select_from(
     attempts.join(tasks, tasks.c.id == attempts.c.task_id)
     .join(spaces, spaces.c.id == attempts.c.space_id)
     .join(principals, principals.c.id == attempts.c.claimant_id)
     .outerjoin(agent_revisions, agent_revisions.c.id == attempts.c.agent_revision_id)
 )
+_ATTEMPT_BY_ID = ATTEMPT_SELECT.where(attempts.c.public_id == sa.bindparam("public_id"))
+_ATTEMPT_IN_SPACE = _ATTEMPT_BY_ID.where(attempts.c.space_id == sa.bindparam("space_pk"))
 
 
 async def load_attempt(
     conn: Transaction, public_id: str, *, space_pk: int | None = None
-) -> dict[str, Any] | None:
-    """An attempt row by public id, or ``None``. Lock its task's row to
-    change it: that lock serialises every change to a task's attempts."""
+) -> AttemptRow | None:
+    """An attempt by public id (in ``space_pk`` when given), or ``None``.
+    Lock its task's row to change it: that lock serialises every change to
+    a task's attempts."""
     if space_pk is None:
         row = await conn.fetch_one(_ATTEMPT_BY_ID, {"public_id": public_id})
     else:
         row = await conn.fetch_one(
             _ATTEMPT_IN_SPACE, {"public_id": public_id, "space_pk": space_pk}
         )
-    return dict(row) if row is not None else None
+    return AttemptRow.of(row) if row is not None else None
 
 
-_ATTEMPT_BY_ID = ATTEMPT_SELECT.where(attempts.c.public_id == sa.bindparam("public_id"))
-_ATTEMPT_IN_SPACE = _ATTEMPT_BY_ID.where(attempts.c.space_id == sa.bindparam("space_pk"))
-
-
-def attempt_ref(attempt: dict[str, Any]) -> AttemptRef:
-    """The contract's view of an attempt row from :data:`ATTEMPT_SELECT`."""
+def attempt_ref(attempt: AttemptRow) -> AttemptRef:
+    """The contract's view of an attempt."""
     return AttemptRef(
-        id=attempt["public_id"],
-        task_id=attempt["task_public_id"],
-        space_id=attempt["space_public_id"],
-        generation=attempt["generation"],
-        claimant_id=attempt["claimant_public_id"],
-        claimant_kind=attempt["claimant_kind"],
-        state=attempt["state"],
-        lease_expires_at=attempt["lease_expires_at"],
-        agent_revision_id=attempt["agent_revision_public_id"],
-        run_environment=json.loads(attempt["run_environment"] or "{}"),
+        id=attempt.id,
+        task_id=attempt.task_id,
+        space_id=attempt.space_id,
+        generation=attempt.generation,
+        claimant_id=attempt.claimant_id,
+        claimant_kind=attempt.claimant_kind,
+        state=attempt.state,
+        lease_expires_at=attempt.lease_expires_at,
+        agent_revision_id=attempt.agent_revision_id,
+        run_environment=json.loads(attempt.run_environment or "{}"),
     )
 
 
-#: A submission with the public ids it points at and the artifacts it names.
+#: A submission with the public ids it points at and the artifacts it names
+#: (:class:`SubmissionRow`).
 SUBMISSION_SELECT = sa.select(
-    submissions,
-    tasks.c.public_id.label("task_public_id"),
-    attempts.c.public_id.label("attempt_public_id"),
-    principals.c.public_id.label("submitted_by_public_id"),
+    *keyed(submissions),
+    tasks.c.public_id.label("task_id"),
+    attempts.c.public_id.label("attempt_id"),
+    principals.c.public_id.label("submitted_by_id"),
     submission_artifacts.c.artifact_ids,
 ).select_from(
     submissions.join(tasks, tasks.c.id == submissions.c.task_id)
@@ -201,35 +203,34 @@ SUBMISSION_SELECT = sa.select(
 )
 
 
-def submission_artifact_ids(row: dict[str, Any]) -> list[str]:
-    """The artifact ids a submission row names (none without a row of them)."""
-    return list(json.loads(row["artifact_ids"])) if row.get("artifact_ids") else []
+def submission_artifact_ids(row: SubmissionRow) -> list[str]:
+    """The artifact ids a submission names (none without a row of them)."""
+    return list(json.loads(row.artifact_ids)) if row.artifact_ids else []
 
 
-def submission_ref(row: dict[str, Any]) -> SubmissionRef:
-    """The contract's view of a submission row from :data:`SUBMISSION_SELECT`."""
+def submission_ref(row: SubmissionRow) -> SubmissionRef:
+    """The contract's view of a submission."""
     return SubmissionRef(
-        id=row["public_id"],
-        task_id=row["task_public_id"],
-        attempt_id=row["attempt_public_id"],
-        generation=row["generation"],
-        task_revision=row["task_revision"],
-        submitted_by=row["submitted_by_public_id"],
-        summary=row["summary"],
-        candidate=json.loads(row["candidate"]),
-        evidence=json.loads(row["evidence"]),
+        id=row.id,
+        task_id=row.task_id,
+        attempt_id=row.attempt_id,
+        generation=row.generation,
+        task_revision=row.task_revision,
+        submitted_by=row.submitted_by_id,
+        summary=row.summary,
+        candidate=json.loads(row.candidate),
+        evidence=json.loads(row.evidence),
         artifacts=tuple(submission_artifact_ids(row)),
-        # Only a hand-in in progress has them: they are never stored.
-        extensions=MappingProxyType(row.get("extensions") or {}),
+        extensions=MappingProxyType(dict(row.extensions)),
     )
 
 
-#: An agent revision with its agent and space.
+#: An agent revision with its agent and space (:class:`AgentRevisionRow`).
 AGENT_REVISION_SELECT = sa.select(
-    agent_revisions,
-    agents.c.public_id.label("agent_public_id"),
+    *keyed(agent_revisions),
+    agents.c.public_id.label("agent_id"),
     agents.c.name.label("agent_name"),
-    spaces.c.public_id.label("space_public_id"),
+    spaces.c.public_id.label("space_id"),
 ).select_from(
     agent_revisions.join(agents, agents.c.id == agent_revisions.c.agent_id).join(
         spaces, spaces.c.id == agents.c.space_id
@@ -237,35 +238,39 @@ AGENT_REVISION_SELECT = sa.select(
 )
 
 
-def agent_revision_ref(row: dict[str, Any]) -> AgentRevisionRef:
-    """The contract's view of a row from :data:`AGENT_REVISION_SELECT`."""
+def agent_revision_ref(row: AgentRevisionRow) -> AgentRevisionRef:
+    """The contract's view of an agent revision."""
     return AgentRevisionRef(
-        id=row["public_id"],
-        agent_id=row["agent_public_id"],
-        space_id=row["space_public_id"],
-        agent_name=row["agent_name"],
-        number=row["number"],
-        instructions=row["instructions"],
-        plugins=tuple(json.loads(row["plugins"])),
+        id=row.id,
+        agent_id=row.agent_id,
+        space_id=row.space_id,
+        agent_name=row.agent_name,
+        number=row.number,
+        instructions=row.instructions,
+        plugins=tuple(json.loads(row.plugins)),
     )
 
 
-async def find_project(conn: Transaction, space_pk: int, ref: str) -> dict[str, Any]:
+#: A project (:class:`ProjectRow`).
+PROJECT_SELECT = sa.select(*keyed(projects))
+
+
+async def find_project(conn: Transaction, space_pk: int, ref: str) -> ProjectRow:
     """A project of the space by public id or name, or 404."""
     row = await conn.fetch_one(
-        sa.select(projects).where(
+        PROJECT_SELECT.where(
             projects.c.space_id == space_pk,
             sa.or_(projects.c.public_id == ref, projects.c.name == ref),
         )
     )
     if row is None:
         raise NotFound("no such project in this space")
-    return dict(row)
+    return ProjectRow.of(row)
 
 
 async def task_or_404(
     conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False
-) -> dict[str, Any]:
+) -> TaskRow:
     """A task of the space, or 404 (also for a task of another space)."""
     task = await load_task(conn, ref, space_pk=space_pk, for_update=for_update)
     if task is None:

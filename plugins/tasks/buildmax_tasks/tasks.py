@@ -23,6 +23,7 @@ from .graph import add_dependency, lock_graph, remove_dependency
 from .lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
 from .problems import InvalidState, RevisionConflict
 from .records import agent_pk, find_project, load_task, task_or_404
+from .rows import TaskRow
 from .tables import attempts, dependencies, task_revisions, tasks
 
 
@@ -45,14 +46,14 @@ async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
     if data["prerequisites"]:
         await lock_graph(ch)
     prereqs = await _prerequisites(ch, data["prerequisites"])
-    undone = any(p["state"] != "done" for p in prereqs)
+    undone = any(p.state != "done" for p in prereqs)
     public_id = new_id("ta")
     pk = await ch.tx.fetch_val(
         tasks.insert()
         .values(
             public_id=public_id,
             space_id=ch.space_pk,
-            project_id=project["id"],
+            project_id=project.pk,
             kind=data["kind"],
             title=data["title"],
             priority=data["priority"],
@@ -82,24 +83,22 @@ async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
     )
     for prereq in prereqs:
         await ch.tx.execute(
-            dependencies.insert().values(
-                task_id=pk, prerequisite_id=prereq["id"], created_at=ch.now
-            )
+            dependencies.insert().values(task_id=pk, prerequisite_id=prereq.pk, created_at=ch.now)
         )
     await ch.audit(
         "task.created",
         "task",
         public_id,
-        project_id=project["public_id"],
+        project_id=project.id,
         kind=data["kind"],
         priority=data["priority"],
-        prerequisites=[p["public_id"] for p in prereqs],
+        prerequisites=[p.id for p in prereqs],
     )
-    await ch.event("task.created", task_id=public_id, project_id=project["public_id"])
+    await ch.event("task.created", task_id=public_id, project_id=project.id)
     return public_id
 
 
-async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
+async def _prerequisites(ch: Change, refs: list[str]) -> list[TaskRow]:
     """The tasks ``refs`` name, locked; 422 naming one that is not in the space."""
     found = []
     for ref in dict.fromkeys(refs):
@@ -113,14 +112,14 @@ async def _prerequisites(ch: Change, refs: list[str]) -> list[dict[str, Any]]:
     return found
 
 
-async def require_editable(ch: Change, task: dict[str, Any], editor: Editor) -> None:
+async def require_editable(ch: Change, task: TaskRow, editor: Editor) -> None:
     """Members edit unowned work; a task another principal holds needs an
     admin or owner override with a reason."""
-    if task["state"] != "claimed":
+    if task.state != "claimed":
         return
     holder = await ch.tx.fetch_val(
         sa.select(attempts.c.claimant_id).where(
-            attempts.c.task_id == task["id"], attempts.c.state == "active"
+            attempts.c.task_id == task.pk, attempts.c.state == "active"
         )
     )
     if holder is None or holder == editor.principal_pk:
@@ -146,15 +145,15 @@ async def revise_task(
     resources, agent, max_attempts) as the next revision; 409 when the task
     is not at ``expected_revision``."""
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
-    if row["revision"] != expected_revision:
+    if row.revision != expected_revision:
         raise RevisionConflict(
-            f"the task is at revision {row['revision']}, not {expected_revision}",
-            revision=row["revision"],
+            f"the task is at revision {row.revision}, not {expected_revision}",
+            revision=row.revision,
         )
-    if row["state"] in TERMINAL:
-        raise InvalidState(f"the task is {row['state']}; retry it before editing")
+    if row.state in TERMINAL:
+        raise InvalidState(f"the task is {row.state}; retry it before editing")
     await require_editable(ch, row, editor)
-    values: dict[str, Any] = {"revision": row["revision"] + 1}
+    values: dict[str, Any] = {"revision": row.revision + 1}
     if "agent" in changes:
         values["agent_id"] = await agent_pk(ch.tx, ch.space_pk, changes["agent"])
     for name in ("priority", "max_attempts", "title"):
@@ -165,29 +164,30 @@ async def revise_task(
             values[name] = json.dumps(sorted(set(changes[name])))
     await ch.tx.execute(
         task_revisions.insert().values(
-            task_id=row["id"],
+            task_id=row.pk,
             number=values["revision"],
-            title=changes.get("title", row["title"]),
-            body=changes.get("body", row["body"]),
-            criteria=changes.get("criteria", row["criteria"]),
+            title=changes.get("title", row.title),
+            body=changes.get("body", row.body),
+            criteria=changes.get("criteria", row.criteria),
             created_at=ch.now,
             created_by=editor.principal_pk,
         )
     )
-    await set_task(ch, row["id"], **values)
+    await set_task(ch, row.pk, **values)
     await ch.audit(
         "task.revised",
         "task",
-        row["public_id"],
+        row.id,
         revision=values["revision"],
         fields=sorted(changes),
     )
-    await ch.event("task.revised", task_id=row["public_id"], revision=values["revision"])
+    await ch.event("task.revised", task_id=row.id, revision=values["revision"])
 
 
-async def add_prerequisite(ch: Change, task_id: str, prerequisite_id: str) -> dict[str, Any]:
+async def add_prerequisite(ch: Change, task_id: str, prerequisite_id: str) -> tuple[TaskRow, bool]:
     """Make ``prerequisite_id`` a prerequisite of ``task_id`` (409 for a
-    cycle); the task's row, with ``added`` false when it was one already."""
+    cycle); the task, and whether the link is new (``False`` when it was
+    one already)."""
     await lock_graph(ch)
     await task_or_404(ch.tx, ch.space_pk, task_id)
     # The prerequisite's row first: completing it locks it, then its dependents.
@@ -200,13 +200,9 @@ async def add_prerequisite(ch: Change, task_id: str, prerequisite_id: str) -> di
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
     added = await add_dependency(ch, row, prereq)
     if added:
-        await ch.audit(
-            "task.dependency.added", "task", row["public_id"], prerequisite_id=prereq["public_id"]
-        )
-        await ch.event(
-            "task.dependency.added", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
-        )
-    return {**row, "added": added}
+        await ch.audit("task.dependency.added", "task", row.id, prerequisite_id=prereq.id)
+        await ch.event("task.dependency.added", task_id=row.id, prerequisite_id=prereq.id)
+    return row, added
 
 
 async def remove_prerequisite(ch: Change, task_id: str, prerequisite_id: str) -> None:
@@ -217,21 +213,17 @@ async def remove_prerequisite(ch: Change, task_id: str, prerequisite_id: str) ->
     prereq = await task_or_404(ch.tx, ch.space_pk, prerequisite_id)
     if not await remove_dependency(ch, row, prereq):
         raise NotFound("the task has no such prerequisite")
-    await ch.audit(
-        "task.dependency.removed", "task", row["public_id"], prerequisite_id=prereq["public_id"]
-    )
-    await ch.event(
-        "task.dependency.removed", task_id=row["public_id"], prerequisite_id=prereq["public_id"]
-    )
+    await ch.audit("task.dependency.removed", "task", row.id, prerequisite_id=prereq.id)
+    await ch.event("task.dependency.removed", task_id=row.id, prerequisite_id=prereq.id)
 
 
 async def cancel(ch: Change, task_id: str, reason: str, editor: Editor) -> None:
     """Cancel a task for good, with its active attempt and unfinished stage
     work; stage work only by someone who may override."""
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
-    if row["state"] in TERMINAL:
-        raise InvalidState(f"the task is already {row['state']}")
-    if row["subject_task_id"] is not None and not editor.may_override:
+    if row.state in TERMINAL:
+        raise InvalidState(f"the task is already {row.state}")
+    if row.subject_task_pk is not None and not editor.may_override:
         raise Forbidden("stage work belongs to its workflow stage; only a space admin cancels it")
     await require_editable(ch, row, editor)
     await end_task_and_attempt(ch, row, reason)
@@ -241,15 +233,13 @@ async def retry(ch: Change, task_id: str, engine: StageEngine) -> None:
     """A failed or canceled task, or one waiting in a stage no loaded
     plugin supplies, is ready (or open) again with a fresh attempt budget."""
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
-    waiting = row["state"] == "waiting" and stranded(engine, row)
-    if row["state"] not in ("failed", "canceled") and not waiting:
+    waiting = row.state == "waiting" and stranded(engine, row)
+    if row.state not in ("failed", "canceled") and not waiting:
         raise InvalidState(
             "only failed or canceled tasks, or tasks waiting in a stage no loaded plugin "
-            f"supplies, are retried; this one is {row['state']}"
+            f"supplies, are retried; this one is {row.state}"
         )
-    if waiting and row["current_submission_id"] is not None:
-        await cancel_linked_work(ch, row["current_submission_id"], "the task was retried")
+    if waiting and row.current_submission_pk is not None:
+        await cancel_linked_work(ch, row.current_submission_pk, "the task was retried")
     state = await reopen(ch, row, attempts_used=0, outcome_reason=None, **leave_stage(row))
-    await ch.audit(
-        "task.retried", "task", row["public_id"], previous_state=row["state"], state=state
-    )
+    await ch.audit("task.retried", "task", row.id, previous_state=row.state, state=state)

@@ -17,6 +17,7 @@ from buildmax_hookspecs import Transaction
 from .engine import StageEngine, stranded
 from .holds import describe_hold, literal
 from .records import submission_artifact_ids
+from .rows import AttemptRow, SubmissionRow, TaskRow
 from .schemas import AttemptOut, SubmissionOut, TaskOut
 from .tables import decisions, holds
 
@@ -41,15 +42,15 @@ SUBMISSION_OUT = SubmissionOut()
 
 
 async def render_tasks(
-    conn: Transaction, rows: list[dict[str, Any]], now: int, engine: StageEngine
+    conn: Transaction, rows: list[TaskRow], now: int, engine: StageEngine
 ) -> list[dict[str, Any]]:
-    """Task rows (from ``TASK_SELECT``) as the API shows them."""
+    """Tasks as the API shows them."""
     if not rows:
         return []
-    space_pk = rows[0]["space_id"]
+    space_pk = rows[0].space_pk
     pending: defaultdict[int, list[str]] = defaultdict(list)
     described: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    task_pks = [r["id"] for r in rows if r["state"] in LIVE_STATES]
+    task_pks = [r.pk for r in rows if r.state in LIVE_STATES]
     if not task_pks:
         return [task_body(row, [], [], engine) for row in rows]
     live = await conn.fetch_all(_LIVE_HOLDS, {"space_pk": space_pk})
@@ -59,102 +60,102 @@ async def render_tasks(
         if row["task_id"] in shown:
             pending[row["task_id"]].append(row["public_id"])
     rendered = []
-    for row in rows:
+    for task in rows:
         covering = [
             view
             for hold, view in described
             if hold["scope_type"] == "space"
-            or (hold["scope_type"] == "project" and hold["scope_pk"] == row["project_id"])
-            or (hold["scope_type"] == "task" and hold["scope_pk"] == row["id"])
+            or (hold["scope_type"] == "project" and hold["scope_pk"] == task.project_pk)
+            or (hold["scope_type"] == "task" and hold["scope_pk"] == task.pk)
         ]
-        rendered.append(task_body(row, covering, pending[row["id"]], engine))
+        rendered.append(task_body(task, covering, pending[task.pk], engine))
     return rendered
 
 
 def task_body(
-    row: dict[str, Any],
+    row: TaskRow,
     covering: list[dict[str, Any]],
     pending: list[str],
     engine: StageEngine,
 ) -> dict[str, Any]:
     """One task's API body."""
-    live_state = row["state"] in LIVE_STATES
+    live_state = row.state in LIVE_STATES
     body: dict[str, Any] = TASK_OUT.dump(
         {
-            "id": row["public_id"],
-            "project_id": row["project_public_id"],
-            "kind": row["kind"],
-            "title": row["title"],
-            "body": row["body"],
-            "criteria": row["criteria"],
-            "revision": row["revision"],
-            "priority": row["priority"],
-            "labels": json.loads(row["labels"]),
-            "agent_id": row["agent_public_id"],
-            "state": row["state"],
+            "id": row.id,
+            "project_id": row.project_id,
+            "kind": row.kind,
+            "title": row.title,
+            "body": row.body,
+            "criteria": row.criteria,
+            "revision": row.revision,
+            "priority": row.priority,
+            "labels": json.loads(row.labels),
+            "agent_id": row.agent_id,
+            "state": row.state,
             "parked": live_state and bool(covering or pending),
             "held_by": covering if live_state else [],
             "pending_decisions": pending,
-            "stage": row["stage"],
+            "stage": row.stage,
             "stage_missing": stranded(engine, row),
-            "slot": row["slot"],
-            "human_only": bool(row["human_only"]),
-            "subject_task_id": row["subject_public_id"],
-            "submission_id": row["subject_submission_public_id"],
-            "generation": row["generation"],
-            "max_attempts": row["max_attempts"],
-            "attempts_used": row["attempts_used"],
-            "current_attempt_id": row["current_attempt_public_id"],
-            "current_submission_id": row["current_submission_public_id"],
-            "finding_ids": json.loads(row["finding_ids"]),
-            "outcome_reason": row["outcome_reason"],
-            "resources": json.loads(row["resources"]),
-            "ready_at": row["ready_at"],
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
+            "slot": row.slot,
+            "human_only": bool(row.human_only),
+            "subject_task_id": row.subject_task_id,
+            "submission_id": row.subject_submission_id,
+            "generation": row.generation,
+            "max_attempts": row.max_attempts,
+            "attempts_used": row.attempts_used,
+            "current_attempt_id": row.current_attempt_id,
+            "current_submission_id": row.current_submission_id,
+            "finding_ids": json.loads(row.finding_ids),
+            "outcome_reason": row.outcome_reason,
+            "resources": json.loads(row.resources),
+            "ready_at": row.ready_at,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
         }
     )
     return body
 
 
-def attempt_body(row: dict[str, Any]) -> dict[str, Any]:
-    """One attempt's API body (from ``ATTEMPT_SELECT``)."""
+def attempt_body(row: AttemptRow) -> dict[str, Any]:
+    """One attempt's API body."""
     body: dict[str, Any] = ATTEMPT_OUT.dump(
         {
-            "id": row["public_id"],
-            "task_id": row["task_public_id"],
-            "generation": row["generation"],
-            "claimant_id": row["claimant_public_id"],
-            "agent_revision_id": row["agent_revision_public_id"],
-            "state": row["state"],
-            "lease_expires_at": row["lease_expires_at"],
-            "run_environment": json.loads(row["run_environment"]),
-            "progress": json.loads(row["progress"]) if row["progress"] else None,
-            "end_reason": row["end_reason"],
-            "created_at": row["created_at"],
-            "renewed_at": row["renewed_at"],
-            "ended_at": row["ended_at"],
+            "id": row.id,
+            "task_id": row.task_id,
+            "generation": row.generation,
+            "claimant_id": row.claimant_id,
+            "agent_revision_id": row.agent_revision_id,
+            "state": row.state,
+            "lease_expires_at": row.lease_expires_at,
+            "run_environment": json.loads(row.run_environment),
+            "progress": json.loads(row.progress) if row.progress else None,
+            "end_reason": row.end_reason,
+            "created_at": row.created_at,
+            "renewed_at": row.renewed_at,
+            "ended_at": row.ended_at,
         }
     )
     return body
 
 
-def submission_body(row: dict[str, Any]) -> dict[str, Any]:
-    """One submission's API body (from ``SUBMISSION_SELECT``)."""
+def submission_body(row: SubmissionRow) -> dict[str, Any]:
+    """One submission's API body."""
     body: dict[str, Any] = SUBMISSION_OUT.dump(
         {
-            "id": row["public_id"],
-            "task_id": row["task_public_id"],
-            "attempt_id": row["attempt_public_id"],
-            "generation": row["generation"],
-            "task_revision": row["task_revision"],
-            "submitted_by": row["submitted_by_public_id"],
-            "summary": row["summary"],
-            "candidate": json.loads(row["candidate"]),
-            "evidence": json.loads(row["evidence"]),
+            "id": row.id,
+            "task_id": row.task_id,
+            "attempt_id": row.attempt_id,
+            "generation": row.generation,
+            "task_revision": row.task_revision,
+            "submitted_by": row.submitted_by_id,
+            "summary": row.summary,
+            "candidate": json.loads(row.candidate),
+            "evidence": json.loads(row.evidence),
             "artifacts": submission_artifact_ids(row),
-            "verdict": row["verdict"],
-            "created_at": row["created_at"],
+            "verdict": row.verdict,
+            "created_at": row.created_at,
         }
     )
     return body

@@ -4,7 +4,7 @@ rights."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from buildmax.pagination import page_body, page_request
 
 from ..engine import StageEngine, stage_engine
 from ..records import task_or_404
+from ..rows import TaskRow
 from ..settings import TaskSettings, task_settings
 from ..views import render_tasks
 
@@ -50,7 +51,7 @@ def lease_ms(settings: TaskSettings, requested: int | None) -> int:
     return requested * 1000
 
 
-async def render_one(conn: Transaction, task: dict[str, Any], now: int) -> dict[str, Any]:
+async def render_one(conn: Transaction, task: TaskRow, now: int) -> dict[str, Any]:
     """One task as the API shows it."""
     app = current_buildmax()
     return (await render_tasks(conn, [task], now, tasks_state(app).engine))[0]
@@ -61,22 +62,22 @@ async def task_children(
     task: str,
     rows_of: Callable[[int], Any],
     key: Any,
-    render: Callable[[dict[str, Any]], dict[str, Any]],
+    render: Callable[[Mapping[str, Any]], dict[str, Any]],
     *,
     newest_first: bool = False,
 ) -> Response:
     """A page of one task's rows (attempts, submissions, revisions) for a
     viewer: ``rows_of(task_pk)`` selects them, ``key`` (an integer column)
-    orders and pages them."""
+    orders and pages them; ``render`` shows one row as read."""
     app = current_buildmax()
     page = page_request((int,))
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
-        query = rows_of(row["id"]).order_by(key.desc() if newest_first else key)
+        query = rows_of(row.pk).order_by(key.desc() if newest_first else key)
         query = query.limit(page.limit + 1)
         if page.after is not None:
             query = query.where(key < page.after[0] if newest_first else key > page.after[0])
-        rows = [dict(r) for r in await conn.fetch_all(query)]
+        rows = list(await conn.fetch_all(query))
     items = [render(r) for r in rows]
     return json_response(page_body(items, rows, page.limit, lambda r: (r[key.name],)))
 

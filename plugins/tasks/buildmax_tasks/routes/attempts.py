@@ -35,6 +35,7 @@ from ..records import (
     load_attempt,
     task_or_404,
 )
+from ..rows import AttemptRow, SubmissionRow, TaskRow
 from ..schemas import (
     AttemptOut,
     AttemptPage,
@@ -138,7 +139,7 @@ async def claim_next_route(caller: Caller, access: SpaceAccess, data: dict[str, 
         await recheck_space(tx, access, caller, "member")  # the body took its time
         ch = change(app, tx, caller, access)
         filters = ClaimFilters(
-            project_pk=(await find_project(tx, access.pk, data["project"]))["id"]
+            project_pk=(await find_project(tx, access.pk, data["project"])).pk
             if data["project"]
             else None,
             kind=data["kind"],
@@ -164,7 +165,7 @@ def _authority(access: SpaceAccess, caller: Caller, reason: str | None) -> ops.A
     )
 
 
-Operation = Callable[[Change, dict[str, Any], dict[str, Any], dict[str, Any]], Awaitable[Reply]]
+Operation = Callable[[Change, AttemptRow, TaskRow, dict[str, Any]], Awaitable[Reply]]
 
 
 def _on_attempt(
@@ -212,9 +213,7 @@ async def renew(attempt: str, caller: Caller, access: SpaceAccess, data: dict[st
     charged against the task's attempts."""
     app = current_buildmax()
 
-    async def operation(
-        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
-    ) -> Reply:
+    async def operation(ch: Change, row: AttemptRow, task: TaskRow, data: dict[str, Any]) -> Reply:
         lease = lease_ms(tasks_state(app).settings, data["lease_seconds"])
         try:
             updated = await ops.renew(ch, row, task, lease, data["progress"])
@@ -250,14 +249,12 @@ async def checkpoint(
 ) -> Work:
     """Checkpoints are kept in order; ``data`` is any JSON value."""
 
-    async def operation(
-        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
-    ) -> Reply:
+    async def operation(ch: Change, row: AttemptRow, task: TaskRow, data: dict[str, Any]) -> Reply:
         made = await ops.checkpoint(ch, row, data["data"])
         return Reply(
             201,
             CheckpointOut().dump(
-                {"attempt_id": row["public_id"], "number": made["number"], "created_at": ch.now}
+                {"attempt_id": row.id, "number": made["number"], "created_at": ch.now}
             ),
         )
 
@@ -267,11 +264,9 @@ async def checkpoint(
 def _give_up(
     caller: Caller, access: SpaceAccess, data: dict[str, Any], attempt: str, state: str
 ) -> Work:
-    async def operation(
-        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
-    ) -> Reply:
+    async def operation(ch: Change, row: AttemptRow, task: TaskRow, data: dict[str, Any]) -> Reply:
         await ops.give_up(ch, row, task, state, data.get("reason"))
-        fresh = await load_attempt(ch.tx, row["public_id"])
+        fresh = await load_attempt(ch.tx, row.id)
         assert fresh is not None
         return Reply(200, attempt_body(fresh))
 
@@ -342,11 +337,9 @@ async def submit(attempt: str, caller: Caller, access: SpaceAccess, data: dict[s
     first stage's linked work is created."""
     app = current_buildmax()
 
-    async def operation(
-        ch: Change, row: dict[str, Any], task: dict[str, Any], data: dict[str, Any]
-    ) -> Reply:
+    async def operation(ch: Change, row: AttemptRow, task: TaskRow, data: dict[str, Any]) -> Reply:
         submission, outcome = await ops.submit(ch, tasks_state(app).engine, row, task, data)
-        access_task = await task_or_404(ch.tx, ch.space_pk, task["public_id"])
+        access_task = await task_or_404(ch.tx, ch.space_pk, task.id)
         return Reply(
             201,
             {
@@ -396,7 +389,7 @@ async def list_attempts(task: str, access: SpaceAccess) -> Response:
         task,
         lambda pk: ATTEMPT_SELECT.where(attempts.c.task_id == pk),
         attempts.c.generation,
-        attempt_body,
+        lambda row: attempt_body(AttemptRow.of(row)),
     )
 
 
@@ -415,7 +408,7 @@ async def list_submissions(task: str, access: SpaceAccess) -> Response:
         task,
         lambda pk: SUBMISSION_SELECT.where(submissions.c.task_id == pk),
         submissions.c.generation,  # one submission per attempt, so unique per task
-        submission_body,
+        lambda row: submission_body(SubmissionRow.of(row)),
     )
 
 
@@ -438,4 +431,4 @@ async def show_submission(submission: str, access: SpaceAccess) -> Response:
         )
     if row is None:
         raise NotFound("no such submission in this space")
-    return json_response(submission_body(dict(row)))
+    return json_response(submission_body(SubmissionRow.of(row)))

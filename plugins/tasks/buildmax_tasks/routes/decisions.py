@@ -86,8 +86,8 @@ async def create(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
         row = await task_or_404(tx, access.pk, task, for_update=True)
-        if row["state"] in TERMINAL:
-            raise InvalidState(f"the task is {row['state']}")
+        if row.state in TERMINAL:
+            raise InvalidState(f"the task is {row.state}")
         expires = data["expires_in_seconds"]
         public_id = await open_decision(
             ch,
@@ -139,7 +139,7 @@ async def list_decisions(access: SpaceAccess) -> Response:
         task = request.args.get("task")
         if task is not None:
             query = query.where(
-                decisions.c.task_id == (await task_or_404(conn, access.pk, task))["id"]
+                decisions.c.task_id == (await task_or_404(conn, access.pk, task)).pk
             )
         rows = [dict(r) for r in await conn.fetch_all(query)]
     items = [_render(r, now) for r in rows]

@@ -19,7 +19,8 @@ from buildmax.pagination import page_body, page_request
 from ..change import change
 from ..engine import current_policy
 from ..projects import create_project, edit_project, revise_policy
-from ..records import find_project
+from ..records import PROJECT_SELECT, find_project
+from ..rows import ProjectRow
 from ..schemas import (
     PolicyBody,
     PolicyOut,
@@ -35,19 +36,19 @@ PROJECT_OUT = ProjectOut()
 POLICY_OUT = PolicyOut()
 
 
-async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
-    policy = await current_policy(conn, row["id"])
+async def _render(conn: Transaction, row: ProjectRow) -> dict[str, Any]:
+    policy = await current_policy(conn, row.pk)
     return PROJECT_OUT.dump(  # type: ignore[no-any-return]
         {
-            "id": row["public_id"],
-            "name": row["name"],
-            "description": row["description"],
-            "repository_url": row["repository_url"],
-            "target_branch": row["target_branch"],
-            "revision": row["revision"],
+            "id": row.id,
+            "name": row.name,
+            "description": row.description,
+            "repository_url": row.repository_url,
+            "target_branch": row.target_branch,
+            "revision": row.revision,
             "policy": policy,
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
         }
     )
 
@@ -88,17 +89,16 @@ async def list_projects(access: SpaceAccess) -> Response:
     app = current_buildmax()
     page = page_request()
     query = (
-        sa.select(projects)
-        .where(projects.c.space_id == access.pk)
+        PROJECT_SELECT.where(projects.c.space_id == access.pk)
         .order_by(projects.c.name)
         .limit(page.limit + 1)
     )
     if page.after is not None:
         query = query.where(projects.c.name > page.after[0])
     async with app.db.read() as conn:
-        rows = [dict(r) for r in await conn.fetch_all(query)]
+        rows = [ProjectRow.of(r) for r in await conn.fetch_all(query)]
         items = [await _render(conn, r) for r in rows[: page.limit]]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["name"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r.name,)))
 
 
 @blueprint.get("/v1/spaces/<space>/projects/<project>")
@@ -183,7 +183,7 @@ async def list_policies(project: str, access: SpaceAccess) -> Response:
         row = await find_project(conn, access.pk, project)
         rows = await conn.fetch_all(
             sa.select(policies)
-            .where(policies.c.project_id == row["id"])
+            .where(policies.c.project_id == row.pk)
             .order_by(policies.c.revision.desc())
         )
     items = [

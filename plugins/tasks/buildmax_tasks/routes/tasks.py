@@ -31,6 +31,7 @@ from ..graph import (
     prerequisite_ids_query,
 )
 from ..records import TASK_SELECT, agent_pk, find_project, task_or_404
+from ..rows import TaskRow
 from ..schemas import (
     DependenciesOut,
     DependencyBody,
@@ -108,7 +109,7 @@ async def _queue_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters
     project = request.args.get("project")
     agent = request.args.get("agent")
     return ClaimFilters(
-        project_pk=(await find_project(conn, access.pk, project))["id"] if project else None,
+        project_pk=(await find_project(conn, access.pk, project)).pk if project else None,
         kind=_kind(),
         label=request.args.get("label"),
         agent_pk=await agent_pk(conn, access.pk, agent) if agent else None,
@@ -160,11 +161,11 @@ async def list_tasks(access: SpaceAccess) -> Response:
         )
         if page.after is not None:
             query = query.where(older_than(tasks, page.after[0]))
-        rows = [dict(r) for r in await conn.fetch_all(query)]
+        rows = [TaskRow.of(r) for r in await conn.fetch_all(query)]
         items = await render_tasks(
             conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
         )
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r.id,)))
 
 
 _TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=True)))
@@ -189,7 +190,7 @@ async def ready(access: SpaceAccess) -> Response:
         after = None
         if page.after is not None:
             last = await conn.fetch_one(
-                sa.select(tasks.c.priority, tasks.c.ready_at, tasks.c.id).where(
+                sa.select(tasks.c.priority, tasks.c.ready_at, tasks.c.id.label("pk")).where(
                     tasks.c.public_id == page.after[0], tasks.c.space_id == access.pk
                 )
             )
@@ -200,11 +201,14 @@ async def ready(access: SpaceAccess) -> Response:
             ready_statement(filters.shape(), after=after is not None),
             ready_params(access.pk, now, filters, page.limit + 1, after),
         )
-        shown = [k["id"] for k in keys]
-        found = {r["id"]: dict(r) for r in await conn.fetch_all(_TASKS_BY_PK, {"pks": shown})}
+        shown = [k["pk"] for k in keys]
+        found = {
+            task.pk: task
+            for task in map(TaskRow.of, await conn.fetch_all(_TASKS_BY_PK, {"pks": shown}))
+        }
         rows = [found[pk] for pk in shown if pk in found]
         items = await render_tasks(conn, rows[: page.limit], now, tasks_state(app).engine)
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r.id,)))
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>")
@@ -225,7 +229,7 @@ async def show(task: str, caller: Caller, access: SpaceAccess) -> Response:
             owned = await conn.fetch_val(
                 sa.select(attempts.c.id).where(
                     attempts.c.public_id == caller.actor.scope_id,
-                    attempts.c.task_id == row["id"],
+                    attempts.c.task_id == row.pk,
                 )
             )
             if owned is None:
@@ -292,7 +296,7 @@ async def list_dependencies(task: str, access: SpaceAccess) -> Response:
     app = current_buildmax()
     async with app.db.read() as conn:
         row = await task_or_404(conn, access.pk, task)
-        return json_response(await _dependencies(conn, row["id"]))
+        return json_response(await _dependencies(conn, row.pk))
 
 
 @blueprint.post("/v1/spaces/<space>/tasks/<task>/dependencies")
@@ -313,8 +317,8 @@ async def add(task: str, caller: Caller, access: SpaceAccess, data: dict[str, An
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await tasks_domain.add_prerequisite(ch, task, data["prerequisite"])
-        return Reply(201 if row["added"] else 200, await _dependencies(tx, row["id"]))
+        row, added = await tasks_domain.add_prerequisite(ch, task, data["prerequisite"])
+        return Reply(201 if added else 200, await _dependencies(tx, row.pk))
 
     return work
 
