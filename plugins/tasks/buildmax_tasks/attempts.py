@@ -126,7 +126,7 @@ def _maybe_stale(attempt: AttemptRow, task: TaskRow, now: int) -> bool:
 async def stopped_hold(ch: Change, task: TaskRow) -> dict[str, Any] | None:
     """The stopped hold covering a task, described, or ``None``."""
     for hold in await holds_covering(ch.tx, task):
-        if hold["strength"] == "stopped":
+        if hold.strength == "stopped":
             return await describe_hold(ch.tx, hold)
     return None
 

@@ -25,7 +25,6 @@ from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NotFound
-from buildmax.tables import principals
 
 from .attempt_tokens import issue_attempt_token
 from .change import Change, change
@@ -285,13 +284,14 @@ _LAPSED_OF_TASK = (
         tasks.c.space_id == sa.bindparam("space_pk"),
     )
 )
-_LAPSED_HOLDER = ATTEMPT_SELECT.join(
+#: The attempt holding a resource of the space.
+_HOLDER = ATTEMPT_SELECT.join(
     reservations, reservations.c.attempt_public_id == attempts.c.public_id
 ).where(
-    LAPSED,
     reservations.c.space_id == sa.bindparam("space_pk"),
     reservations.c.resource == sa.bindparam("resource"),
 )
+_LAPSED_HOLDER = _HOLDER.where(LAPSED)
 
 
 async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
@@ -467,7 +467,7 @@ async def _refuse_held_or_parked(ch: Change, task: TaskRow) -> None:
         raise Skip(
             TaskParked(
                 "the task waits for a decision to be answered",
-                decisions=[d["public_id"] for d in parked],
+                decisions=[d.id for d in parked],
             )
         )
 
@@ -572,29 +572,15 @@ async def _retire_lapsed_holder(ch: Change, resource: str) -> bool:
 
 
 async def _holder(ch: Change, resource: str) -> dict[str, Any] | None:
-    holding = attempts.alias("holding")
-    holder_task = tasks.alias("holder_task")
-    row = await ch.tx.fetch_one(
-        sa.select(
-            holding.c.public_id,
-            holding.c.lease_expires_at,
-            holder_task.c.public_id.label("task_public_id"),
-            principals.c.public_id.label("principal_public_id"),
-        )
-        .select_from(
-            reservations.join(holding, holding.c.public_id == reservations.c.attempt_public_id)
-            .join(holder_task, holder_task.c.id == holding.c.task_id)
-            .join(principals, principals.c.id == holding.c.claimant_id)
-        )
-        .where(reservations.c.space_id == ch.space_pk, reservations.c.resource == resource)
-    )
+    row = await ch.tx.fetch_one(_HOLDER, {"space_pk": ch.space_pk, "resource": resource})
     if row is None:
         return None
+    holder = AttemptRow.of(row)
     return {
-        "attempt_id": row["public_id"],
-        "task_id": row["task_public_id"],
-        "principal_id": row["principal_public_id"],
-        "lease_expires_at": to_rfc3339(row["lease_expires_at"]),
+        "attempt_id": holder.id,
+        "task_id": holder.task_id,
+        "principal_id": holder.claimant_id,
+        "lease_expires_at": to_rfc3339(holder.lease_expires_at),
     }
 
 

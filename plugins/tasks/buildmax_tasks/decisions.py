@@ -17,8 +17,9 @@ from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
 from .change import Change
 from .problems import InvalidState
-from .rows import TaskRow
-from .tables import decisions, tasks
+from .records import DECISION_SELECT
+from .rows import DecisionRow, TaskRow
+from .tables import decisions
 
 
 async def open_decision(
@@ -63,16 +64,11 @@ async def open_decision(
     return public_id
 
 
-#: A decision of the space, locked, with its task's public id.
-_TO_ANSWER = (
-    sa.select(decisions, tasks.c.public_id.label("task_public_id"))
-    .select_from(decisions.join(tasks, tasks.c.id == decisions.c.task_id))
-    .where(
-        decisions.c.public_id == sa.bindparam("public_id"),
-        decisions.c.space_id == sa.bindparam("space_pk"),
-    )
-    .with_for_update(of=decisions)
-)
+#: A decision of the space, locked.
+_TO_ANSWER = DECISION_SELECT.where(
+    decisions.c.public_id == sa.bindparam("public_id"),
+    decisions.c.space_id == sa.bindparam("space_pk"),
+).with_for_update(of=decisions)
 
 
 async def answer_decision(
@@ -87,22 +83,23 @@ async def answer_decision(
     404 when the space has none such, 403 when it needs a human and
     ``answerer`` is not one, 409 once answered or expired, 422 for an
     answer that is not an option."""
-    row = await ch.tx.fetch_one(_TO_ANSWER, {"public_id": decision_id, "space_pk": ch.space_pk})
-    if row is None:
+    found = await ch.tx.fetch_one(_TO_ANSWER, {"public_id": decision_id, "space_pk": ch.space_pk})
+    if found is None:
         raise NotFound("no such decision in this space")
-    if row["answerable_by"] == "human" and answerer.kind != "human":
+    row = DecisionRow.of(found)
+    if row.answerable_by == "human" and answerer.kind != "human":
         raise Forbidden("this decision needs a human's answer")
-    if row["state"] != "pending":
-        raise InvalidState(f"the decision is already {row['state']}")
-    if row["expires_at"] is not None and row["expires_at"] <= ch.now:
+    if row.state != "pending":
+        raise InvalidState(f"the decision is already {row.state}")
+    if row.expires_at is not None and row.expires_at <= ch.now:
         raise InvalidState("the decision has expired")
-    if answer not in json.loads(row["options"]):
+    if answer not in json.loads(row.options):
         raise ValidationFailed(
             "the answer must be one of the options", errors={"answer": ["Not an option."]}
         )
     await ch.tx.execute(
         sa.update(decisions)
-        .where(decisions.c.id == row["id"])
+        .where(decisions.c.id == row.pk)
         .values(
             state="answered",
             answer=answer,
@@ -111,9 +108,5 @@ async def answer_decision(
             answered_at=ch.now,
         )
     )
-    await ch.audit(
-        "decision.answered", "decision", decision_id, task_id=row["task_public_id"], answer=answer
-    )
-    await ch.event(
-        "decision.answered", decision_id=decision_id, task_id=row["task_public_id"], answer=answer
-    )
+    await ch.audit("decision.answered", "decision", decision_id, task_id=row.task_id, answer=answer)
+    await ch.event("decision.answered", decision_id=decision_id, task_id=row.task_id, answer=answer)

@@ -20,8 +20,8 @@ from buildmax.problems import NotFound, ValidationFailed
 
 from .change import Change
 from .problems import InvalidState
-from .records import find_project, task_or_404
-from .rows import TaskRow
+from .records import DECISION_SELECT, HOLD_SELECT, find_project, task_or_404
+from .rows import DecisionRow, HoldRow, TaskRow
 from .tables import decisions, holds, projects, tasks
 
 
@@ -63,59 +63,42 @@ CLAIMABLE = [
 ]
 
 
-_COVERING = (
-    sa.select(
-        holds.c.public_id,
-        holds.c.scope_type,
-        holds.c.scope_pk,
-        holds.c.strength,
-        holds.c.reason,
-        holds.c.created_at,
-    )
-    .where(
-        holds.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
-        holds.c.lifted_at.is_(None),
-        sa.or_(
-            holds.c.scope_type == literal("space"),
-            sa.and_(
-                holds.c.scope_type == literal("project"),
-                holds.c.scope_pk == sa.bindparam("project_pk"),
-            ),
-            sa.and_(
-                holds.c.scope_type == literal("task"), holds.c.scope_pk == sa.bindparam("task_pk")
-            ),
+_COVERING = HOLD_SELECT.where(
+    holds.c.space_id == sa.bindparam("space_pk", type_=sa.BigInteger),
+    holds.c.lifted_at.is_(None),
+    sa.or_(
+        holds.c.scope_type == literal("space"),
+        sa.and_(
+            holds.c.scope_type == literal("project"),
+            holds.c.scope_pk == sa.bindparam("project_pk"),
         ),
-    )
-    .order_by(holds.c.strength.desc(), holds.c.id)
-)
+        sa.and_(holds.c.scope_type == literal("task"), holds.c.scope_pk == sa.bindparam("task_pk")),
+    ),
+).order_by(holds.c.strength.desc(), holds.c.id)
 
-_PENDING = (
-    sa.select(decisions.c.public_id, decisions.c.question, decisions.c.expires_at)
-    .where(
-        decisions.c.task_id == sa.bindparam("task_pk"),
-        decisions.c.state == literal("pending"),
-        sa.or_(
-            decisions.c.expires_at.is_(None),
-            decisions.c.expires_at > sa.bindparam("now", type_=sa.BigInteger),
-        ),
-    )
-    .order_by(decisions.c.id)
-)
+_PENDING = DECISION_SELECT.where(
+    decisions.c.task_id == sa.bindparam("task_pk"),
+    decisions.c.state == literal("pending"),
+    sa.or_(
+        decisions.c.expires_at.is_(None),
+        decisions.c.expires_at > sa.bindparam("now", type_=sa.BigInteger),
+    ),
+).order_by(decisions.c.id)
 
 
-async def holds_covering(conn: Transaction, task: TaskRow) -> list[dict[str, Any]]:
+async def holds_covering(conn: Transaction, task: TaskRow) -> list[HoldRow]:
     """The live holds covering a task (space, its project, itself), strongest first."""
     rows = await conn.fetch_all(
         _COVERING,
         {"space_pk": task.space_pk, "project_pk": task.project_pk, "task_pk": task.pk},
     )
-    return [dict(r) for r in rows]
+    return [HoldRow.of(r) for r in rows]
 
 
-async def pending_decisions(conn: Transaction, task_pk: int, now: int) -> list[dict[str, Any]]:
+async def pending_decisions(conn: Transaction, task_pk: int, now: int) -> list[DecisionRow]:
     """A task's pending, unexpired decisions."""
     rows = await conn.fetch_all(_PENDING, {"task_pk": task_pk, "now": now})
-    return [dict(r) for r in rows]
+    return [DecisionRow.of(r) for r in rows]
 
 
 async def scope_public_id(conn: Transaction, scope_type: str, scope_pk: int | None) -> str | None:
@@ -131,16 +114,16 @@ async def scope_public_id(conn: Transaction, scope_type: str, scope_pk: int | No
     return None
 
 
-async def describe_hold(conn: Transaction, hold: dict[str, Any]) -> dict[str, Any]:
+async def describe_hold(conn: Transaction, hold: HoldRow) -> dict[str, Any]:
     """A hold as problems and task views show it."""
     return {
-        "id": hold["public_id"],
+        "id": hold.id,
         "scope": {
-            "type": hold["scope_type"],
-            "id": await scope_public_id(conn, hold["scope_type"], hold["scope_pk"]),
+            "type": hold.scope_type,
+            "id": await scope_public_id(conn, hold.scope_type, hold.scope_pk),
         },
-        "strength": hold["strength"],
-        "reason": hold["reason"],
+        "strength": hold.strength,
+        "reason": hold.reason,
     }
 
 

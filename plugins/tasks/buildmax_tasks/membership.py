@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from buildmax.app import BuildMax
 
 _ACTIVE_OF = (
-    sa.select(attempts.c.public_id)
+    sa.select(attempts.c.public_id.label("id"))
     .join(principals, principals.c.id == attempts.c.claimant_id)
     .where(
         attempts.c.space_id == sa.bindparam("space_pk"),
@@ -56,6 +56,6 @@ async def member_changed(
     held = await tx.fetch_all(_ACTIVE_OF, {"space_pk": space_pk, "principal_id": principal_id})
     ch = Change(app, tx, actor, space_pk, space_id, app.clock.now_ms())
     for row in held:
-        attempt, task = await locked(ch, row["public_id"])
+        attempt, task = await locked(ch, row["id"])
         if attempt.state == "active":
             await give_up(ch, attempt, task, "released", _reason(role))

@@ -179,13 +179,12 @@ class SqlTaskQueue:
             may_override=False,
             override_reason=None,
         )
-        held = await tx.fetch_one(
-            sa.select(attempts.c.public_id, attempts.c.generation, attempts.c.claimant_id).where(
-                attempts.c.task_id == task.pk, attempts.c.state == "active"
-            )
+        active = await tx.fetch_one(
+            ATTEMPT_SELECT.where(attempts.c.task_id == task.pk, attempts.c.state == "active")
         )
-        if held is not None and held["claimant_id"] == principal_pk:
-            attempt_id, at = held["public_id"], generation or held["generation"]
+        held = AttemptRow.of(active) if active is not None else None
+        if held is not None and held.claimant_pk == principal_pk:
+            attempt_id, at = held.id, generation or held.generation
         elif actor.kind == "human" and authority.scope_id is None and generation is None:
             settings = task_settings(self._app)
             claim = await claim_named(ch, principal_pk, task_id, settings.lease_seconds * 1000)

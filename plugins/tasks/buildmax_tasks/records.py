@@ -1,5 +1,5 @@
-"""Reading tasks, attempts, submissions, agent revisions and projects into
-their rows (:mod:`buildmax_tasks.rows`), and turning rows into the
+"""Reading tasks, attempts, submissions, agent revisions, projects, holds
+and decisions into their rows (:mod:`buildmax_tasks.rows`), and turning rows into the
 contract's records (:class:`TaskRef`, :class:`AttemptRef`, ...).
 
 Every lookup is scoped by space: a public id of another space finds nothing.
@@ -18,11 +18,21 @@ from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, Task
 from buildmax.problems import NotFound, ValidationFailed
 from buildmax.tables import principals, spaces
 
-from .rows import AgentRevisionRow, AttemptRow, ProjectRow, SubmissionRow, TaskRow, keyed
+from .rows import (
+    AgentRevisionRow,
+    AgentRow,
+    AttemptRow,
+    ProjectRow,
+    SubmissionRow,
+    TaskRow,
+    keyed,
+)
 from .tables import (
     agent_revisions,
     agents,
     attempts,
+    decisions,
+    holds,
     projects,
     submission_artifacts,
     submissions,
@@ -225,6 +235,23 @@ def submission_ref(row: SubmissionRow) -> SubmissionRef:
     )
 
 
+#: An agent definition (:class:`AgentRow`).
+AGENT_SELECT = sa.select(*keyed(agents))
+
+
+async def find_agent(
+    conn: Transaction, space_pk: int, ref: str, *, for_update: bool = False
+) -> AgentRow:
+    """An agent of the space by public id or name, or 404."""
+    query = AGENT_SELECT.where(
+        agents.c.space_id == space_pk, sa.or_(agents.c.public_id == ref, agents.c.name == ref)
+    )
+    row = await conn.fetch_one(query.with_for_update() if for_update else query)
+    if row is None:
+        raise NotFound("no such agent in this space")
+    return AgentRow.of(row)
+
+
 #: An agent revision with its agent and space (:class:`AgentRevisionRow`).
 AGENT_REVISION_SELECT = sa.select(
     *keyed(agent_revisions),
@@ -253,6 +280,34 @@ def agent_revision_ref(row: AgentRevisionRow) -> AgentRevisionRef:
 
 #: A project (:class:`ProjectRow`).
 PROJECT_SELECT = sa.select(*keyed(projects))
+
+
+_placer = principals.alias("placer")
+_lifter = principals.alias("lifter")
+#: A hold with who placed and lifted it (:class:`HoldRow`).
+HOLD_SELECT = sa.select(
+    *keyed(holds),
+    _placer.c.public_id.label("created_by_id"),
+    _lifter.c.public_id.label("lifted_by_id"),
+).select_from(
+    holds.outerjoin(_placer, _placer.c.id == holds.c.created_by).outerjoin(
+        _lifter, _lifter.c.id == holds.c.lifted_by
+    )
+)
+_opener = principals.alias("opener")
+_answerer = principals.alias("answerer")
+#: A decision with its task's public id and who opened and answered it
+#: (:class:`DecisionRow`).
+DECISION_SELECT = sa.select(
+    *keyed(decisions),
+    tasks.c.public_id.label("task_id"),
+    _opener.c.public_id.label("opened_by_id"),
+    _answerer.c.public_id.label("answered_by_id"),
+).select_from(
+    decisions.join(tasks, tasks.c.id == decisions.c.task_id)
+    .outerjoin(_opener, _opener.c.id == decisions.c.opened_by)
+    .outerjoin(_answerer, _answerer.c.id == decisions.c.answered_by)
+)
 
 
 async def find_project(conn: Transaction, space_pk: int, ref: str) -> ProjectRow:

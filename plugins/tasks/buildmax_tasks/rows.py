@@ -20,9 +20,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-#: Columns that hold a principal's numeric key without ending in ``_id``.
-_PRINCIPAL_KEYS = ("created_by", "submitted_by")
-
 
 def field_name(column: sa.Column[Any]) -> str:
     """The row field a table column is read into, by the module's rule."""
@@ -34,8 +31,8 @@ def field_name(column: sa.Column[Any]) -> str:
         return column.name  # a public id kept as text (``token_id``) or plain text
     if column.name.endswith("_id"):
         return column.name.removesuffix("_id") + "_pk"
-    if column.name in _PRINCIPAL_KEYS:
-        return column.name + "_pk"
+    if column.foreign_keys:
+        return column.name + "_pk"  # ``created_by``: a principal's numeric key
     return column.name
 
 
@@ -161,6 +158,24 @@ class SubmissionRow:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentRow:
+    """An agent definition; its current revision is ``current_revision_pk``."""
+
+    pk: int
+    id: str
+    space_pk: int
+    name: str
+    current_revision_pk: int | None
+    created_at: int
+    created_by_pk: int | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> AgentRow:
+        """A row read with :data:`buildmax_tasks.records.AGENT_SELECT`."""
+        return cls(**row)
+
+
+@dataclass(frozen=True, slots=True)
 class AgentRevisionRow:
     """A revision of an agent definition with its agent and space."""
 
@@ -202,4 +217,60 @@ class ProjectRow:
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> ProjectRow:
         """A row read with :data:`buildmax_tasks.records.PROJECT_SELECT`."""
+        return cls(**row)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRow:
+    """A hold on the space, a project or a task (``scope_pk``: the
+    project's or task's numeric key, ``None`` for the space), with who
+    placed and lifted it."""
+
+    pk: int
+    id: str
+    space_pk: int
+    scope_type: str
+    scope_pk: int | None
+    strength: str
+    reason: str
+    created_by_pk: int | None
+    created_by_id: str | None
+    created_at: int
+    lifted_by_pk: int | None
+    lifted_by_id: str | None
+    lifted_at: int | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> HoldRow:
+        """A row read with :data:`buildmax_tasks.records.HOLD_SELECT`."""
+        return cls(**row)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """A decision that parks a task until it is answered, with the public
+    ids of its task and of who opened and answered it."""
+
+    pk: int
+    id: str
+    space_pk: int
+    task_pk: int
+    task_id: str
+    question: str
+    options: str
+    answerable_by: str
+    state: str
+    answer: str | None
+    comment: str | None
+    opened_by_pk: int | None
+    opened_by_id: str | None
+    answered_by_pk: int | None
+    answered_by_id: str | None
+    created_at: int
+    expires_at: int | None
+    answered_at: int | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> DecisionRow:
+        """A row read with :data:`buildmax_tasks.records.DECISION_SELECT`."""
         return cls(**row)

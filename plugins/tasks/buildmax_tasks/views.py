@@ -16,8 +16,8 @@ from buildmax_hookspecs import Transaction
 
 from .engine import StageEngine, stranded
 from .holds import describe_hold, literal
-from .records import submission_artifact_ids
-from .rows import AttemptRow, SubmissionRow, TaskRow
+from .records import HOLD_SELECT, submission_artifact_ids
+from .rows import AttemptRow, HoldRow, SubmissionRow, TaskRow
 from .schemas import AttemptOut, SubmissionOut, TaskOut
 from .tables import decisions, holds
 
@@ -26,7 +26,7 @@ TASK_OUT = TaskOut()
 LIVE_STATES = ("open", "ready", "claimed", "waiting")
 #: The space's pending decisions (few: each parks a task until a person answers).
 _PENDING_IN_SPACE = (
-    sa.select(decisions.c.task_id, decisions.c.public_id)
+    sa.select(decisions.c.task_id.label("task_pk"), decisions.c.public_id.label("id"))
     .where(
         decisions.c.space_id == sa.bindparam("space_pk"),
         decisions.c.state == literal("pending"),
@@ -34,7 +34,7 @@ _PENDING_IN_SPACE = (
     )
     .order_by(decisions.c.id)
 )
-_LIVE_HOLDS = sa.select(holds).where(
+_LIVE_HOLDS = HOLD_SELECT.where(
     holds.c.space_id == sa.bindparam("space_pk"), holds.c.lifted_at.is_(None)
 )
 ATTEMPT_OUT = AttemptOut()
@@ -49,24 +49,24 @@ async def render_tasks(
         return []
     space_pk = rows[0].space_pk
     pending: defaultdict[int, list[str]] = defaultdict(list)
-    described: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    described: list[tuple[HoldRow, dict[str, Any]]] = []
     task_pks = [r.pk for r in rows if r.state in LIVE_STATES]
     if not task_pks:
         return [task_body(row, [], [], engine) for row in rows]
     live = await conn.fetch_all(_LIVE_HOLDS, {"space_pk": space_pk})
-    described = [(dict(h), await describe_hold(conn, dict(h))) for h in live]
+    described = [(h, await describe_hold(conn, h)) for h in map(HoldRow.of, live)]
     shown = set(task_pks)
     for row in await conn.fetch_all(_PENDING_IN_SPACE, {"space_pk": space_pk, "now": now}):
-        if row["task_id"] in shown:
-            pending[row["task_id"]].append(row["public_id"])
+        if row["task_pk"] in shown:
+            pending[row["task_pk"]].append(row["id"])
     rendered = []
     for task in rows:
         covering = [
             view
             for hold, view in described
-            if hold["scope_type"] == "space"
-            or (hold["scope_type"] == "project" and hold["scope_pk"] == task.project_pk)
-            or (hold["scope_type"] == "task" and hold["scope_pk"] == task.pk)
+            if hold.scope_type == "space"
+            or (hold.scope_type == "project" and hold.scope_pk == task.project_pk)
+            or (hold.scope_type == "task" and hold.scope_pk == task.pk)
         ]
         rendered.append(task_body(task, covering, pending[task.pk], engine))
     return rendered

@@ -10,7 +10,10 @@ import sqlalchemy as sa
 from buildmax_tasks import records
 from buildmax_tasks.rows import (
     AgentRevisionRow,
+    AgentRow,
     AttemptRow,
+    DecisionRow,
+    HoldRow,
     ProjectRow,
     SubmissionRow,
     TaskRow,
@@ -25,7 +28,10 @@ READS = [
     (records.ATTEMPT_SELECT, AttemptRow),
     (records.SUBMISSION_SELECT, SubmissionRow),
     (records.AGENT_REVISION_SELECT, AgentRevisionRow),
+    (records.AGENT_SELECT, AgentRow),
     (records.PROJECT_SELECT, ProjectRow),
+    (records.HOLD_SELECT, HoldRow),
+    (records.DECISION_SELECT, DecisionRow),
 ]
 
 
@@ -62,3 +68,4 @@ def test_the_rule_names_table_columns() -> None:
     assert field_name(attempts.c.token_id) == "token_id"  # a token's public id, as text
     assert field_name(projects.c.name) == "name"
     assert field_name(holds.c.scope_pk) == "scope_pk"
+    assert field_name(holds.c.lifted_by) == "lifted_by_pk"  # a principal, by foreign key

@@ -17,51 +17,39 @@ from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
 from buildmax.problems import ValidationFailed
-from buildmax.tables import principals
 
 from ..change import change
 from ..decisions import answer_decision, open_decision
 from ..lifecycle import TERMINAL
 from ..problems import InvalidState
-from ..records import task_or_404
+from ..records import DECISION_SELECT, task_or_404
+from ..rows import DecisionRow
 from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
-from ..tables import decisions, tasks
+from ..tables import decisions
 
 blueprint = Blueprint("tasks_decisions", __name__)
 DECISION_OUT = DecisionOut()
-_opener = principals.alias("opener")
-_answerer = principals.alias("answerer")
-DECISION_SELECT = sa.select(
-    decisions,
-    tasks.c.public_id.label("task_public_id"),
-    _opener.c.public_id.label("opened_by_public_id"),
-    _answerer.c.public_id.label("answered_by_public_id"),
-).select_from(
-    decisions.join(tasks, tasks.c.id == decisions.c.task_id)
-    .outerjoin(_opener, _opener.c.id == decisions.c.opened_by)
-    .outerjoin(_answerer, _answerer.c.id == decisions.c.answered_by)
-)
 
 
-def _render(row: dict[str, Any], now: int) -> dict[str, Any]:
-    state = row["state"]
-    if state == "pending" and row["expires_at"] is not None and row["expires_at"] <= now:
+def _render(row: DecisionRow, now: int) -> dict[str, Any]:
+    state = row.state
+    if state == "pending" and row.expires_at is not None and row.expires_at <= now:
         state = "expired"
     return DECISION_OUT.dump(  # type: ignore[no-any-return]
         {
-            "id": row["public_id"],
-            "task_id": row["task_public_id"],
-            "question": row["question"],
-            "options": json.loads(row["options"]),
-            "answerable_by": row["answerable_by"],
+            "id": row.id,
+            "task_id": row.task_id,
+            "question": row.question,
+            "options": json.loads(row.options),
+            "answerable_by": row.answerable_by,
             "state": state,
-            "answer": row["answer"],
-            "comment": row["comment"],
-            "opened_by": row["opened_by_public_id"],
-            "answered_by": row["answered_by_public_id"],
-            "created_at": row["created_at"],
-            "expires_at": row["expires_at"],
-            "answered_at": row["answered_at"],
+            "answer": row.answer,
+            "comment": row.comment,
+            "opened_by": row.opened_by_id,
+            "answered_by": row.answered_by_id,
+            "created_at": row.created_at,
+            "expires_at": row.expires_at,
+            "answered_at": row.answered_at,
         }
     )
 
@@ -100,7 +88,7 @@ async def create(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
         )
         made = await tx.fetch_one(DECISION_SELECT.where(decisions.c.public_id == public_id))
         assert made is not None
-        return Reply(201, _render(dict(made), ch.now))
+        return Reply(201, _render(DecisionRow.of(made), ch.now))
 
     return work
 
@@ -141,9 +129,9 @@ async def list_decisions(access: SpaceAccess) -> Response:
             query = query.where(
                 decisions.c.task_id == (await task_or_404(conn, access.pk, task)).pk
             )
-        rows = [dict(r) for r in await conn.fetch_all(query)]
+        rows = [DecisionRow.of(r) for r in await conn.fetch_all(query)]
     items = [_render(r, now) for r in rows]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r.id,)))
 
 
 @blueprint.post("/v1/spaces/<space>/decisions/<decision>/answer")
@@ -168,6 +156,6 @@ async def answer(decision: str, caller: Caller, access: SpaceAccess, data: dict[
         )
         made = await tx.fetch_one(DECISION_SELECT.where(decisions.c.public_id == decision))
         assert made is not None
-        return Reply(200, _render(dict(made), ch.now))
+        return Reply(200, _render(DecisionRow.of(made), ch.now))
 
     return work

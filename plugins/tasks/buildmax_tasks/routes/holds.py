@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from quart import Blueprint, Response, request
 
@@ -15,42 +14,26 @@ from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.tables import principals
 
 from ..change import change
-from ..holds import lift_hold, place_hold, scope_public_id
+from ..holds import describe_hold, lift_hold, place_hold
+from ..records import HOLD_SELECT
+from ..rows import HoldRow
 from ..schemas import HoldCreate, HoldOut, HoldPage
 from ..tables import holds
 
 blueprint = Blueprint("tasks_holds", __name__)
 HOLD_OUT = HoldOut()
-_creator = principals.alias("creator")
-_lifter = principals.alias("lifter")
-HOLD_SELECT = sa.select(
-    holds,
-    _creator.c.public_id.label("created_by_public_id"),
-    _lifter.c.public_id.label("lifted_by_public_id"),
-).select_from(
-    holds.outerjoin(_creator, _creator.c.id == holds.c.created_by).outerjoin(
-        _lifter, _lifter.c.id == holds.c.lifted_by
-    )
-)
 
 
-async def _render(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]:
+async def _render(conn: Transaction, row: HoldRow) -> dict[str, Any]:
     return HOLD_OUT.dump(  # type: ignore[no-any-return]
         {
-            "id": row["public_id"],
-            "scope": {
-                "type": row["scope_type"],
-                "id": await scope_public_id(conn, row["scope_type"], row["scope_pk"]),
-            },
-            "strength": row["strength"],
-            "reason": row["reason"],
-            "created_by": row["created_by_public_id"],
-            "created_at": row["created_at"],
-            "lifted_by": row["lifted_by_public_id"],
-            "lifted_at": row["lifted_at"],
+            **await describe_hold(conn, row),
+            "created_by": row.created_by_id,
+            "created_at": row.created_at,
+            "lifted_by": row.lifted_by_id,
+            "lifted_at": row.lifted_at,
         }
     )
 
@@ -59,7 +42,7 @@ async def _shown(conn: Transaction, which: Any) -> dict[str, Any]:
     """The hold ``which`` selects, as the API shows it."""
     row = await conn.fetch_one(HOLD_SELECT.where(which))
     assert row is not None
-    return await _render(conn, dict(row))
+    return await _render(conn, HoldRow.of(row))
 
 
 @blueprint.post("/v1/spaces/<space>/holds")
@@ -131,6 +114,6 @@ async def list_holds(access: SpaceAccess) -> Response:
     if page.after is not None:
         query = query.where(older_than(holds, page.after[0]))
     async with app.db.read() as conn:
-        rows = [dict(r) for r in await conn.fetch_all(query)]
+        rows = [HoldRow.of(r) for r in await conn.fetch_all(query)]
         items = [await _render(conn, r) for r in rows[: page.limit]]
-    return json_response(page_body(items, rows, page.limit, lambda r: (r["public_id"],)))
+    return json_response(page_body(items, rows, page.limit, lambda r: (r.id,)))
