@@ -10,7 +10,7 @@ may override with a reason, and the audit trail says so.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -21,6 +21,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.ids import new_id
 from buildmax.problems import NotFound, ValidationFailed
 
+from .authority import Authority
 from .change import Change
 from .engine import StageEngine
 from .holds import describe_hold, holds_covering
@@ -36,16 +37,6 @@ from .problems import (
 from .records import ATTEMPT_SELECT, attempt_ref, load_attempt, load_task_by_pk, task_ref
 from .rows import AttemptRow, SubmissionRow, TaskRow
 from .tables import attempts, checkpoints, submission_artifacts, submissions, tasks
-
-
-@dataclass(frozen=True)
-class Authority:
-    """Who asks to act on an attempt, and whether they may override."""
-
-    principal_pk: int
-    scope_id: str | None
-    may_override: bool
-    override_reason: str | None
 
 
 async def fenced(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -19,7 +20,8 @@ from buildmax.problems import NotFound
 from buildmax.spaces import member_role
 from buildmax.tables import principals, spaces
 
-from .attempts import Authority, fenced, submit
+from .attempts import fenced, submit
+from .authority import authority
 from .change import Change
 from .claims import claim_named
 from .decisions import open_decision
@@ -142,14 +144,10 @@ class SqlTaskQueue:
         if principal_pk is None:
             raise NotAttemptOwner("only a principal acts on an attempt")
         role = await member_role(tx, space["id"], principal_pk)
-        authority = Authority(
-            principal_pk=principal_pk,
-            scope_id=actor.scope_id if actor.scope_type == "attempt" else None,
-            may_override=role in ("admin", "owner") or actor.system_role == "admin",
-            override_reason=override_reason,
-        )
         ch = Change(self._app, tx, actor, space["id"], space["public_id"], self._app.clock.now_ms())
-        row, _ = await fenced(ch, attempt_id, generation, authority)
+        row, _ = await fenced(
+            ch, attempt_id, generation, authority(principal_pk, actor, role, override_reason)
+        )
         return attempt_ref(row)
 
     async def hand_in(
@@ -173,19 +171,15 @@ class SqlTaskQueue:
         )
         if principal_pk is None:
             raise NotAttemptOwner("only a principal hands in work")
-        authority = Authority(
-            principal_pk=principal_pk,
-            scope_id=actor.scope_id if actor.scope_type == "attempt" else None,
-            may_override=False,
-            override_reason=None,
-        )
+        # Hands in its own work only: nobody overrides here.
+        by = replace(authority(principal_pk, actor, None, None), may_override=False)
         active = await tx.fetch_one(
             ATTEMPT_SELECT.where(attempts.c.task_id == task.pk, attempts.c.state == "active")
         )
         held = AttemptRow.of(active) if active is not None else None
         if held is not None and held.claimant_pk == principal_pk:
             attempt_id, at = held.id, generation or held.generation
-        elif actor.kind == "human" and authority.scope_id is None and generation is None:
+        elif actor.kind == "human" and by.scope_id is None and generation is None:
             settings = task_settings(self._app)
             claim = await claim_named(ch, principal_pk, task_id, settings.lease_seconds * 1000)
             attempt_id, at = claim.attempt.id, claim.attempt.generation
@@ -197,7 +191,7 @@ class SqlTaskQueue:
                 "in at once)",
                 state=task.state,
             )
-        row, locked = await fenced(ch, attempt_id, at, authority)
+        row, locked = await fenced(ch, attempt_id, at, by)
         body = {
             "summary": summary,
             "candidate": dict(candidate),

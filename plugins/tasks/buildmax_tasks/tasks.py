@@ -8,7 +8,6 @@ audits and announces what it did. The routes authorize, parse and render.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +16,7 @@ from buildmax.ids import new_id
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
 from .attempts import cancel_task as end_task_and_attempt
+from .authority import Authority
 from .change import Change
 from .engine import StageEngine, stranded
 from .graph import add_dependency, lock_graph, remove_dependency
@@ -25,16 +25,6 @@ from .problems import InvalidState, RevisionConflict
 from .records import agent_pk, find_project, load_task, task_or_404
 from .rows import TaskRow
 from .tables import attempts, dependencies, task_revisions, tasks
-
-
-@dataclass(frozen=True)
-class Editor:
-    """Who edits a task: the principal, and whether (with a reason) they may
-    override another principal's attempt on it."""
-
-    principal_pk: int
-    may_override: bool
-    override_reason: str | None = None
 
 
 async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
@@ -112,7 +102,7 @@ async def _prerequisites(ch: Change, refs: list[str]) -> list[TaskRow]:
     return found
 
 
-async def require_editable(ch: Change, task: TaskRow, editor: Editor) -> None:
+async def require_editable(ch: Change, task: TaskRow, editor: Authority) -> None:
     """Members edit unowned work; a task another principal holds needs an
     admin or owner override with a reason."""
     if task.state != "claimed":
@@ -138,7 +128,7 @@ async def revise_task(
     ch: Change,
     task_id: str,
     expected_revision: int,
-    editor: Editor,
+    editor: Authority,
     changes: dict[str, Any],
 ) -> None:
     """Apply ``changes`` (title, body, criteria, priority, labels,
@@ -217,7 +207,7 @@ async def remove_prerequisite(ch: Change, task_id: str, prerequisite_id: str) ->
     await ch.event("task.dependency.removed", task_id=row.id, prerequisite_id=prereq.id)
 
 
-async def cancel(ch: Change, task_id: str, reason: str, editor: Editor) -> None:
+async def cancel(ch: Change, task_id: str, reason: str, editor: Authority) -> None:
     """Cancel a task for good, with its active attempt and unfinished stage
     work; stage work only by someone who may override."""
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)

@@ -18,6 +18,7 @@ from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.pagination import page_body, page_request
 
+from ..authority import Authority, authority
 from ..engine import StageEngine, stage_engine
 from ..records import task_or_404
 from ..rows import TaskRow
@@ -38,9 +39,10 @@ def tasks_state(app: BuildMax) -> TasksState:
     return TasksState(stage_engine(app), task_settings(app))
 
 
-def may_override(access: SpaceAccess, caller: Caller) -> bool:
-    """Space admins and owners (and system admins) may act on others' attempts."""
-    return access.role in ("admin", "owner") or caller.is_admin
+def caller_authority(access: SpaceAccess, caller: Caller, reason: str | None) -> Authority:
+    """The caller's authority over tasks and attempts of the space
+    (``reason``: the override reason its body gave, if any)."""
+    return authority(caller.principal_pk, caller.actor, access.role, reason)
 
 
 def lease_ms(settings: TaskSettings, requested: int | None) -> int:

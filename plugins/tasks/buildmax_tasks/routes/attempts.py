@@ -54,7 +54,7 @@ from ..schemas import (
 )
 from ..tables import attempts, submissions
 from ..views import attempt_body, submission_body, task_body
-from . import lease_ms, may_override, render_one, task_children, tasks_state
+from . import caller_authority, lease_ms, render_one, task_children, tasks_state
 
 if TYPE_CHECKING:
     from ..engine import StageEngine
@@ -156,15 +156,6 @@ async def claim_next_route(caller: Caller, access: SpaceAccess, data: dict[str, 
     return work
 
 
-def _authority(access: SpaceAccess, caller: Caller, reason: str | None) -> ops.Authority:
-    return ops.Authority(
-        principal_pk=caller.principal_pk,
-        scope_id=caller.actor.scope_id if caller.actor.scope_type == "attempt" else None,
-        may_override=may_override(access, caller),
-        override_reason=reason,
-    )
-
-
 Operation = Callable[[Change, AttemptRow, TaskRow, dict[str, Any]], Awaitable[Reply]]
 
 
@@ -180,7 +171,7 @@ def _on_attempt(
     """The work of a report on an attempt: fence the attempt, then run
     ``operation`` in the same write transaction."""
     app = current_buildmax()
-    authority = _authority(access, caller, data.get("override_reason"))
+    authority = caller_authority(access, caller, data.get("override_reason"))
     if authority.scope_id is not None and authority.scope_id != attempt:
         # Refused before the idempotency layer, which would otherwise replay
         # the principal's stored answer for that other attempt.

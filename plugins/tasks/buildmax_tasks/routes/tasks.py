@@ -51,14 +51,10 @@ from ..tables import (
     tasks,
 )
 from ..views import render_tasks
-from . import may_override, render_one, task_children, tasks_state
+from . import caller_authority, render_one, task_children, tasks_state
 
 blueprint = Blueprint("tasks_tasks", __name__)
 REVISION_OUT = RevisionOut()
-
-
-def _editor(access: SpaceAccess, caller: Caller, reason: str | None) -> tasks_domain.Editor:
-    return tasks_domain.Editor(caller.principal_pk, may_override(access, caller), reason)
 
 
 async def _dependencies(conn: Transaction, task_pk: int) -> dict[str, Any]:
@@ -252,7 +248,7 @@ async def update(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
     """Changing title, body or criteria makes a new immutable revision."""
     app = current_buildmax()
     expected = data.pop("expected_revision")
-    editor = _editor(access, caller, data.pop("override_reason"))
+    editor = caller_authority(access, caller, data.pop("override_reason"))
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
@@ -358,7 +354,7 @@ async def cancel(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
     """Its active attempt and unfinished stage work are canceled too."""
     app = current_buildmax()
 
-    editor = _editor(access, caller, data["override_reason"])
+    editor = caller_authority(access, caller, data["override_reason"])
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
