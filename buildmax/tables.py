@@ -8,12 +8,38 @@ Timestamps are UTC epoch milliseconds (BigInteger).
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
 
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Millis = sa.BigInteger
+
+
+def row_field(column: sa.Column[Any]) -> str:
+    """The field a typed row reads ``column`` into: ``pk`` for the numeric
+    key ``id``, ``id`` for ``public_id``, ``<name>_pk`` for another numeric
+    key (``task_id``, or ``created_by`` by its foreign key); text columns and
+    plain values keep their names (``token_id`` holds a public id)."""
+    if column.name == "id":
+        return "pk"
+    if column.name == "public_id":
+        return "id"
+    if isinstance(column.type, sa.Text):
+        return column.name
+    if column.name.endswith("_id"):
+        return column.name.removesuffix("_id") + "_pk"
+    if column.foreign_keys:
+        return column.name + "_pk"
+    return column.name
+
+
+def keyed(table: sa.Table) -> list[sa.Label[Any]]:
+    """Every column of ``table`` labelled with its :func:`row_field`: select
+    them to read rows straight into a dataclass of those fields."""
+    return [column.label(row_field(column)) for column in table.c]
 
 
 def one_of(column: str, values: tuple[str, ...]) -> str:

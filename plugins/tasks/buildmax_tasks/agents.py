@@ -10,11 +10,12 @@ from buildmax_hookspecs import AgentRevisionRef, Verdict
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NameTaken
+from buildmax.tables import keyed
 
 from .change import Change
 from .problems import AgentRevisionRefused, RevisionConflict
 from .records import find_agent
-from .rows import AgentRow, keyed
+from .rows import AgentRow
 from .tables import agent_plugins, agent_revisions, agents
 
 

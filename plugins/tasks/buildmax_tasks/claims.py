@@ -25,6 +25,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NotFound
+from buildmax.tables import row_field
 
 from .attempt_tokens import issue_attempt_token
 from .change import Change, change
@@ -49,7 +50,7 @@ from .records import (
     load_task_by_pk,
     task_ref,
 )
-from .rows import AgentRevisionRow, AttemptRow, TaskRow, field_name
+from .rows import AgentRevisionRow, AttemptRow, TaskRow
 from .tables import agent_revisions, agents, attempts, reservations, tasks
 
 if TYPE_CHECKING:
@@ -307,7 +308,7 @@ async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
 
 _INSERT_ATTEMPT = (
     attempts.insert()
-    .values({c.name: sa.bindparam(field_name(c)) for c in attempts.c if c.name != "id"})
+    .values({c.name: sa.bindparam(row_field(c)) for c in attempts.c if c.name != "id"})
     .returning(attempts.c.id)
 )
 _POINT_AT = (

@@ -10,12 +10,13 @@ import sqlalchemy as sa
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NameTaken
+from buildmax.tables import keyed
 
 from .change import Change
 from .engine import current_policy
 from .problems import RevisionConflict
 from .records import find_project
-from .rows import ProjectRow, keyed
+from .rows import ProjectRow
 from .tables import policies, projects
 
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, TaskRef, Transaction
 
 from buildmax.problems import NotFound, ValidationFailed
-from buildmax.tables import principals, spaces
+from buildmax.tables import keyed, principals, spaces
 
 from .rows import (
     AgentRevisionRow,
@@ -25,7 +25,6 @@ from .rows import (
     ProjectRow,
     SubmissionRow,
     TaskRow,
-    keyed,
 )
 from .tables import (
     agent_revisions,

@@ -8,8 +8,8 @@ contract's records carry. JSON columns stay text here (they are parsed
 where they are shown).
 
 Each row is read with a SELECT of :mod:`buildmax_tasks.records` whose
-column labels are the dataclass's fields; :func:`keyed` labels a table's
-own columns by the rule above.
+column labels are the dataclass's fields; :func:`buildmax.tables.keyed`
+labels a table's own columns by the rule above.
 """
 
 from __future__ import annotations
@@ -17,28 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import sqlalchemy as sa
-
-
-def field_name(column: sa.Column[Any]) -> str:
-    """The row field a table column is read into, by the module's rule."""
-    if column.name == "id":
-        return "pk"
-    if column.name == "public_id":
-        return "id"
-    if isinstance(column.type, sa.Text):
-        return column.name  # a public id kept as text (``token_id``) or plain text
-    if column.name.endswith("_id"):
-        return column.name.removesuffix("_id") + "_pk"
-    if column.foreign_keys:
-        return column.name + "_pk"  # ``created_by``: a principal's numeric key
-    return column.name
-
-
-def keyed(table: sa.Table) -> list[sa.Label[Any]]:
-    """Every column of ``table``, labelled with its row field."""
-    return [column.label(field_name(column)) for column in table.c]
 
 
 @dataclass(frozen=True, slots=True)

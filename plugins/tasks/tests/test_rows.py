@@ -17,9 +17,10 @@ from buildmax_tasks.rows import (
     ProjectRow,
     SubmissionRow,
     TaskRow,
-    field_name,
 )
 from buildmax_tasks.tables import attempts, holds, projects, tasks
+
+from buildmax.tables import row_field
 
 pytestmark = pytest.mark.engine_independent
 
@@ -61,11 +62,11 @@ def test_keys_end_in_pk_and_public_ids_in_id(select: sa.Select, row: type) -> No
 
 
 def test_the_rule_names_table_columns() -> None:
-    assert field_name(tasks.c.id) == "pk"
-    assert field_name(tasks.c.public_id) == "id"
-    assert field_name(tasks.c.current_attempt_id) == "current_attempt_pk"
-    assert field_name(tasks.c.created_by) == "created_by_pk"
-    assert field_name(attempts.c.token_id) == "token_id"  # a token's public id, as text
-    assert field_name(projects.c.name) == "name"
-    assert field_name(holds.c.scope_pk) == "scope_pk"
-    assert field_name(holds.c.lifted_by) == "lifted_by_pk"  # a principal, by foreign key
+    assert row_field(tasks.c.id) == "pk"
+    assert row_field(tasks.c.public_id) == "id"
+    assert row_field(tasks.c.current_attempt_id) == "current_attempt_pk"
+    assert row_field(tasks.c.created_by) == "created_by_pk"
+    assert row_field(attempts.c.token_id) == "token_id"  # a token's public id, as text
+    assert row_field(projects.c.name) == "name"
+    assert row_field(holds.c.scope_pk) == "scope_pk"
+    assert row_field(holds.c.lifted_by) == "lifted_by_pk"  # a principal, by foreign key
