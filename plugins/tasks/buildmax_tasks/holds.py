@@ -87,7 +87,8 @@ _PENDING = DECISION_SELECT.where(
 
 
 async def holds_covering(conn: Transaction, task: TaskRow) -> list[HoldRow]:
-    """The live holds covering a task (space, its project, itself), strongest first."""
+    """The live holds covering a task (space, its project, itself): by strength
+    name, ``suspended`` before ``stopped``, then oldest first."""
     rows = await conn.fetch_all(
         _COVERING,
         {"space_pk": task.space_pk, "project_pk": task.project_pk, "task_pk": task.pk},

@@ -34,9 +34,10 @@ _PENDING_IN_SPACE = (
     )
     .order_by(decisions.c.id)
 )
+#: The space's live holds, in the order they were placed (a task shows them so).
 _LIVE_HOLDS = HOLD_SELECT.where(
     holds.c.space_id == sa.bindparam("space_pk"), holds.c.lifted_at.is_(None)
-)
+).order_by(holds.c.id)
 ATTEMPT_OUT = AttemptOut()
 SUBMISSION_OUT = SubmissionOut()
 

@@ -5,10 +5,12 @@ that nothing else changed."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from buildmax_hookspecs import StageSpec, TaskQueue, Verdict, hookimpl
 from buildmax_tasks.tables import (
     agent_revisions,
@@ -279,6 +281,56 @@ async def test_a_plain_member_may_neither_define_nor_revise_an_agent(work, audit
     assert audit_log.events == []
     shown = await work.call("GET", "/agents/coder", work.agent, expect=200)
     assert shown["revision"]["number"] == 1
+
+
+async def test_a_concurrent_agent_revision_names_the_revision_it_lost_to(work, make_principal):
+    """Two revisions of one agent at once, both expecting revision 1: one is
+    revision 2, the other is 409 naming revision 2 (the one it lost to), and
+    no third revision is written.
+
+    Mutation caught: agents.py ``revise_agent`` reading the newest revision
+    number before taking the agent's lock (both are 201 on PostgreSQL)."""
+    admin = await make_principal("human")
+    await work.call("PUT", f"/members/{admin.id}", json={"role": "admin"}, expect=200)
+    await work.call("POST", "/agents", json={"name": "coder", "plugins": []}, expect=201)
+    body = {"expected_revision": 1, "instructions": "x", "plugins": []}
+
+    answers = await asyncio.gather(
+        work.call("POST", "/agents/coder/revisions", json=body),
+        work.call("POST", "/agents/coder/revisions", admin, json=body),
+    )
+
+    (lost,) = [a for a in answers if a.get("status") == 409]
+    (won,) = [a for a in answers if a.get("status") != 409]
+    assert won["revision"]["number"] == 2
+    assert lost["type"].endswith(":revision-conflict")
+    assert lost["revision"] == 2
+    assert lost["detail"] == "the agent is at revision 2, not 1"
+    assert sorted(r["number"] for r in await work.rows(agent_revisions)) == [1, 2]
+
+
+async def test_a_task_shows_its_holds_in_the_order_they_were_placed(work, make_principal):
+    """``held_by`` lists the holds in placement order whatever the planner
+    does once the tables have statistics (ANALYZE, as autovacuum runs it).
+
+    Mutation caught: views.py ``_LIVE_HOLDS`` without its ``ORDER BY`` (on
+    PostgreSQL the holds come back in their placers' order)."""
+    admin = await make_principal("human")
+    await work.call("PUT", f"/members/{admin.id}", json={"role": "admin"}, expect=200)
+    task = await work.task()
+    for who, scope, target, reason in (
+        (admin, "task", task["id"], "first"),
+        (work.owner, "project", "main", "second"),
+        (admin, "space", None, "third"),
+    ):
+        body = {"scope": scope, "target": target, "strength": "suspended", "reason": reason}
+        await work.call("POST", "/holds", who, json=body, expect=201)
+    async with work.app.db.write() as tx:
+        await tx.execute(sa.text("ANALYZE"))
+
+    shown = await work.call("GET", f"/tasks/{task['id']}", work.viewer, expect=200)
+
+    assert [h["reason"] for h in shown["held_by"]] == ["first", "second", "third"]
 
 
 # -- editing and cancelling --------------------------------------------------------
