@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import sqlalchemy as sa
+from buildmax_hookspecs import SYSTEM_ACTOR
 from click.testing import CliRunner
 
 from buildmax.app import create_app
@@ -73,9 +74,11 @@ def test_db_migrate_and_status_commands(tmp_path, buildmax_database_url):
     if buildmax_database_url.startswith("postgresql"):
         args = ["--database-url", buildmax_database_url]
     if not buildmax_database_url.startswith("postgresql"):
+        # status reads: it refuses a database that does not exist, creating nothing
         before = runner.invoke(cli_module.cli, ["db", "status", *args])
-        assert before.exit_code == 0, before.output  # status works on a fresh database
-        assert "pending" in before.output
+        assert before.exit_code == 1, before.output
+        assert "no BuildMax database in" in before.output and "--data-dir" in before.output
+        assert not (tmp_path / "d").exists()
     first = runner.invoke(cli_module.cli, ["db", "migrate", *args])
     assert first.exit_code == 0, first.output
     second = runner.invoke(cli_module.cli, ["db", "migrate", *args])
@@ -170,6 +173,15 @@ async def test_commands_refuse_a_schema_that_is_not_the_codes_naming_what_to_run
     async with app.db.write() as tx:
         await tx.execute(
             sa.delete(schema_migrations).where(schema_migrations.c.plugin == "testplugin")
+        )
+        # One event to verify: a trail with none fails verification, saying so.
+        await app.audit.record(
+            tx,
+            SYSTEM_ACTOR,
+            "principal.created",
+            target_type="principal",
+            target_id="pr_verified",
+            details={"kind": "agent", "name": "verified", "system_role": None},
         )
     verified = await asyncio.to_thread(run, "audit", "verify")
     assert verified.exit_code == 0, verified.output

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Collection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -82,19 +83,40 @@ async def _require_current_schema(app: BuildMax, plugins: Collection[str] | None
         )
 
 
+def refuse_missing_database(settings: Config) -> None:
+    """Refuse, creating nothing, to open an embedded (SQLite) database that
+    does not exist: the message names the file looked for and how to name
+    the server's data directory."""
+    if settings.engine != "sqlite":
+        return  # connecting to PostgreSQL never creates a database
+    path = Path(settings.effective_database_url.removeprefix("sqlite:///"))
+    if not path.is_file():
+        raise click.ClickException(
+            f"no BuildMax database in {path.parent} (looked for {path.name}): name the "
+            "server's data directory with --data-dir (or BUILDMAX_DATA_DIR, or data_dir in "
+            "the configuration file); a new deployment creates its database with "
+            "`buildmax db migrate` or `buildmax serve`"
+        )
+
+
 def with_app(
     settings: Config,
     work: Callable[[Any], Awaitable[T]],
     *,
     current_schema: bool = True,
     schema_of: Collection[str] | None = None,
+    create: bool = False,
 ) -> T:
     """Run ``work(app)`` with a connected (not serving) app, then close it.
 
     With ``current_schema`` (the default), a database whose schema is not
     the code's (pending migrations, or newer) is refused with a message
     saying what to run; ``schema_of`` limits that check to the plugins the
-    command reads (``"kernel"`` for the kernel's tables)."""
+    command reads (``"kernel"`` for the kernel's tables). Only a command
+    that may ``create`` the database (``db migrate``) opens one that does
+    not exist; every other command is refused, creating nothing."""
+    if not create:
+        refuse_missing_database(settings)
 
     async def go() -> T:
         app = await _open_app(settings)
@@ -236,7 +258,10 @@ def db_migrate(config_path: str | None, data_dir: str | None, database_url: str 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
     applied = with_app(
-        settings, lambda app: migrate(app.db, app.migrations(), app.clock), current_schema=False
+        settings,
+        lambda app: migrate(app.db, app.migrations(), app.clock),
+        current_schema=False,
+        create=True,
     )
     if not applied:
         click.echo("Nothing to migrate: the database is current.")

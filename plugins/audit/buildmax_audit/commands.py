@@ -171,6 +171,9 @@ def verify_command(
             return await verify_database(app, await _chain(app, space))
 
         reports = with_app(settings, work, schema_of=_TABLES_READ)
+    if all(report.ok and not report.events for report in reports):
+        where = file if file is not None else "the database"
+        raise click.ClickException(f"{where} holds no audit event: nothing was verified")
     _show(reports)
     broken = [report for report in reports if not report.ok]
     if broken:
