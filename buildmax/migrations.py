@@ -125,9 +125,9 @@ async def migration_status(
 ) -> list[PluginMigrationStatus]:
     """Every namespace known to the code or the database, sorted by name."""
     grouped = group_migrations(migrations)
-    await _ensure_table(db)
     async with db.read() as conn:
-        applied = await _applied(conn)
+        # Reading the status creates nothing: no table yet means nothing applied.
+        applied = await _applied(conn) if await _table_exists(conn) else {}
     result = []
     # The kernel's tables come first: plugins' tables refer to them.
     for plugin in sorted(set(grouped) | set(applied), key=lambda name: (name != KERNEL, name)):
@@ -157,6 +157,7 @@ def refuse_if_ahead(statuses: Sequence[PluginMigrationStatus]) -> None:
 
 async def migrate(db: Database, migrations: Iterable[Migration], clock: Clock) -> list[Migration]:
     """Apply every pending migration; return the ones applied (empty = no-op)."""
+    await _ensure_table(db)
     statuses = await migration_status(db, migrations)
     refuse_if_ahead(statuses)
     applied: list[Migration] = []

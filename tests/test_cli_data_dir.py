@@ -94,3 +94,25 @@ def test_db_migrate_creates_the_database_it_is_asked_to(empty: Path) -> None:
     code, output = invoke("db", "status", "--data-dir", "data")
     assert code == 0, output
     assert "pending" not in output
+
+
+def test_an_empty_database_file_is_refused_and_left_as_it_is(empty: Path) -> None:
+    data = empty / "buildmax-data"
+    data.mkdir()
+    (data / "buildmax.db").touch()
+
+    code, output = invoke("audit", "verify")
+
+    assert code == 1, output
+    assert f"no BuildMax database in {data}" in output
+    assert everything_under(empty) == ["buildmax-data", "buildmax-data/buildmax.db"]
+    assert (data / "buildmax.db").stat().st_size == 0
+
+
+def test_a_database_url_is_named_when_it_chose_the_file(empty: Path) -> None:
+    code, output = invoke("db", "status", "--database-url", f"sqlite:///{empty}/other.db")
+
+    assert code == 1, output
+    assert f"no BuildMax database in {empty} (looked for other.db)" in output
+    assert "--database-url" in output
+    assert everything_under(empty) == []

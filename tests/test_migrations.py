@@ -198,3 +198,35 @@ async def test_commands_refuse_a_schema_that_is_not_the_codes_naming_what_to_run
         )
     newer = await asyncio.to_thread(run, "audit", "verify")
     assert newer.exit_code == 1 and "newer than this code for audit" in newer.output
+
+
+async def test_reading_the_migration_status_creates_no_table(
+    buildmax_engine, buildmax_pg_server, tmp_path
+):
+    """``db status``, the readiness probe and every reading command ask for
+    the status: on an empty database it reports every plugin pending and
+    creates nothing (not even ``schema_migrations``)."""
+    import uuid
+
+    from buildmax.database import open_database, servers
+    from buildmax.migrations import migration_status
+
+    name = f"bmx_empty_{uuid.uuid4().hex[:12]}"
+    if buildmax_engine == "postgresql":
+        url = await servers.create_database(buildmax_pg_server, name)
+        query = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+    else:
+        url = f"sqlite:///{tmp_path / name}.db"
+        query = "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+    db = open_database(url)
+    await db.connect()
+    try:
+        statuses = await migration_status(db, [])
+        async with db.read() as conn:
+            tables = await conn.fetch_val(sa.text(query))
+    finally:
+        await db.close()
+        if buildmax_engine == "postgresql":
+            await servers.drop_database(buildmax_pg_server, name)
+    assert statuses == []
+    assert tables == 0

@@ -85,18 +85,23 @@ async def _require_current_schema(app: BuildMax, plugins: Collection[str] | None
 
 def refuse_missing_database(settings: Config) -> None:
     """Refuse, creating nothing, to open an embedded (SQLite) database that
-    does not exist: the message names the file looked for and how to name
-    the server's data directory."""
+    does not exist (or is an empty file): the message names the file looked
+    for and how to name the server's database."""
     if settings.engine != "sqlite":
         return  # connecting to PostgreSQL never creates a database
-    path = Path(settings.effective_database_url.removeprefix("sqlite:///"))
-    if not path.is_file():
-        raise click.ClickException(
-            f"no BuildMax database in {path.parent} (looked for {path.name}): name the "
-            "server's data directory with --data-dir (or BUILDMAX_DATA_DIR, or data_dir in "
-            "the configuration file); a new deployment creates its database with "
-            "`buildmax db migrate` or `buildmax serve`"
-        )
+    path = Path(settings.effective_database_url.removeprefix("sqlite:///")).absolute()
+    if path.is_file() and path.stat().st_size > 0:
+        return
+    how = (
+        "--database-url (or BUILDMAX_DATABASE_URL)"
+        if settings.database_url
+        else "--data-dir (or BUILDMAX_DATA_DIR, or data_dir in the configuration file)"
+    )
+    raise click.ClickException(
+        f"no BuildMax database in {path.parent} (looked for {path.name}): name the "
+        f"server's database with {how}; a new deployment creates its database with "
+        "`buildmax db migrate` or `buildmax serve`"
+    )
 
 
 def with_app(

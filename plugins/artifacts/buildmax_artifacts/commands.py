@@ -8,8 +8,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import click
+import sqlalchemy as sa
 from buildmax_hookspecs import App
 
 from buildmax.commands.identity import CommandError, Remote, connected, space_option
@@ -22,6 +24,7 @@ from buildmax.commands.server import (
 )
 
 from .client import ArtifactsClient, CorruptDownload
+from .tables import artifacts
 
 ARTIFACT_COLUMNS = ("id", "name", "media_type", "size", "sha256", "pinned", "created_at")
 DETAIL_COLUMNS = (*ARTIFACT_COLUMNS, "task_id", "attempt_id", "created_by")
@@ -173,6 +176,32 @@ def pin_command(remote: Remote, space: str, artifact: str, off: bool) -> None:
     remote.show(changed, ARTIFACT_COLUMNS)
 
 
+def _missing_blob_root(url: str) -> Path | None:
+    """The local blob directory ``url`` names, when it does not exist."""
+    parts = urlsplit(url)
+    root = Path(unquote(parts.path))
+    return root if parts.scheme == "file" and not root.is_dir() else None
+
+
+async def _refuse_a_missing_blob_root(app: App, root: Path) -> None:
+    """A collector pointed at a local blob directory that does not exist
+    (run from the wrong directory) would find no blob and tombstone every
+    live artifact as lost: with live artifacts, refuse, naming the
+    directory and how to name the right one."""
+    async with app.db.read() as conn:
+        live = await conn.fetch_val(
+            sa.select(sa.func.count())
+            .select_from(artifacts)
+            .where(artifacts.c.deleted_at.is_(None))
+        )
+    if live:
+        raise click.ClickException(
+            f"no blob store at {root}, and the database holds {live} live artifact(s): name "
+            "the server's data directory with --data-dir (or blob_store_url in the "
+            "configuration file)"
+        )
+
+
 @artifacts_group.command("gc")
 @config_option
 @data_dir_option
@@ -198,7 +227,11 @@ def gc_command(
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
 
+    missing_root = _missing_blob_root(settings.effective_blob_store_url)
+
     async def work(app: App) -> Any:
+        if missing_root is not None:
+            await _refuse_a_missing_blob_root(app, missing_root)
         grace = artifact_settings(app).gc_grace_seconds if grace_seconds is None else grace_seconds
         with click.progressbar(length=0, label="collecting", file=sys.stderr) as bar:
             return await collect(app, grace_ms=grace * 1000, dry_run=dry_run, progress=bar.update)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from pathlib import Path
 
+import pytest
 from buildmax_artifacts import routes
 from buildmax_artifacts.gc import collect
 from buildmax_artifacts.quota import reserve
@@ -298,3 +300,35 @@ async def test_the_gc_command_reports_and_refuses_an_unmigrated_database(
     )
     assert refused.exit_code != 0
     assert "buildmax db migrate" in refused.output and "Traceback" not in refused.output
+
+
+@pytest.mark.parametrize("backend", ["file"], indirect=True)
+async def test_gc_pointed_at_a_blob_directory_that_does_not_exist_tombstones_nothing(
+    shelf, buildmax_settings, tmp_path
+):
+    """Run from the wrong directory, the collector would see no blob and
+    tombstone every live artifact as lost: it refuses, naming the blob
+    directory it looked for and --data-dir, and the artifact stays live.
+
+    Mutation caught: commands.py ``gc_command`` without
+    ``_refuse_a_missing_blob_root`` (the artifact is tombstoned as lost)."""
+    made = await shelf.upload(DATA)
+    database = buildmax_settings.database_url or (
+        f"sqlite:///{Path(buildmax_settings.data_dir) / 'buildmax.db'}"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    _register_commands()
+
+    refused = await asyncio.to_thread(
+        CliRunner().invoke,
+        cli,
+        ["artifacts", "gc", "--database-url", database, "--data-dir", str(elsewhere)],
+        env={"BUILDMAX_CONFIG": None, "BUILDMAX_BLOB_STORE_URL": None},
+    )
+
+    assert refused.exit_code == 1, refused.output
+    assert f"no blob store at {elsewhere / 'blobs'}, and the database holds 1" in refused.output
+    assert "--data-dir" in refused.output
+    assert not elsewhere.exists()
+    shown = await shelf.client.get(f"{shelf.base}/{made['id']}", headers=shelf.member.headers)
+    assert shown.status_code == 200
