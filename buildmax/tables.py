@@ -42,6 +42,17 @@ def keyed(table: sa.Table) -> list[sa.Label[Any]]:
     return [column.label(row_field(column)) for column in table.c]
 
 
+def keyed_insert(table: sa.Table) -> sa.Insert:
+    """``INSERT`` of every column of ``table`` but its key, each value bound
+    by its :func:`row_field` (``task_pk``, ``id``, ...), returning the new
+    key: the values of a typed row, less ``pk``, are its parameters."""
+    return (
+        table.insert()
+        .values({c.name: sa.bindparam(row_field(c)) for c in table.c if c.name != "id"})
+        .returning(table.c.id)
+    )
+
+
 def one_of(column: str, values: tuple[str, ...]) -> str:
     """A CHECK condition: ``column`` holds one of ``values`` (``state IN ('a', 'b')``)."""
     return f"{column} IN ({', '.join(repr(v) for v in values)})"

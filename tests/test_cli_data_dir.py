@@ -116,3 +116,13 @@ def test_a_database_url_is_named_when_it_chose_the_file(empty: Path) -> None:
     assert f"no BuildMax database in {empty} (looked for other.db)" in output
     assert "--database-url" in output
     assert everything_under(empty) == []
+
+
+def test_a_database_path_that_is_a_directory_is_refused_and_left_empty(empty: Path) -> None:
+    (empty / "buildmax-data" / "buildmax.db").mkdir(parents=True)
+
+    code, output = invoke("db", "status")
+
+    assert code == 1, output
+    assert "no BuildMax database in" in output
+    assert everything_under(empty) == ["buildmax-data", "buildmax-data/buildmax.db"]

@@ -20,6 +20,7 @@ from buildmax_hookspecs import SubmissionRef, Verdict
 from buildmax.clock import to_rfc3339
 from buildmax.ids import new_id
 from buildmax.problems import NotFound, ValidationFailed
+from buildmax.tables import keyed_insert
 
 from .authority import Authority
 from .change import Change
@@ -232,6 +233,9 @@ async def give_up(
     return task.state
 
 
+_INSERT_SUBMISSION = keyed_insert(submissions)
+
+
 async def submit(
     ch: Change,
     engine: StageEngine,
@@ -251,24 +255,20 @@ async def submit(
         )
     public_id = new_id("sb")
     await _check_submission(ch, attempt, task, public_id, body)
-    candidate = json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True)
-    evidence = json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True)
-    pk = await ch.tx.fetch_val(
-        submissions.insert()
-        .values(
-            public_id=public_id,
-            task_id=task.pk,
-            attempt_id=attempt.pk,
-            generation=attempt.generation,
-            task_revision=task.revision,
-            submitted_by=attempt.claimant_pk,
-            summary=body["summary"],
-            candidate=candidate,
-            evidence=evidence,
-            created_at=ch.now,
-        )
-        .returning(submissions.c.id)
-    )
+    stored: dict[str, Any] = {
+        "id": public_id,
+        "task_pk": task.pk,
+        "attempt_pk": attempt.pk,
+        "generation": attempt.generation,
+        "task_revision": task.revision,
+        "submitted_by_pk": attempt.claimant_pk,
+        "summary": body["summary"],
+        "candidate": json.dumps(body["candidate"], separators=(",", ":"), sort_keys=True),
+        "evidence": json.dumps(body["evidence"], separators=(",", ":"), sort_keys=True),
+        "verdict": None,
+        "created_at": ch.now,
+    }
+    pk = await ch.tx.fetch_val(_INSERT_SUBMISSION, stored)
     artifact_ids = (
         json.dumps(body["artifacts"], separators=(",", ":")) if body["artifacts"] else None
     )
@@ -293,20 +293,10 @@ async def submit(
     )
     submission = SubmissionRow(
         pk=pk,
-        id=public_id,
-        task_pk=task.pk,
+        **stored,
         task_id=task.id,
-        attempt_pk=attempt.pk,
         attempt_id=attempt.id,
-        generation=attempt.generation,
-        task_revision=task.revision,
-        submitted_by_pk=attempt.claimant_pk,
         submitted_by_id=attempt.claimant_id,
-        summary=body["summary"],
-        candidate=candidate,
-        evidence=evidence,
-        verdict=None,
-        created_at=ch.now,
         artifact_ids=artifact_ids,
         extensions=body["extensions"],
     )

@@ -25,7 +25,7 @@ from buildmax.clock import to_rfc3339
 from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import NotFound
-from buildmax.tables import row_field
+from buildmax.tables import keyed_insert
 
 from .attempt_tokens import issue_attempt_token
 from .change import Change, change
@@ -306,11 +306,7 @@ async def retire_lapsed_in_space(ch: Change, limit: int) -> int:
     return len(rows)
 
 
-_INSERT_ATTEMPT = (
-    attempts.insert()
-    .values({c.name: sa.bindparam(row_field(c)) for c in attempts.c if c.name != "id"})
-    .returning(attempts.c.id)
-)
+_INSERT_ATTEMPT = keyed_insert(attempts)
 _POINT_AT = (
     sa.update(tasks)
     .where(tasks.c.id == sa.bindparam("pk"))
