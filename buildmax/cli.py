@@ -33,9 +33,10 @@ def cli(verbose: bool) -> None:
 
 
 def _register_commands() -> None:
-    from .commands import identity, server
+    from .commands import backup, identity, server
 
     server.register(cli)
+    backup.register(cli)
     identity.register(cli)
     try:
         settings = load_config()

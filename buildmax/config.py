@@ -35,6 +35,11 @@ class Config:
     database_url: str = ""
     #: Where blobs live; empty means ``file://<data_dir>/blobs``.
     blob_store_url: str = ""
+    #: Where ``buildmax backup create`` writes backups (one folder each,
+    #: their blobs shared under ``blobs/``).
+    backup_dir: str = "./buildmax-backups"
+    #: Folder of PostgreSQL's ``pg_dump``/``pg_restore``; empty: the PATH.
+    pg_bin_dir: str = ""
     host: str = "127.0.0.1"
     port: int = 8420
     workers: int = 1

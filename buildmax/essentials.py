@@ -17,7 +17,7 @@ from buildmax_hookspecs import App, AuditAction, Migration, hookimpl
 from .background import start_background, stop_background
 from .blobstore import FileBlobStore
 from .migrations import KERNEL, create_tables
-from .tables import KERNEL_TABLES, sign_in_failures
+from .tables import KERNEL_TABLES, backup_runs, sign_in_failures
 
 if TYPE_CHECKING:
     from .app import BuildMax
@@ -43,7 +43,8 @@ def buildmax_migrations() -> list[Migration]:
             1,
             "principals, tokens, spaces, members, receipts, events",
             create_tables(*KERNEL_TABLES),
-        )
+        ),
+        Migration(KERNEL, 2, "backup runs", create_tables(backup_runs)),
     ]
 
 
@@ -92,6 +93,17 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "principal_id",
             "replaces",
             target="token",
+        ),
+        _action(
+            "system.restored",
+            "The deployment was restored from a backup, in a new authority epoch",
+            "manifest_sha256",
+            "backup_created_at",
+            "revoked_tokens",
+            "kept_api_tokens",
+            "lost_blobs",
+            "event_id_stride",
+            "generation_stride",
         ),
         _action("space.created", "A space was created", "slug", "name", "owner_id", target="space"),
         _action("space.updated", "A space was renamed", "name", target="space"),

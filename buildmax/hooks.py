@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -28,10 +28,12 @@ from buildmax_hookspecs import (
     AttemptRef,
     AuditAction,
     AuditEvent,
+    BlobRef,
     GraderFactory,
     Migration,
     ReleaseRef,
     ResourceRef,
+    Restoration,
     StageSpec,
     SubmissionRef,
     TaskRef,
@@ -318,3 +320,37 @@ class Hooks:
             release=release,
             actor=actor,
         )
+
+    # -- backups -----------------------------------------------------------------------
+
+    async def backup_blobs(self, conn: Transaction) -> AsyncIterator[BlobRef]:
+        """``buildmax_backup_blobs``: every plugin's referenced blobs, one
+        plugin after another, read in the backup's snapshot ``conn``."""
+        for _plugin, blobs in self.each("buildmax_backup_blobs", conn=conn):
+            async for ref in blobs:
+                yield ref
+
+    async def backup_facts(self, conn: Transaction) -> dict[str, Mapping[str, Any]]:
+        """``buildmax_backup_facts``: each plugin's manifest facts, by plugin."""
+        facts = {}
+        for plugin, answer in self.each("buildmax_backup_facts", conn=conn):
+            facts[plugin] = await answer if inspect.isawaitable(answer) else answer
+        return facts
+
+    async def backup_check(self, app: App, facts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """``buildmax_backup_check``: every plugin's problems with a backup's
+        database, given the facts it recorded (by plugin)."""
+        problems: list[str] = []
+        with self._implementations("buildmax_backup_check") as impls:
+            for impl in impls:
+                answer = impl.function(app=app, facts=facts.get(impl.plugin_name, {}))
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                problems.extend(answer or ())
+        return problems
+
+    async def restored(self, tx: Transaction, restoration: Restoration) -> list[str]:
+        """``buildmax_restored``: every plugin's report lines on entering the
+        restore's new epoch."""
+        found = await self._acall("buildmax_restored", app=self.app, tx=tx, restoration=restoration)
+        return [line for lines in found for line in lines]

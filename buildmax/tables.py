@@ -170,6 +170,26 @@ sign_in_failures = sa.Table(
 sa.Index("sign_in_failures_name", sign_in_failures.c.name, sign_in_failures.c.at)
 sa.Index("sign_in_failures_address", sign_in_failures.c.address, sign_in_failures.c.at)
 
+#: One row per ``buildmax backup create``: its freshness for diagnostics,
+#: and, while it runs, the lease under which no collector deletes a blob.
+backup_runs = sa.Table(
+    "backup_runs",
+    metadata,
+    sa.Column("id", Id, primary_key=True, autoincrement=True),
+    sa.Column("started_at", Millis, nullable=False),
+    # Renewed while the backup copies; a run whose lease lapsed (its process
+    # died) holds nothing back.
+    sa.Column("lease_expires_at", Millis, nullable=False),
+    sa.Column("finished_at", Millis, nullable=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("manifest_sha256", sa.Text, nullable=True),
+    sa.Column("bytes", sa.BigInteger, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.CheckConstraint(one_of("state", ("running", "succeeded", "failed")), name="backup_state"),
+)
+sa.Index("backup_runs_started", backup_runs.c.started_at)
+
 #: Tables created by the kernel's first migration, in dependency order.
 KERNEL_TABLES = [
     principals,

@@ -26,6 +26,8 @@ READERS = [
     ["audit", "sweep"],
     ["artifacts", "gc"],
     ["artifacts", "gc", "--dry-run"],
+    ["backup", "create"],
+    ["backup", "create", "--output", "backups", "--keep", "2"],
 ]
 
 

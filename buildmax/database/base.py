@@ -160,6 +160,21 @@ class Tx:
                 log.exception("a callback after a transaction failed")
 
 
+class Snapshot:
+    """One consistent, read-only view of the whole database, held open for
+    a backup: ``conn`` reads in it; on SQLite :meth:`copy_to` copies it into
+    a file; on PostgreSQL ``exported`` names it for ``pg_dump --snapshot``."""
+
+    def __init__(self, conn: Tx, *, exported: str | None = None) -> None:
+        self.conn = conn
+        self.exported = exported
+
+    async def copy_to(self, path: str, progress: Callable[[int, int], None] | None = None) -> None:
+        """Copy the snapshot into a new database file at ``path``;
+        ``progress(done, total)`` counts pages. SQLite only."""
+        raise DatabaseError("this engine copies a snapshot with its own dump tool")
+
+
 class Database(Protocol):
     """The engine-independent database interface: what plugins see of it
     (:class:`buildmax_hookspecs.Database`), and opening and closing."""
@@ -181,6 +196,10 @@ class Database(Protocol):
 
         ``background=True`` is for long reads (exports): on SQLite they run
         in a reader thread instead of on the event loop."""
+
+    def snapshot(self) -> AbstractAsyncContextManager[Snapshot]:
+        """A :class:`Snapshot` on a connection of its own, held until the
+        block ends; writes go on meanwhile."""
 
 
 def refuse_nested() -> None:

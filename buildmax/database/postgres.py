@@ -25,7 +25,7 @@ from databases.backends.dialects.psycopg import dialect as databases_dialect
 from databases.core import Connection
 from sqlalchemy.engine.interfaces import Dialect
 
-from .base import DatabaseError, Params, Tx, transaction
+from .base import DatabaseError, Params, Snapshot, Tx, transaction
 from .statements import StatementCompiler
 
 
@@ -148,3 +148,25 @@ class PostgresDatabase:
                 yield reader
             finally:
                 reader.closed = True
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Snapshot]:
+        """A ``REPEATABLE READ READ ONLY`` transaction on a pooled connection,
+        its snapshot exported (``pg_export_snapshot()``) so that ``pg_dump
+        --snapshot`` dumps exactly what ``conn`` reads."""
+        conn = self._connection()
+        async with conn:
+            raw = conn.raw_connection
+            await raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                exported = await raw.fetchval("SELECT pg_export_snapshot()")
+                view = Snapshot(
+                    Tx(self.dialect, _Executor(conn, self._compiler)), exported=exported
+                )
+                try:
+                    yield view
+                finally:
+                    view.conn.closed = True
+            finally:
+                if raw.is_in_transaction():
+                    await raw.execute("ROLLBACK")

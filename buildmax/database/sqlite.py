@@ -48,7 +48,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ import aiosqlite
 from buildmax_hookspecs import Row
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from .base import DatabaseError, DatabaseLogFull, Params, Tx, refuse_nested, transaction
+from .base import DatabaseError, DatabaseLogFull, Params, Snapshot, Tx, refuse_nested, transaction
 from .statements import StatementCompiler
 
 log = logging.getLogger("buildmax.database")
@@ -79,6 +79,8 @@ RELIEF_BUSY_MS = 100
 #: After a relief checkpoint failed, writes are refused without trying again
 #: for this long (a pinned log stays pinned for a while).
 RELIEF_RETRY_S = 1.0
+#: Pages a backup copies per step (4 KiB each): progress is reported between steps.
+BACKUP_STEP_PAGES = 4096
 
 
 def _dict_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
@@ -398,3 +400,44 @@ class SQLiteDatabase:
         finally:
             reader.closed = True
             self._readers.put_nowait(conn)
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Snapshot]:
+        """A read transaction on a connection (and thread) of its own. The
+        write-ahead log cannot start over while it is held: keep it short."""
+        if self._writer is None:
+            raise DatabaseError("database is not connected")
+        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            conn.row_factory = _dict_row  # type: ignore[assignment]
+            await conn.execute_fetchall("PRAGMA query_only = ON")
+            await conn.execute_fetchall("BEGIN")
+            # The snapshot is taken by the first read, not by BEGIN.
+            await conn.execute_fetchall("SELECT count(*) FROM sqlite_master")
+            view = _SQLiteSnapshot(Tx(self.dialect, _Executor(conn, self._compiler)), conn)
+            try:
+                yield view
+            finally:
+                view.conn.closed = True
+        finally:
+            await conn.close()
+
+
+class _SQLiteSnapshot(Snapshot):
+    def __init__(self, conn: Tx, raw: aiosqlite.Connection) -> None:
+        super().__init__(conn)
+        self._raw = raw
+
+    async def copy_to(self, path: str, progress: Callable[[int, int], None] | None = None) -> None:
+        """SQLite's online backup of the snapshot, a few thousand pages a
+        step, into a new file at ``path``."""
+        target = sqlite3.connect(path, check_same_thread=False)
+        try:
+
+            def report(status: int, remaining: int, total: int) -> None:
+                if progress is not None:
+                    progress(total - remaining, total)
+
+            await self._raw.backup(target, pages=BACKUP_STEP_PAGES, progress=report, sleep=0)
+        finally:
+            target.close()

@@ -276,9 +276,10 @@ def make_space(app: BuildMax) -> Callable[..., Awaitable[SpaceHandle]]:
     return make
 
 
-@pytest.fixture
-async def live_server(app: BuildMax) -> AsyncIterator[str]:
-    """``app`` served by Hypercorn on a free local port; yields its base URL."""
+@contextlib.asynccontextmanager
+async def serving(app: BuildMax) -> AsyncIterator[str]:
+    """Serve a started ``app`` with Hypercorn on a free local port, for the
+    block; yields its base URL."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HypercornConfig
 
@@ -289,8 +290,8 @@ async def live_server(app: BuildMax) -> AsyncIterator[str]:
     config.graceful_timeout = 1
     stop = asyncio.Event()
 
-    # The app is already started by the ``app`` fixture: serve its ASGI
-    # interface without running its lifespan a second time.
+    # The app is already started: serve its ASGI interface without running
+    # its lifespan a second time.
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             message = await receive()
@@ -313,6 +314,13 @@ async def live_server(app: BuildMax) -> AsyncIterator[str]:
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, timeout=10)
+
+
+@pytest.fixture
+async def live_server(app: BuildMax) -> AsyncIterator[str]:
+    """``app`` served by Hypercorn on a free local port; yields its base URL."""
+    async with serving(app) as base:
+        yield base
 
 
 @pytest.fixture
@@ -358,6 +366,7 @@ __all__ = [
     "pg_drop_database",
     "probe_pg_server",
     "redact_url",
+    "serving",
     "start_server",
     "without_plugins",
 ]

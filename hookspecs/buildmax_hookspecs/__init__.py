@@ -5,7 +5,7 @@ the pluggy markers, the hookspec modules, the records hooks pass and the
 Protocols services implement. This package imports nothing of BuildMax.
 """
 
-from . import app, audit, auth, graders, storage, workflow
+from . import app, audit, auth, backup, graders, storage, workflow
 from .kernel import App, AuditTrail, Clock, Database, EventStream, ServiceRegistry, Settings
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
@@ -36,6 +36,7 @@ from .records import (
     Migration,
     ReleaseRef,
     ResourceRef,
+    Restoration,
     StageSpec,
     SubmissionRef,
     TaskRef,
@@ -44,7 +45,7 @@ from .records import (
 from .workflow import RunEnvironmentRefused
 
 #: The modules holding hookspecs, in the order the kernel registers them.
-HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders)
+HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders, backup)
 
 __all__ = [
     "BLOB_TMP_DIR",
@@ -75,6 +76,7 @@ __all__ = [
     "Migration",
     "ReleaseRef",
     "ResourceRef",
+    "Restoration",
     "Row",
     "RunEnvironmentRefused",
     "ServiceRegistry",

@@ -270,3 +270,23 @@ class ReleaseRef:
     executable: bool
     eligible: bool
     yanked: bool = False
+
+
+@dataclass(frozen=True)
+class Restoration:
+    """What ``buildmax backup restore`` tells each plugin once the backup's
+    database is in place, inside the restore's one write transaction.
+
+    ``lost_blobs`` are the keys of blobs the backup referenced but could not
+    put back (absent from the backup and from the blob store). Unless
+    ``keep_tokens``, every credential issued before the restore is void (the
+    kernel revokes its tokens; a plugin ends its own leases). A plugin that
+    hands out fencing generations raises them by ``generation_stride``, so
+    none handed out between the backup and the restore is handed out again.
+    """
+
+    manifest_sha256: str
+    now: int
+    lost_blobs: frozenset[str] = frozenset()
+    keep_tokens: bool = False
+    generation_stride: int = 0

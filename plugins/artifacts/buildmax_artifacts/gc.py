@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR, App, BlobStore
+from buildmax_hookspecs import SYSTEM_ACTOR, App, BlobStore, Transaction
 
 from buildmax.app import blob_store
+from buildmax.backups.runs import backup_running
 from buildmax.tables import spaces
 
 from .quota import Reservation, settle, tombstoned
@@ -89,7 +90,9 @@ _SPACE_OF_KEY = re.compile(rf"^{KEY_PREFIX}/space/([^/]+)/sha256/[0-9a-f]{{64}}$
 
 
 async def _delete_orphan(app: App, store: BlobStore, key: str, older_than: int) -> bool:
-    """Delete an orphan unless an upload could be about to use it.
+    """Delete an orphan unless an upload could be about to use it, or a
+    backup is running (it may be copying the bytes of a row deleted since
+    its snapshot).
 
     The space's quota row is locked first, as every reservation locks it, so
     no upload of the space starts meanwhile; an upload already in flight
@@ -113,6 +116,8 @@ async def _delete_orphan(app: App, store: BlobStore, key: str, older_than: int) 
                 | sa.exists().where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
             )
         )
+        if await backup_running(tx, app.clock.now_ms()):
+            return False  # a backup may be copying these very bytes
         ref = await store.head(key)
         if busy or ref is None or ref.modified_at is None or ref.modified_at >= older_than:
             return False
@@ -128,34 +133,38 @@ async def _delete_orphan(app: App, store: BlobStore, key: str, older_than: int) 
 
 
 async def _tombstone_lost(app: App, key: str, now: int, dry_run: bool) -> list[str]:
-    select = (
-        sa.select(artifacts.c.public_id, artifacts.c.size, spaces.c.public_id.label("space"))
-        .join(spaces, spaces.c.id == artifacts.c.space_id)
-        .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
-    )
     if dry_run:
+        select = sa.select(artifacts.c.public_id).where(
+            artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None)
+        )
         async with app.db.read() as conn:
             return [row["public_id"] for row in await conn.fetch_all(select)]
     async with app.db.write() as tx:
-        # The update decides which rows this run tombstones (a row deleted
-        # meanwhile is not freed twice).
-        rows = await tx.fetch_all(
-            sa.update(artifacts)
-            .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
-            .values(deleted_at=now, lost_at=now)
-            .returning(
-                artifacts.c.public_id,
-                artifacts.c.size,
-                sa.select(spaces.c.public_id)
-                .where(spaces.c.id == artifacts.c.space_id)
-                .scalar_subquery()
-                .label("space"),
-            )
+        return await tombstone_lost(app, tx, key, now)
+
+
+async def tombstone_lost(app: App, tx: Transaction, key: str, now: int) -> list[str]:
+    """In ``tx``: tombstone as lost every live artifact whose bytes, under
+    ``key``, are gone (audited, quota given back); their public ids."""
+    # The update decides which rows this run tombstones (a row deleted
+    # meanwhile is not freed twice).
+    rows = await tx.fetch_all(
+        sa.update(artifacts)
+        .where(artifacts.c.blob_key == key, artifacts.c.deleted_at.is_(None))
+        .values(deleted_at=now, lost_at=now)
+        .returning(
+            artifacts.c.public_id,
+            artifacts.c.size,
+            sa.select(spaces.c.public_id)
+            .where(spaces.c.id == artifacts.c.space_id)
+            .scalar_subquery()
+            .label("space"),
         )
-        for row in rows:
-            await tombstoned(
-                app, tx, SYSTEM_ACTOR, "artifact.lost", row["space"], row["public_id"], row["size"]
-            )
+    )
+    for row in rows:
+        await tombstoned(
+            app, tx, SYSTEM_ACTOR, "artifact.lost", row["space"], row["public_id"], row["size"]
+        )
     return [row["public_id"] for row in rows]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
@@ -9,7 +10,9 @@ from buildmax_hookspecs import (
     App,
     AttemptRef,
     AuditAction,
+    BlobRef,
     Migration,
+    Restoration,
     SubmissionRef,
     TaskRef,
     Transaction,
@@ -120,3 +123,17 @@ def buildmax_register_commands(cli: click.Group) -> None:
 @hookimpl
 def buildmax_audit_targets() -> dict[str, str]:
     return {"artifact": "/v1/spaces/{space}/artifacts/{id}"}
+
+
+@hookimpl
+def buildmax_backup_blobs(conn: Transaction) -> AsyncIterator[BlobRef]:
+    from .backup import live_blobs
+
+    return live_blobs(conn)
+
+
+@hookimpl
+async def buildmax_restored(app: App, tx: Transaction, restoration: Restoration) -> list[str]:
+    from .backup import restored
+
+    return await restored(app, tx, restoration)

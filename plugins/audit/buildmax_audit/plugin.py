@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -68,3 +69,17 @@ def buildmax_startup(app: App) -> None:
 @hookimpl
 async def buildmax_shutdown(app: App) -> None:
     await stop_background(app, _SWEEPER)
+
+
+@hookimpl
+async def buildmax_backup_facts(conn: Transaction) -> dict[str, Any]:
+    from .backup import chain_heads_in
+
+    return await chain_heads_in(conn)
+
+
+@hookimpl
+async def buildmax_backup_check(app: App, facts: Mapping[str, Any]) -> list[str]:
+    from .backup import check_heads
+
+    return await check_heads(app, facts)

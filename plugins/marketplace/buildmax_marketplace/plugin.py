@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -11,8 +12,10 @@ from buildmax_hookspecs import (
     App,
     AttemptRef,
     AuditAction,
+    BlobRef,
     Migration,
     ReleaseRef,
+    Restoration,
     Transaction,
     Verdict,
     hookimpl,
@@ -104,6 +107,12 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "catalog_plugin",
         ),
         AuditAction(
+            "catalog.release.lost",
+            "A restore could not put a release's package back: it is yanked",
+            _RELEASE_KEYS | {"reason"},
+            "catalog_plugin",
+        ),
+        AuditAction(
             "catalog.release.eligible",
             "A system admin marked a release eligible for unattended use",
             _RELEASE_KEYS,
@@ -152,3 +161,17 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "catalog_plugin",
         ),
     ]
+
+
+@hookimpl
+def buildmax_backup_blobs(conn: Transaction) -> AsyncIterator[BlobRef]:
+    from .backup import release_blobs
+
+    return release_blobs(conn)
+
+
+@hookimpl
+async def buildmax_restored(app: BuildMax, tx: Transaction, restoration: Restoration) -> list[str]:
+    from .backup import restored
+
+    return await restored(app, tx, restoration)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
-from buildmax_hookspecs import Actor, AuditAction, Migration, TaskQueue, Transaction, hookimpl
+from buildmax_hookspecs import (
+    Actor,
+    AuditAction,
+    Migration,
+    Restoration,
+    TaskQueue,
+    Transaction,
+    hookimpl,
+)
 
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
@@ -161,11 +169,12 @@ def buildmax_audit_actions() -> list[AuditAction]:
         _action("attempt.canceled", "An attempt was canceled", "attempt", *attempt_keys),
         _action(
             "attempt.expired",
-            "An attempt's lease lapsed and it was retired",
+            "An attempt's lease lapsed (or a restore ended it) and it was retired",
             "attempt",
             "task_id",
             "generation",
             "charged",
+            "reason",
         ),
         _action(
             "attempt.submitted",
@@ -197,3 +206,10 @@ def buildmax_audit_actions() -> list[AuditAction]:
         _action("agent.created", "An agent was defined", "agent", "name"),
         _action("agent.revised", "An agent got a new revision", "agent", "revision", "plugins"),
     ]
+
+
+@hookimpl
+async def buildmax_restored(app: BuildMax, tx: Transaction, restoration: Restoration) -> list[str]:
+    from .restore import enter_epoch
+
+    return await enter_epoch(app, tx, restoration)

@@ -1,0 +1,178 @@
+"""A backup's database put in place, opened, counted and taken back:
+what ``backup verify`` (in scratch space) and ``backup restore`` (in the
+target) share."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from . import pg_tools
+from .layout import POSTGRES_DUMP, SQLITE_DUMP
+from .manifest import BackupError, Manifest
+
+if TYPE_CHECKING:
+    from ..app import BuildMax
+    from ..config import Config
+
+
+async def _tables(conn: Any, dialect: str) -> list[str]:
+    if dialect == "sqlite":
+        query = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    else:
+        query = "SELECT tablename AS name FROM pg_tables WHERE schemaname = current_schema()"
+    return sorted(row["name"] for row in await conn.fetch_all(sa.text(query)))
+
+
+async def row_counts(conn: Any, dialect: str) -> dict[str, int]:
+    """The number of rows of every table, read through ``conn``."""
+    counts = {}
+    for name in await _tables(conn, dialect):
+        counts[name] = int(
+            await conn.fetch_val(sa.select(sa.func.count()).select_from(sa.table(name)))
+        )
+    return counts
+
+
+def _sqlite_path(settings: Config) -> Path:
+    return Path(settings.effective_database_url.removeprefix("sqlite:///")).absolute()
+
+
+async def _pg_is_empty(url: str) -> tuple[bool, int]:
+    """Whether the database at ``url`` has no table in its schema, and how
+    many other sessions are connected to it."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(url.replace("postgresql://", "postgres://", 1), timeout=10)
+    except Exception as exc:
+        raise BackupError(
+            f"cannot reach the target database {pg_tools.public_url(url)}: {exc}"
+        ) from None
+    try:
+        tables = await conn.fetchval(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"
+        )
+        others = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    return tables == 0, int(others)
+
+
+async def _clear_pg(url: str) -> None:
+    """Drop every table of the target's schema (``--replace``)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url.replace("postgresql://", "postgres://", 1), timeout=10)
+    try:
+        schema = await conn.fetchval("SELECT current_schema()")
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE; CREATE SCHEMA "{schema}"')
+    finally:
+        await conn.close()
+
+
+async def prepare_target(settings: Config, *, replace: bool, stamp: str) -> list[Path]:
+    """Refuse a target that holds a database (unless ``replace``); with
+    ``replace``, clear it: SQLite files are moved aside (returned)."""
+    if settings.engine == "sqlite":
+        path = _sqlite_path(settings)
+        present = [p for p in (path, path.with_name(path.name + "-wal")) if p.exists()]
+        if not present or (path.is_file() and path.stat().st_size == 0 and len(present) == 1):
+            return []
+        if not replace:
+            raise BackupError(
+                f"{path} exists: restore into an empty data directory, or stop the server "
+                "and give --replace (the old files are moved aside, not deleted)"
+            )
+        moved = []
+        for suffix in ("", "-wal", "-shm"):
+            old = path.with_name(path.name + suffix)
+            if old.exists():
+                aside = old.with_name(f"{old.name}.before-restore-{stamp}")
+                old.rename(aside)
+                moved.append(aside)
+        return moved
+    empty, others = await _pg_is_empty(settings.database_url)
+    if empty:
+        return []
+    if not replace:
+        raise BackupError(
+            f"the database {pg_tools.public_url(settings.database_url)} is not empty: restore "
+            "into an empty database, or stop every server and give --replace"
+        )
+    if others:
+        raise BackupError(
+            f"{others} other session(s) are connected to "
+            f"{pg_tools.public_url(settings.database_url)}: stop every server first"
+        )
+    await _clear_pg(settings.database_url)
+    return []
+
+
+async def place_database(settings: Config, folder: Path, manifest: Manifest) -> None:
+    """Put the backup's database where ``settings`` points (an empty target)."""
+    if manifest.engine != settings.engine:
+        raise BackupError(
+            f"the backup is of a {manifest.engine} database and the target is {settings.engine}: "
+            "restore into the same engine"
+        )
+    if settings.engine == "sqlite":
+        path = _sqlite_path(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(path.name + ".restoring")
+
+        def copy() -> None:
+            shutil.copyfile(folder / SQLITE_DUMP, temp)
+            temp.chmod(0o600)
+            temp.rename(path)
+
+        await asyncio.to_thread(copy)
+        return
+    tool = pg_tools.find_tool("pg_restore", settings.pg_bin_dir)
+    await pg_tools.run_tool(
+        tool,
+        settings.database_url,
+        [
+            "--no-owner",
+            "--no-privileges",
+            "--exit-on-error",
+            "--single-transaction",
+            str(folder / POSTGRES_DUMP),
+        ],
+    )
+
+
+async def remove_database(server_url: str, name: str) -> None:
+    """Drop a scratch database (its connections ended first)."""
+    from ..database.servers import administer
+
+    await administer(server_url, [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'])
+
+
+async def open_restored(
+    settings: Config, extra_plugins: Iterable[tuple[str, object]] = ()
+) -> BuildMax:
+    """An app connected to the restored database (not serving)."""
+    from ..app import create_app
+
+    app = create_app(settings, extra_plugins=extra_plugins)
+    await app.db.connect()
+    return app
+
+
+async def undo_placement(settings: Config) -> None:
+    """Take back a database placed in an empty target."""
+    if settings.engine == "sqlite":
+        path = _sqlite_path(settings)
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+    else:
+        await _clear_pg(settings.database_url)
