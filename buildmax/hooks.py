@@ -354,3 +354,13 @@ class Hooks:
         restore's new epoch."""
         found = await self._acall("buildmax_restored", app=self.app, tx=tx, restoration=restoration)
         return [line for lines in found for line in lines]
+
+    def restore_replay(self, path: str, facts: Mapping[str, Mapping[str, Any]]) -> list[AuditEvent]:
+        """``buildmax_restore_replay``: the audit events after a backup, from
+        the export at ``path`` (each plugin given the facts it recorded)."""
+        events: list[AuditEvent] = []
+        with self._implementations("buildmax_restore_replay") as impls:
+            for impl in impls:
+                found = impl.function(path=path, facts=facts.get(impl.plugin_name, {}))
+                events.extend(found or ())
+        return events

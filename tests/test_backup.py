@@ -693,3 +693,90 @@ def _what_the_tool_saw(seen: Path) -> dict[str, Any]:
     }
     found["left"] = Path(found["path"].strip()).exists()
     return found
+
+
+# -- what happened after the backup ----------------------------------------------------
+
+
+async def _export(app: Any, path: Path) -> None:
+    from buildmax_audit.export import export_lines
+
+    lines = [line async for line in export_lines(app, await _plan(app))]
+    await asyncio.to_thread(path.write_text, "".join(lines))
+
+
+async def _plan(app: Any) -> Any:
+    from buildmax_audit.export import plan
+
+    return await plan(app)
+
+
+async def test_what_an_audit_export_shows_after_the_backup_is_reapplied(
+    deployment: Deployment, admin, make_principal, clock, restore_target: Config, tmp_path: Path
+):
+    """A token revoked, a principal disabled, a member removed and a password
+    changed after the backup do not come back with it. Catches: a restore
+    that hands back rights taken away since (here with --keep-tokens, where
+    the old tokens would otherwise all work)."""
+    d = deployment
+    departed = await make_principal("agent")
+    spare = await call(d.client, "POST", "/v1/tokens", d.owner, json={"name": "spare"}, expect=201)
+    created = await backup(d.app, tmp_path / "backups")
+    await call(d.client, "DELETE", f"/v1/tokens/{spare['id']}", d.owner, expect=204)
+    await call(
+        d.client,
+        "PATCH",
+        f"/v1/principals/{departed.id}",
+        admin,
+        json={"disabled": True},
+        expect=200,
+    )
+    await call(d.client, "DELETE", f"{d.base}/members/{d.agent.id}", d.owner, expect=204)
+    await call(
+        d.client,
+        "PATCH",
+        f"/v1/principals/{d.owner.id}",
+        admin,
+        json={"password": "a new long password"},
+        expect=200,
+    )
+    trail = tmp_path / "trail.jsonl"
+    await _export(d.app, trail)
+
+    report = await restore_backup(
+        restore_target, created.path, keep_tokens=True, audit_export=str(trail)
+    )
+    assert any("revoked again" in line for line in report.lines), report.lines
+    restored = create_app(restore_target, clock=clock)
+    async with restored.test_app():
+        client = restored.test_client()
+        await call(client, "GET", f"/v1/spaces/{d.space.id}", spare["token"], expect=401)
+        await call(client, "GET", "/v1/principals/me", departed.token, expect=401)
+        await call(client, "GET", f"/v1/spaces/{d.space.id}", d.agent.token, expect=404)
+        await call(client, "GET", f"/v1/spaces/{d.space.id}", d.owner.token, expect=200)
+        async with restored.db.read() as conn:
+            hash_ = await conn.fetch_val(
+                sa.text(f"SELECT password_hash FROM principals WHERE public_id = '{d.owner.id}'")
+            )
+        assert hash_ is None
+        audit = await call(
+            client, "GET", "/v1/audit?action=system.restored", admin.token, expect=200
+        )
+        assert audit["items"][0]["details"]["replayed_events"] >= 4
+
+
+async def test_an_audit_export_of_another_timeline_is_refused_changing_nothing(
+    deployment: Deployment, restore_target: Config, tmp_path: Path
+):
+    """Catches: re-applying the events of a trail that does not continue
+    the backup's (another deployment's, or taken before the backup)."""
+    d = deployment
+    trail = tmp_path / "early.jsonl"
+    await d.increment()
+    await call(d.client, "POST", "/v1/tokens", d.owner, json={"name": "x"}, expect=201)
+    await _export(d.app, trail)
+    await call(d.client, "POST", "/v1/tokens", d.owner, json={"name": "y"}, expect=201)
+    created = await backup(d.app, tmp_path / "backups")
+    with pytest.raises(BackupError, match="does not continue the backup's audit chain"):
+        await restore_backup(restore_target, created.path, audit_export=str(trail))
+    assert not _exists(restore_target.data_dir)

@@ -65,6 +65,11 @@ class Manifest:
         return (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()
 
     @property
+    def plugin_facts(self) -> dict[str, Mapping[str, Any]]:
+        """The facts recorded by each plugin, by plugin name."""
+        return {k: v for k, v in self.facts.items() if isinstance(v, Mapping)}
+
+    @property
     def database_part(self) -> str:
         """The name of the database dump among the parts."""
         return next(name for name in self.parts if name.startswith("database."))

@@ -27,13 +27,13 @@ new epoch:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR, BlobDigestMismatch, Restoration
+from buildmax_hookspecs import SYSTEM_ACTOR, AuditEvent, BlobDigestMismatch, Restoration
 
 from ..app import blob_store
 from ..clock import SystemClock
@@ -45,6 +45,7 @@ from . import pg_tools
 from .layout import BLOB_LIST, backup_name, blob_path, iter_file
 from .manifest import BackupError, Manifest, listed_blobs
 from .placement import open_restored, place_database, prepare_target, undo_placement
+from .replay import replay_kernel
 from .verify import check_references, check_restored, check_schema, manifest_digest, verify_files
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ async def enter_epoch(
     lost: list[str],
     *,
     keep_tokens: bool,
+    replay: Sequence[AuditEvent] = (),
 ) -> tuple[IssuedToken, str, int, list[str]]:
     """The restore's one write transaction (see the module docstring)."""
     async with app.db.write() as tx:
@@ -180,7 +182,8 @@ async def enter_epoch(
                 event_seq=spaces.c.event_seq + sa.literal(EVENT_ID_STRIDE, sa.BigInteger)
             )
         )
-        lines = await app.hooks.restored(
+        lines = await replay_kernel(app, tx, replay, now)
+        lines += await app.hooks.restored(
             tx,
             Restoration(
                 manifest_sha256=digest,
@@ -188,6 +191,7 @@ async def enter_epoch(
                 lost_blobs=frozenset(lost),
                 keep_tokens=keep_tokens,
                 generation_stride=GENERATION_STRIDE,
+                replay=tuple(replay),
             ),
         )
         admin_name, admin_pk = await _restore_admin(tx, now)
@@ -215,6 +219,7 @@ async def enter_epoch(
                 "lost_blobs": len(lost),
                 "event_id_stride": EVENT_ID_STRIDE,
                 "generation_stride": GENERATION_STRIDE,
+                "replayed_events": len(replay),
             },
         )
     return issued, admin_name, revoked, lines
@@ -230,6 +235,7 @@ async def restore_backup(
     replace: bool = False,
     keep_tokens: bool = False,
     progress: Progress = _quiet,
+    audit_export: str | None = None,
     extra_plugins: Iterable[tuple[str, object]] = (),
 ) -> RestoreReport:
     """Restore the backup in ``folder`` (an absolute path) into the target
@@ -243,7 +249,14 @@ async def restore_backup(
             f"the backup is of a {manifest.engine} database and the target is {settings.engine}: "
             "restore into the same engine (moving between engines is not supported)"
         )
-    check_schema(manifest, create_app(settings, extra_plugins=extra_plugins).migrations())
+    code = create_app(settings, extra_plugins=extra_plugins)
+    check_schema(manifest, code.migrations())
+    replay: list[AuditEvent] = []
+    if audit_export is not None:
+        try:
+            replay = code.hooks.restore_replay(audit_export, manifest.plugin_facts)
+        except ValueError as exc:
+            raise BackupError(str(exc)) from None
     if settings.engine == "postgresql":
         pg_tools.find_tool("pg_restore", settings.pg_bin_dir)
     moved = await prepare_target(
@@ -266,7 +279,7 @@ async def restore_backup(
         )
         await _restore_blobs(app, folder, manifest, report, progress)
         issued, admin_name, revoked, lines = await enter_epoch(
-            app, folder, manifest, digest, report.lost_blobs, keep_tokens=keep_tokens
+            app, folder, manifest, digest, report.lost_blobs, keep_tokens=keep_tokens, replay=replay
         )
         report.admin_token, report.admin_name = issued, admin_name
         report.revoked_tokens = revoked

@@ -16,9 +16,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from buildmax_hookspecs import Migration
 
@@ -124,13 +124,9 @@ async def check_restored(app: BuildMax, manifest: Manifest) -> None:
             f"table {first} holds {counts.get(first, 'no')} rows where the manifest says "
             f"{manifest.row_counts.get(first, 'none')}"
         )
-    problems = await app.hooks.backup_check(app, _facts(manifest.facts))
+    problems = await app.hooks.backup_check(app, manifest.plugin_facts)
     if problems:
         raise BackupError(problems[0])
-
-
-def _facts(facts: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {k: v for k, v in facts.items() if isinstance(v, Mapping)}
 
 
 async def check_references(app: BuildMax, folder: Path, manifest: Manifest) -> None:

@@ -187,6 +187,13 @@ def verify_command(
     help="Keep API tokens issued before the restore working (sessions and attempt "
     "tokens still end). A token revoked after the backup works again.",
 )
+@click.option(
+    "--audit-export",
+    type=click.Path(exists=True, dir_okay=False),
+    help="An audit export taken after the backup (buildmax audit export): every token "
+    "revoked, principal disabled, role lowered, member removed, password changed, release "
+    "yanked or eligibility withdrawn after the backup is re-applied, and listed.",
+)
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def restore_command(
     config_path: str | None,
@@ -194,6 +201,7 @@ def restore_command(
     database_url: str | None,
     replace: bool,
     keep_tokens: bool,
+    audit_export: str | None,
     path: str,
 ) -> None:
     """Restore a backup (PATH, or the newest backup in the target PATH) into
@@ -213,7 +221,12 @@ def restore_command(
     try:
         report = asyncio.run(
             restore_backup(
-                settings, folder, replace=replace, keep_tokens=keep_tokens, progress=progress
+                settings,
+                folder,
+                replace=replace,
+                keep_tokens=keep_tokens,
+                audit_export=audit_export,
+                progress=progress,
             )
         )
     except BackupError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 from .kernel import App
 from .markers import hookspec
 from .protocols import Transaction
-from .records import BlobRef, Restoration
+from .records import AuditEvent, BlobRef, Restoration
 
 
 @hookspec
@@ -64,4 +64,20 @@ def buildmax_restored(
     ``restoration.generation_stride``, tombstone (audited, quota given back)
     every row whose blob is in ``restoration.lost_blobs``. Return (an
     awaitable of) report lines naming what was changed, for the operator.
+    """
+
+
+@hookspec
+def buildmax_restore_replay(path: str, facts: Mapping[str, Any]) -> Sequence[AuditEvent] | None:
+    """The audit events recorded after a backup, read from an audit export.
+
+    Called by ``buildmax backup restore --audit-export PATH`` before anything
+    is restored; ``facts`` is what this plugin recorded in the backup's
+    manifest. The plugin that owns the audit trail reads the export, checks
+    that it verifies and that it continues the backup's chains (it names
+    each chain's recorded head), and returns the events after them, oldest
+    first; other plugins return ``None``. Raise ``ValueError`` with a
+    one-line reason to refuse the file: the restore then changes nothing.
+    The restore re-applies what these events undid (see
+    :class:`Restoration`).
     """

@@ -283,6 +283,10 @@ class Restoration:
     kernel revokes its tokens; a plugin ends its own leases). A plugin that
     hands out fencing generations raises them by ``generation_stride``, so
     none handed out between the backup and the restore is handed out again.
+    ``replay`` holds the audit events recorded after the backup (from an
+    audit export, oldest first): a plugin re-applies those of its actions
+    that took something away (a yanked release, a withdrawn eligibility), so
+    the restore does not give it back.
     """
 
     manifest_sha256: str
@@ -290,3 +294,4 @@ class Restoration:
     lost_blobs: frozenset[str] = frozenset()
     keep_tokens: bool = False
     generation_stride: int = 0
+    replay: tuple[AuditEvent, ...] = ()

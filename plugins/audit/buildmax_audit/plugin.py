@@ -83,3 +83,10 @@ async def buildmax_backup_check(app: App, facts: Mapping[str, Any]) -> list[str]
     from .backup import check_heads
 
     return await check_heads(app, facts)
+
+
+@hookimpl
+def buildmax_restore_replay(path: str, facts: Mapping[str, Any]) -> list[AuditEvent]:
+    from .backup import events_after
+
+    return events_after(path, facts)

@@ -6,13 +6,13 @@ package that is gone without saying so."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import SYSTEM_ACTOR, BlobRef, Restoration, Transaction
 
 from .catalog import RELEASE_SELECT, _audit
-from .tables import releases
+from .tables import plugins, releases
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -30,7 +30,53 @@ async def release_blobs(conn: Transaction) -> AsyncIterator[BlobRef]:
 
 
 async def restored(app: BuildMax, tx: Transaction, restoration: Restoration) -> list[str]:
-    """Yank, as lost, every release whose package the restore lost."""
+    """Re-apply what was taken away after the backup, then yank, as lost,
+    every release whose package the restore lost."""
+    return [*await _replay(app, tx, restoration), *await _yank_lost(app, tx, restoration)]
+
+
+#: Catalog actions that took something away, and the columns they set.
+_REPLAYED = {
+    "catalog.release.yanked": "yanked",
+    "catalog.release.ineligible": "no longer eligible",
+}
+
+
+async def _replay(app: BuildMax, tx: Transaction, restoration: Restoration) -> list[str]:
+    """A release yanked, or no longer eligible, after the backup stays so:
+    a restore must not make it pinnable again."""
+    lines = []
+    for event in restoration.replay:
+        if event.action not in _REPLAYED or event.target_id is None:
+            continue
+        version = str(event.details.get("version", ""))
+        row = await tx.fetch_one(
+            RELEASE_SELECT.where(plugins.c.name == event.target_id, releases.c.version == version)
+        )
+        if row is None:
+            lines.append(f"marketplace: {event.target_id} {version} is not in the backup")
+            continue
+        if event.action == "catalog.release.yanked":
+            reason = str(event.details.get("reason") or "yanked after the backup")
+            values: dict[str, Any] = {"yanked_at": restoration.now, "yank_reason": reason}
+            changed = row["yanked_at"] is None
+        else:
+            values = {"eligible_at": None, "eligible_by": None}
+            changed = row["eligible_at"] is not None
+            reason = None
+        if not changed:
+            continue
+        await tx.execute(sa.update(releases).where(releases.c.id == row["id"]).values(**values))
+        extra = {} if reason is None else {"reason": reason}
+        await _audit(app, tx, SYSTEM_ACTOR, event.action, dict(row), **extra)
+        lines.append(
+            f"marketplace: {event.target_id} {version} {_REPLAYED[event.action]} again "
+            "(it was after the backup)"
+        )
+    return lines
+
+
+async def _yank_lost(app: BuildMax, tx: Transaction, restoration: Restoration) -> list[str]:
     if not restoration.lost_blobs:
         return []
     rows = await tx.fetch_all(
