@@ -780,3 +780,29 @@ async def test_an_audit_export_of_another_timeline_is_refused_changing_nothing(
     with pytest.raises(BackupError, match="does not continue the backup's audit chain"):
         await restore_backup(restore_target, created.path, audit_export=str(trail))
     assert not _exists(restore_target.data_dir)
+
+
+async def test_a_damaged_blob_in_the_pool_is_copied_again(deployment: Deployment, tmp_path: Path):
+    """An earlier backup's pooled blob damaged on disk (same size): the next
+    backup does not reuse it, it copies it again. Catches: reusing a pooled
+    blob by its size alone."""
+    d = deployment
+    await d.upload(b"precious bytes", "p.txt")
+    target = tmp_path / "backups"
+    first = await backup(d.app, target)
+    [blob] = listed_blobs(first.path / BLOB_LIST)
+    pooled = blob_path(target, blob.sha256)
+    _rewrite(pooled, b"PRECIOUS BYTES")
+    second = await backup(d.app, target)
+    assert second.blobs_copied == 1
+    verify_files(first.path)  # the first backup is whole again too
+    assert _read(pooled) == b"precious bytes"
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    path.chmod(0o600)
+    path.write_bytes(data)
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes()
