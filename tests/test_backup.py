@@ -806,3 +806,59 @@ def _rewrite(path: Path, data: bytes) -> None:
 
 def _read(path: Path) -> bytes:
     return path.read_bytes()
+
+
+@pytest.mark.engine_independent
+def test_a_terminal_gets_a_progress_bar_and_a_pipe_does_not(tmp_path: Path) -> None:
+    """Catches: a backup that shows nothing on a terminal for minutes, or
+    that writes bar frames into a timer's log."""
+    import pty
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
+    command = [sys.executable, "-m", "buildmax"]
+    subprocess.run(
+        [*command, "db", "migrate", "--data-dir", "d"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    leader, follower = pty.openpty()
+    done = subprocess.run(
+        [*command, "backup", "create", "--data-dir", "d", "--output", "tty"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        timeout=120,
+    )
+    os.close(follower)
+    shown = _drain(leader)
+    assert done.returncode == 0
+    assert "database" in shown and "100%" in shown, shown
+    piped = subprocess.run(
+        [*command, "backup", "create", "--data-dir", "d", "--output", "pipe"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout.startswith("backup ")
+
+
+def _drain(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
