@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,14 +47,17 @@ from .layout import (
     file_sha256,
     fsync_dir,
     private_dir,
+    target_lock,
 )
-from .manifest import BackupError, ListedBlob, Manifest, Part, blob_line
+from .manifest import BackupError, ListedBlob, Manifest, Part, blob_line, listed_blobs
 from .placement import row_counts
 from .runs import RENEW_AFTER_MS, finish_run, renew_run, start_run
 from .verify import verify_files
 
 if TYPE_CHECKING:
     from ..app import BuildMax
+
+log = logging.getLogger("buildmax.backups")
 
 #: ``progress(stage, done, total)``: a stage's work done out of its total.
 Progress = Callable[[str, int, int], None]
@@ -152,6 +156,14 @@ async def check_dump_tool(app: BuildMax) -> None:
     pg_tools.require_version(tool, await pg_tools.tool_major(tool), server)
 
 
+def _pooled_intact(path: Path, blob: ListedBlob) -> bool:
+    """Whether the pool holds ``blob`` intact (a damaged copy is copied again)."""
+    try:
+        return file_sha256(path) == (blob.size, blob.sha256)
+    except FileNotFoundError:
+        return False
+
+
 class _BlobCopier:
     """Copies blobs from the store into the target's pool, renewing the
     run's lease as it goes."""
@@ -172,10 +184,11 @@ class _BlobCopier:
             self.renewed = now
 
     async def copy(self, blob: ListedBlob, total: int) -> bool:
-        """Put ``blob`` in the pool unless it is there; False when the
-        store has lost it."""
+        """Put ``blob`` in the pool unless it is there intact; False when the
+        store has lost it, or holds other bytes than its row says (damaged:
+        the restore tombstones it as lost, as the collector would)."""
         path = blob_path(self.target, blob.sha256)
-        if path.is_file() and path.stat().st_size == blob.size:
+        if await asyncio.to_thread(_pooled_intact, path, blob):
             self.done += blob.size
             self.progress("blobs", self.done, total)
             return True
@@ -187,10 +200,14 @@ class _BlobCopier:
                 self.progress("blobs", self.done, total)
                 await self._keep_lease()
             if out.digest.hexdigest() != blob.sha256 or out.size != blob.size:
-                raise BackupError(
-                    f"blob {blob.key} in the blob store does not match its row "
-                    f"(sha256 {out.digest.hexdigest()}, {out.size} bytes): the store is damaged"
+                log.warning(
+                    "blob %s in the blob store is damaged (sha256 %s, %d bytes): left out",
+                    blob.key,
+                    out.digest.hexdigest(),
+                    out.size,
                 )
+                await asyncio.to_thread(out.discard)
+                return False
             await asyncio.to_thread(out.commit)
         except BlobNotFound:
             await asyncio.to_thread(out.discard)
@@ -206,12 +223,27 @@ async def create_backup(
     app: BuildMax, target: Path, *, keep: int | None = None, progress: Progress = _quiet
 ) -> CreatedBackup:
     """Take a backup into the folder ``target`` (an absolute path: see the
-    module docstring), then keep
-    only the newest ``keep`` backups there (and the blobs they use)."""
+    module docstring), then keep only the newest ``keep`` backups there (and
+    the blobs they use). One backup at a time per target: a second one is
+    refused while the first runs."""
     if keep is not None and keep < 1:
         raise BackupError("--keep must be at least 1")
     await check_dump_tool(app)
     private_dir(target)
+    try:
+        lock = target_lock(target)
+        lock.__enter__()
+    except BlockingIOError:
+        raise BackupError(f"another backup is being written into {target}") from None
+    try:
+        return await _create(app, target, keep, progress)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+async def _create(
+    app: BuildMax, target: Path, keep: int | None, progress: Progress
+) -> CreatedBackup:
     name = backup_name(app.clock.now_ms())
     final = target / name
     if final.exists():
@@ -224,8 +256,6 @@ async def create_backup(
             facts, _ = await _read_snapshot(app, snap, partial, progress)
             database = await _dump(app, snap, partial, progress)
         copier = _BlobCopier(app, target, run_pk, progress)
-        from .manifest import listed_blobs
-
         missing = []
         count = 0
         for blob in listed_blobs(partial / BLOB_LIST):
@@ -279,8 +309,6 @@ def prune(target: Path, keep: int) -> list[Path]:
     doomed = backups[:-keep] if len(backups) > keep else []
     if not doomed:
         return []
-    from .manifest import listed_blobs
-
     wanted = {blob.sha256 for kept in backups[-keep:] for blob in listed_blobs(kept / BLOB_LIST)}
     for old in doomed:
         # Renamed first: a half-removed backup never looks like a whole one.
@@ -305,7 +333,7 @@ def manifest_summary(created: CreatedBackup) -> str:
         f"manifest sha256 {created.manifest_sha256}"
     )
     if m.missing_blobs:
-        line += f"; {len(m.missing_blobs)} blob(s) the store had lost: " + json.dumps(
+        line += f"; {len(m.missing_blobs)} blob(s) the store lost or damaged: " + json.dumps(
             m.missing_blobs[:5]
         )
     return line

@@ -19,6 +19,7 @@ reuses every blob an earlier one stored (content-addressed).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -122,6 +123,18 @@ class PrivateFile:
         """Close and remove the temporary file."""
         self.fh.close()
         self.temp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def target_lock(target: Path) -> Iterator[None]:
+    """Hold the target's lock file (``.lock``) for the block; a second
+    holder gets ``BlockingIOError`` at once (another backup is running)."""
+    fd = os.open(target / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
 
 
 def iter_file(path: Path, start: int = 0) -> Iterator[bytes]:

@@ -5,6 +5,7 @@ target) share."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,6 +16,8 @@ import sqlalchemy as sa
 from . import pg_tools
 from .layout import POSTGRES_DUMP, SQLITE_DUMP
 from .manifest import BackupError, Manifest
+
+log = logging.getLogger("buildmax.backups")
 
 if TYPE_CHECKING:
     from ..app import BuildMax
@@ -117,6 +120,12 @@ async def prepare_target(settings: Config, *, replace: bool, stamp: str) -> list
     return []
 
 
+def put_back(moved: list[Path]) -> None:
+    """Move files set aside by :func:`prepare_target` back where they were."""
+    for aside in moved:
+        aside.rename(aside.with_name(aside.name.split(".before-restore-")[0]))
+
+
 async def place_database(settings: Config, folder: Path, manifest: Manifest) -> None:
     """Put the backup's database where ``settings`` points (an empty target)."""
     if manifest.engine != settings.engine:
@@ -130,9 +139,12 @@ async def place_database(settings: Config, folder: Path, manifest: Manifest) -> 
         temp = path.with_name(path.name + ".restoring")
 
         def copy() -> None:
-            shutil.copyfile(folder / SQLITE_DUMP, temp)
-            temp.chmod(0o600)
-            temp.rename(path)
+            try:
+                shutil.copyfile(folder / SQLITE_DUMP, temp)
+                temp.chmod(0o600)
+                temp.rename(path)
+            finally:
+                temp.unlink(missing_ok=True)
 
         await asyncio.to_thread(copy)
         return
@@ -175,4 +187,11 @@ async def undo_placement(settings: Config) -> None:
         for suffix in ("", "-wal", "-shm"):
             path.with_name(path.name + suffix).unlink(missing_ok=True)
     else:
-        await _clear_pg(settings.database_url)
+        try:
+            await _clear_pg(settings.database_url)
+        except Exception as exc:  # the restore's own error is the one to report
+            log.warning(
+                "could not empty %s after a failed restore: %s",
+                pg_tools.public_url(settings.database_url),
+                exc,
+            )

@@ -44,7 +44,7 @@ from ..tokens import IssuedToken, issue_token
 from . import pg_tools
 from .layout import BLOB_LIST, backup_name, blob_path, iter_file
 from .manifest import BackupError, Manifest, listed_blobs
-from .placement import open_restored, place_database, prepare_target, undo_placement
+from .placement import open_restored, place_database, prepare_target, put_back, undo_placement
 from .replay import replay_kernel
 from .verify import check_references, check_restored, check_schema, manifest_digest, verify_files
 
@@ -263,28 +263,36 @@ async def restore_backup(
         settings, replace=replace, stamp=backup_name(SystemClock().now_ms())
     )
     progress("database", 0, 0)
-    await place_database(settings, folder, manifest)
-    app = await open_restored(settings, extra_plugins)
     try:
+        await place_database(settings, folder, manifest)
+        app = await open_restored(settings, extra_plugins)
         try:
             await check_restored(app, manifest)
             await check_references(app, folder, manifest)
-        except BaseException:
+            migrated = await migrate(app.db, app.migrations(), app.clock)
+            report = RestoreReport(
+                digest, moved_aside=moved, migrated=[f"{m.plugin} {m.version}" for m in migrated]
+            )
+            await _restore_blobs(app, folder, manifest, report, progress)
+            issued, admin_name, revoked, lines = await enter_epoch(
+                app,
+                folder,
+                manifest,
+                digest,
+                report.lost_blobs,
+                keep_tokens=keep_tokens,
+                replay=replay,
+            )
+        finally:
+            await close_blob_store(app)
             await app.db.close()
-            await undo_placement(settings)
-            raise
-        migrated = await migrate(app.db, app.migrations(), app.clock)
-        report = RestoreReport(
-            digest, moved_aside=moved, migrated=[f"{m.plugin} {m.version}" for m in migrated]
-        )
-        await _restore_blobs(app, folder, manifest, report, progress)
-        issued, admin_name, revoked, lines = await enter_epoch(
-            app, folder, manifest, digest, report.lost_blobs, keep_tokens=keep_tokens, replay=replay
-        )
-        report.admin_token, report.admin_name = issued, admin_name
-        report.revoked_tokens = revoked
-        report.lines = lines
-        return report
-    finally:
-        await close_blob_store(app)
-        await app.db.close()
+    except BaseException:
+        # Nothing half-restored is left to be served (old credentials valid in
+        # it): the target is emptied again and what was moved aside comes back.
+        await asyncio.shield(undo_placement(settings))
+        put_back(moved)
+        raise
+    report.admin_token, report.admin_name = issued, admin_name
+    report.revoked_tokens = revoked
+    report.lines = lines
+    return report
