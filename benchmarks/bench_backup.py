@@ -92,6 +92,17 @@ async def _new_database() -> str:
     return await servers.create_database(PG_SERVER, f"bmb_{uuid.uuid4().hex[:12]}")
 
 
+def _migrated(url: str | None) -> str | None:
+    """``url`` after ``buildmax db migrate`` (a PostgreSQL server does not migrate at start)."""
+    if url is not None:
+        done = subprocess.run(
+            ["buildmax", "db", "migrate", "--database-url", url], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise BenchError(f"buildmax db migrate failed: {done.stdout}{done.stderr}")
+    return url
+
+
 async def _drop_database(url: str) -> None:
     from buildmax.database import servers
 
@@ -132,7 +143,7 @@ class Prober:
 
 def under_load(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     data = workdir / "data"
-    url = asyncio.run(_new_database()) if opts.engine == "postgres" else None
+    url = _migrated(asyncio.run(_new_database())) if opts.engine == "postgres" else None
     restored_url = asyncio.run(_new_database()) if opts.engine == "postgres" else None
     server = start_server("server", workdir, data, url)
     try:
@@ -281,7 +292,7 @@ def blob_set(opts: argparse.Namespace, workdir: Path, size_mib: int) -> dict[str
     home = workdir / f"set-{size_mib}"
     home.mkdir()
     data = home / "data"
-    url = asyncio.run(_new_database()) if opts.engine == "postgres" else None
+    url = _migrated(asyncio.run(_new_database())) if opts.engine == "postgres" else None
     restored_url = asyncio.run(_new_database()) if opts.engine == "postgres" else None
     server = start_server(f"set-{size_mib}", home, data, url)
     try:

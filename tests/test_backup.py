@@ -522,8 +522,12 @@ async def test_a_target_holding_a_database_is_refused_unless_replaced(
     assert tokens_live == 1  # the first restore's admin token, untouched
     second = await restore_backup(restore_target, taken.path, replace=True)
     assert second.admin_token is not None
-    if restore_target.engine == "sqlite":
-        assert [p.name.split(".before-restore-")[0] for p in second.moved_aside] == ["buildmax.db"]
+    [aside] = second.set_aside
+    assert aside.startswith(
+        "moved the old buildmax.db aside to"
+        if restore_target.engine == "sqlite"
+        else "renamed the old schema public to before_restore_"
+    )
 
 
 async def test_keep_tokens_keeps_api_tokens_and_ends_the_rest(
@@ -862,3 +866,61 @@ def _drain(fd: int) -> str:
         chunks.append(chunk)
     os.close(fd)
     return b"".join(chunks).decode(errors="replace")
+
+
+async def test_a_restore_failing_after_the_database_is_placed_leaves_the_target_as_it_was(
+    taken: Any, restore_target: Config, monkeypatch
+):
+    """The epoch's transaction fails: the target is emptied again (no
+    database with the old credentials in it is left to serve) and, with
+    --replace, the old files come back. Catches: a half-restored target."""
+    from buildmax.backups import restore as restore_module
+
+    first = await restore_backup(restore_target, taken.path)
+    assert first.admin_token is not None
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the disk filled up")
+
+    monkeypatch.setattr(restore_module, "enter_epoch", broken)
+    with pytest.raises(RuntimeError, match="the disk filled up"):
+        await restore_backup(restore_target, taken.path, replace=True)
+    monkeypatch.undo()
+    # The first restore's deployment is back, its admin token working.
+    check = create_app(restore_target)
+    async with check.test_app():
+        await call(
+            check.test_client(), "GET", "/v1/principals/me", first.admin_token.secret, expect=200
+        )
+
+
+async def test_a_blob_damaged_in_the_store_is_left_out_and_listed(
+    deployment: Deployment, tmp_path: Path
+):
+    """The store holds other bytes than the row's digest: the backup goes
+    on without them and lists the key as lost. Catches: copying damaged
+    bytes into a backup that then verifies."""
+    d = deployment
+    artifact = await d.upload(b"original bytes", "o.txt")
+    async with d.app.db.read() as conn:
+        key = await conn.fetch_val(
+            sa.text(f"SELECT blob_key FROM artifact_artifacts WHERE public_id = '{artifact}'")
+        )
+    store = blob_store(d.app)
+    _rewrite(Path(store.root) / key, b"damaged bytes!")  # type: ignore[attr-defined]
+    created = await backup(d.app, tmp_path / "backups")
+    assert created.manifest.missing_blobs == [key]
+    verify_files(created.path)
+
+
+async def test_a_second_backup_into_the_same_target_is_refused_while_one_runs(
+    deployment: Deployment, tmp_path: Path
+):
+    """Catches: two backups pruning each other's blobs."""
+    from buildmax.backups.layout import target_lock
+
+    target = tmp_path / "backups"
+    target.mkdir(mode=0o700)
+    with target_lock(target), pytest.raises(BackupError, match="another backup is being"):
+        await backup(deployment.app, target)
+    assert (await backup(deployment.app, target)).path.parent == target

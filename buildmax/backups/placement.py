@@ -8,6 +8,7 @@ import asyncio
 import logging
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,60 +71,104 @@ async def _pg_is_empty(url: str) -> tuple[bool, int]:
     return tables == 0, int(others)
 
 
-async def _clear_pg(url: str) -> None:
-    """Drop every table of the target's schema (``--replace``)."""
+async def _pg_run(url: str, sql: str) -> Any:
+    """One statement (or several) on the target database; the first value."""
     import asyncpg
 
     conn = await asyncpg.connect(url.replace("postgresql://", "postgres://", 1), timeout=10)
     try:
-        schema = await conn.fetchval("SELECT current_schema()")
-        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE; CREATE SCHEMA "{schema}"')
+        return (
+            await conn.fetchval(sql)
+            if sql.lstrip().upper().startswith("SELECT")
+            else (await conn.execute(sql))
+        )
     finally:
         await conn.close()
 
 
-async def prepare_target(settings: Config, *, replace: bool, stamp: str) -> list[Path]:
+async def _clear_pg(url: str) -> None:
+    """Empty the target's schema (a failed restore into an empty database)."""
+    schema = await _pg_run(url, "SELECT current_schema()")
+    await _pg_run(url, f'DROP SCHEMA "{schema}" CASCADE; CREATE SCHEMA "{schema}"')
+
+
+@dataclass
+class Aside:
+    """What ``--replace`` set aside: SQLite files renamed, or the PostgreSQL
+    schema renamed (``schema`` was ``original``); nothing is deleted."""
+
+    paths: list[Path] = field(default_factory=list)
+    schema: str | None = None
+    original: str | None = None
+
+    def describe(self) -> list[str]:
+        """One line per thing set aside, for the operator."""
+        lines = [
+            f"moved the old {p.name.split('.before-restore-')[0]} aside to {p}" for p in self.paths
+        ]
+        if self.schema is not None:
+            lines.append(
+                f"renamed the old schema {self.original} to {self.schema} "
+                f"(drop it once the restore is checked: DROP SCHEMA {self.schema} CASCADE)"
+            )
+        return lines
+
+
+async def prepare_target(settings: Config, *, replace: bool, stamp: str) -> Aside:
     """Refuse a target that holds a database (unless ``replace``); with
-    ``replace``, clear it: SQLite files are moved aside (returned)."""
+    ``replace``, set the old database aside (see :class:`Aside`)."""
     if settings.engine == "sqlite":
         path = _sqlite_path(settings)
         present = [p for p in (path, path.with_name(path.name + "-wal")) if p.exists()]
         if not present or (path.is_file() and path.stat().st_size == 0 and len(present) == 1):
-            return []
+            return Aside()
         if not replace:
             raise BackupError(
                 f"{path} exists: restore into an empty data directory, or stop the server "
                 "and give --replace (the old files are moved aside, not deleted)"
             )
-        moved = []
+        aside = Aside()
         for suffix in ("", "-wal", "-shm"):
             old = path.with_name(path.name + suffix)
             if old.exists():
-                aside = old.with_name(f"{old.name}.before-restore-{stamp}")
-                old.rename(aside)
-                moved.append(aside)
-        return moved
+                renamed = old.with_name(f"{old.name}.before-restore-{stamp}")
+                old.rename(renamed)
+                aside.paths.append(renamed)
+        return aside
     empty, others = await _pg_is_empty(settings.database_url)
     if empty:
-        return []
+        return Aside()
     if not replace:
         raise BackupError(
             f"the database {pg_tools.public_url(settings.database_url)} is not empty: restore "
-            "into an empty database, or stop every server and give --replace"
+            "into an empty database, or stop every server and give --replace (the old schema "
+            "is renamed, not dropped)"
         )
     if others:
         raise BackupError(
             f"{others} other session(s) are connected to "
             f"{pg_tools.public_url(settings.database_url)}: stop every server first"
         )
-    await _clear_pg(settings.database_url)
-    return []
+    original = await _pg_run(settings.database_url, "SELECT current_schema()")
+    schema = "before_restore_" + "".join(c for c in stamp if c.isdigit())
+    await _pg_run(
+        settings.database_url,
+        f'ALTER SCHEMA "{original}" RENAME TO "{schema}"; CREATE SCHEMA "{original}"',
+    )
+    return Aside(schema=schema, original=original)
 
 
-def put_back(moved: list[Path]) -> None:
-    """Move files set aside by :func:`prepare_target` back where they were."""
-    for aside in moved:
-        aside.rename(aside.with_name(aside.name.split(".before-restore-")[0]))
+async def put_back(settings: Config, aside: Aside) -> None:
+    """Undo :func:`prepare_target` after a failed restore (the target was
+    emptied first)."""
+    for path in aside.paths:
+        path.rename(path.with_name(path.name.split(".before-restore-")[0]))
+    if aside.schema is not None:
+        await _pg_run(
+            settings.database_url,
+            f'DROP SCHEMA "{aside.original}" CASCADE; '
+            f'ALTER SCHEMA "{aside.schema}" RENAME TO "{aside.original}"',
+        )
 
 
 async def place_database(settings: Config, folder: Path, manifest: Manifest) -> None:

@@ -79,7 +79,7 @@ class RestoreReport:
     revoked_tokens: int = 0
     migrated: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-    moved_aside: list[Path] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
 
 
 # -- blobs ------------------------------------------------------------------------------
@@ -271,7 +271,9 @@ async def restore_backup(
             await check_references(app, folder, manifest)
             migrated = await migrate(app.db, app.migrations(), app.clock)
             report = RestoreReport(
-                digest, moved_aside=moved, migrated=[f"{m.plugin} {m.version}" for m in migrated]
+                digest,
+                set_aside=moved.describe(),
+                migrated=[f"{m.plugin} {m.version}" for m in migrated],
             )
             await _restore_blobs(app, folder, manifest, report, progress)
             issued, admin_name, revoked, lines = await enter_epoch(
@@ -290,7 +292,7 @@ async def restore_backup(
         # Nothing half-restored is left to be served (old credentials valid in
         # it): the target is emptied again and what was moved aside comes back.
         await asyncio.shield(undo_placement(settings))
-        put_back(moved)
+        await asyncio.shield(put_back(settings, moved))
         raise
     report.admin_token, report.admin_name = issued, admin_name
     report.revoked_tokens = revoked

@@ -233,8 +233,8 @@ def restore_command(
         raise _fail(exc) from None
     finally:
         progress.close()
-    for aside in report.moved_aside:
-        click.echo(f"moved the old {aside.name.split('.before-restore-')[0]} aside to {aside}")
+    for line in report.set_aside:
+        click.echo(line)
     if report.migrated:
         click.echo("applied migrations: " + ", ".join(report.migrated))
     click.echo(
