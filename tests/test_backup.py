@@ -25,8 +25,15 @@ from buildmax_hookspecs import hookimpl
 
 from buildmax.app import blob_store, create_app
 from buildmax.backups.create import create_backup
-from buildmax.backups.layout import BLOB_LIST, MANIFEST, PARTIAL_PREFIX, backups_in, blob_path
-from buildmax.backups.manifest import BackupError, listed_blobs
+from buildmax.backups.layout import (
+    BLOB_LIST,
+    MANIFEST,
+    PARTIAL_PREFIX,
+    BackupError,
+    backups_in,
+    blob_path,
+)
+from buildmax.backups.manifest import listed_blobs
 from buildmax.backups.restore import EVENT_ID_STRIDE, GENERATION_STRIDE, restore_backup
 from buildmax.backups.runs import backup_running
 from buildmax.backups.verify import check_database, verify_files
@@ -661,7 +668,12 @@ async def test_a_missing_or_older_pg_dump_is_refused_writing_nothing(app, tmp_pa
         await create_backup(app, tmp_path / "backups")
     assert not (tmp_path / "backups").exists()
     async with app.db.read() as conn:
-        assert await conn.fetch_val(sa.select(sa.func.count()).select_from(backup_runs)) == 0
+        runs = [dict(r) for r in await conn.fetch_all(sa.select(backup_runs))]
+    # Each refusal is recorded for diagnostics, as a failed run with its reason.
+    assert [(r["state"], r["error"][:24]) for r in runs] == [
+        ("failed", "pg_dump is not installed"),
+        ("failed", "pg_dump is version 9, ol"),
+    ]
 
 
 @pytest.mark.engine_independent
@@ -924,3 +936,46 @@ async def test_a_second_backup_into_the_same_target_is_refused_while_one_runs(
     with target_lock(target), pytest.raises(BackupError, match="another backup is being"):
         await backup(deployment.app, target)
     assert (await backup(deployment.app, target)).path.parent == target
+
+
+@pytest.mark.engine_independent
+def test_backup_list_shows_the_backups_and_the_last_runs(tmp_path: Path, monkeypatch) -> None:
+    """What an operator checks each morning: the backups there are, the last
+    run and the last success, with the failure's reason. Catches: a failed
+    run that looks like a success."""
+    from click.testing import CliRunner
+
+    from buildmax.cli import _register_commands, cli
+
+    for name in list(os.environ):
+        if name.startswith("BUILDMAX_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    _register_commands()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(cli, list(args))
+        return result.exit_code, result.output
+
+    assert run("db", "migrate", "--data-dir", "d")[0] == 0
+    code, out = run("backup", "list", "--data-dir", "d", "--output", "bk")
+    assert code == 0, out
+    assert out.splitlines() == [
+        f"no backup in {tmp_path / 'bk'}",
+        "last run: none recorded",
+        "last success: none recorded",
+    ]
+    assert run("backup", "create", "--data-dir", "d", "--output", "bk")[0] == 0
+    monkeypatch.setattr("buildmax.backups.create.private_dir", _refuse)
+    code, out = run("backup", "create", "--data-dir", "d", "--output", "bk")
+    assert code == 1, out
+    code, out = run("backup", "list", "--data-dir", "d", "--output", "bk")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3, out
+    assert lines[0].startswith("buildmax-") and " sqlite " in lines[0]
+    assert lines[1].startswith("last run: failed, started ") and "disk full" in lines[1]
+    assert lines[2].startswith("last success: succeeded, started ")
+
+
+def _refuse(path: Path) -> Path:
+    raise OSError(28, "disk full")

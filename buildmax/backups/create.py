@@ -40,6 +40,7 @@ from .layout import (
     PARTIAL_PREFIX,
     POSTGRES_DUMP,
     SQLITE_DUMP,
+    BackupError,
     PrivateFile,
     backup_name,
     backups_in,
@@ -49,7 +50,7 @@ from .layout import (
     private_dir,
     target_lock,
 )
-from .manifest import BackupError, ListedBlob, Manifest, Part, blob_line, listed_blobs
+from .manifest import ListedBlob, Manifest, Part, blob_line, listed_blobs
 from .placement import row_counts
 from .runs import RENEW_AFTER_MS, finish_run, renew_run, start_run
 from .verify import verify_files
@@ -225,31 +226,38 @@ async def create_backup(
     """Take a backup into the folder ``target`` (an absolute path: see the
     module docstring), then keep only the newest ``keep`` backups there (and
     the blobs they use). One backup at a time per target: a second one is
-    refused while the first runs."""
+    refused while the first runs. Every run is recorded (``backup_runs``),
+    a failed one with its reason."""
     if keep is not None and keep < 1:
         raise BackupError("--keep must be at least 1")
-    await check_dump_tool(app)
-    private_dir(target)
-    try:
-        lock = target_lock(target)
-        lock.__enter__()
-    except BlockingIOError:
-        raise BackupError(f"another backup is being written into {target}") from None
-    try:
-        return await _create(app, target, keep, progress)
-    finally:
-        lock.__exit__(None, None, None)
-
-
-async def _create(
-    app: BuildMax, target: Path, keep: int | None, progress: Progress
-) -> CreatedBackup:
-    name = backup_name(app.clock.now_ms())
-    final = target / name
-    if final.exists():
-        raise BackupError(f"{final} exists already: one backup per millisecond")
-    partial = private_dir(target / (PARTIAL_PREFIX + name))
+    final = target / backup_name(app.clock.now_ms())
     run_pk = await start_run(app, str(final))
+    try:
+        await check_dump_tool(app)
+        await asyncio.to_thread(private_dir, target)
+        with target_lock(target):
+            created = await _create(app, final, run_pk, progress)
+            size = sum(p.size for p in created.manifest.parts.values())
+            await finish_run(
+                app,
+                run_pk,
+                ok=True,
+                manifest_sha256=created.manifest_sha256,
+                size=size + created.manifest.blob_bytes,
+            )
+            if keep is not None:
+                created.removed.extend(prune(target, keep))
+    except BaseException as exc:
+        await asyncio.shield(finish_run(app, run_pk, ok=False, error=_reason(exc)))
+        raise
+    return created
+
+
+async def _create(app: BuildMax, final: Path, run_pk: int, progress: Progress) -> CreatedBackup:
+    """Write the backup under its partial name, check it and rename it to
+    ``final``; nothing is left of it on a failure."""
+    target = final.parent
+    partial = await asyncio.to_thread(_partial_of, final)
     try:
         async with app.db.snapshot() as snap:
             taken_at = app.clock.now_ms()
@@ -285,15 +293,17 @@ async def _create(
         await asyncio.to_thread(verify_files, partial, progress=progress)
         partial.rename(final)
         fsync_dir(target)
-    except BaseException as exc:
+    except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
-        await asyncio.shield(finish_run(app, run_pk, ok=False, error=_reason(exc)))
         raise
-    digest = hashlib.sha256(body).hexdigest()
-    size = sum(p.size for p in parts.values()) + manifest.blob_bytes
-    await finish_run(app, run_pk, ok=True, manifest_sha256=digest, size=size)
-    removed = prune(target, keep) if keep is not None else []
-    return CreatedBackup(final, manifest, digest, copier.copied, removed)
+    return CreatedBackup(final, manifest, hashlib.sha256(body).hexdigest(), copier.copied, [])
+
+
+def _partial_of(final: Path) -> Path:
+    """The folder the backup named ``final`` is written in, made anew."""
+    if final.exists():
+        raise BackupError(f"{final} exists already: one backup per millisecond")
+    return private_dir(final.with_name(PARTIAL_PREFIX + final.name))
 
 
 def _reason(exc: BaseException) -> str:

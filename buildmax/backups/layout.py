@@ -37,6 +37,12 @@ PARTIAL_PREFIX = ".partial-"
 #: ``buildmax-20261202T120000123Z``: sorts by time.
 BACKUP_NAME = re.compile(r"^buildmax-\d{8}T\d{9}Z$")
 CHUNK = 1024 * 1024
+
+
+class BackupError(Exception):
+    """A backup cannot be taken, read, verified or restored: one line why."""
+
+
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -128,10 +134,13 @@ class PrivateFile:
 @contextlib.contextmanager
 def target_lock(target: Path) -> Iterator[None]:
     """Hold the target's lock file (``.lock``) for the block; a second
-    holder gets ``BlockingIOError`` at once (another backup is running)."""
+    holder is refused at once (another backup is running)."""
     fd = os.open(target / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackupError(f"another backup is being written into {target}") from None
         yield
     finally:
         os.close(fd)

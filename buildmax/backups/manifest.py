@@ -17,13 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import BLOB_LIST, MANIFEST
+from .layout import BLOB_LIST, MANIFEST, BackupError
 
 FORMAT = "buildmax-backup/1"
-
-
-class BackupError(Exception):
-    """A backup cannot be taken, read, verified or restored: one line why."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from .manifest import BackupError
+from .layout import BackupError
 
 _VERSION = re.compile(r"\(PostgreSQL\) (\d+)(?:\.(\d+))?")
 INSTALL_HINT = "install PostgreSQL's client tools (Debian: postgresql-client) or set pg_bin_dir"

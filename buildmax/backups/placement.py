@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from . import pg_tools
-from .layout import POSTGRES_DUMP, SQLITE_DUMP
-from .manifest import BackupError, Manifest
+from .layout import POSTGRES_DUMP, SQLITE_DUMP, BackupError
+from .manifest import Manifest
 
 log = logging.getLogger("buildmax.backups")
 

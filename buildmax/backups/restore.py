@@ -42,8 +42,8 @@ from ..principals import create_principal
 from ..tables import backup_runs, principals, spaces, tokens
 from ..tokens import IssuedToken, issue_token
 from . import pg_tools
-from .layout import BLOB_LIST, backup_name, blob_path, iter_file
-from .manifest import BackupError, Manifest, listed_blobs
+from .layout import BLOB_LIST, BackupError, backup_name, blob_path, iter_file
+from .manifest import Manifest, listed_blobs
 from .placement import open_restored, place_database, prepare_target, put_back, undo_placement
 from .replay import replay_kernel
 from .verify import check_references, check_restored, check_schema, manifest_digest, verify_files

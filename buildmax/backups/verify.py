@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from buildmax_hookspecs import Migration
 
-from .layout import BLOB_LIST, CHUNK, blob_path, file_sha256
-from .manifest import BackupError, Manifest, listed_blobs, read_manifest
+from .layout import BLOB_LIST, CHUNK, BackupError, blob_path, file_sha256
+from .manifest import Manifest, listed_blobs, read_manifest
 from .placement import open_restored, place_database, remove_database, row_counts
 
 if TYPE_CHECKING:

@@ -108,7 +108,7 @@ def create_command(
     verified; 1 with the reason otherwise (nothing that looks like a backup
     is left behind)."""
     from ..backups.create import create_backup, manifest_summary
-    from ..backups.manifest import BackupError
+    from ..backups.layout import BackupError
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
     target = Path(output or settings.backup_dir).absolute()
@@ -149,7 +149,7 @@ def verify_command(
     in the backup. A PostgreSQL backup is opened in a scratch database on
     the server of --database-url, dropped after. Exit 1 naming the first
     problem."""
-    from ..backups.manifest import BackupError
+    from ..backups.layout import BackupError
     from ..backups.verify import check_database, manifest_digest, verify_files
 
     settings = load_settings(config_path, database_url=database_url)
@@ -212,7 +212,7 @@ def restore_command(
     again, with generations past any handed out before; artifacts and
     releases whose blob is missing are tombstoned and listed. A fresh admin
     token is printed once."""
-    from ..backups.manifest import BackupError
+    from ..backups.layout import BackupError
     from ..backups.restore import restore_backup
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
@@ -255,6 +255,55 @@ def restore_command(
         f"\n  A new admin token for {report.admin_name} (shown once, keep it safe):\n\n"
         f"      {report.admin_token.secret}\n"
     )
+
+
+@backup.command("list")
+@config_option
+@data_dir_option
+@database_option
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    help="Backup target folder (default: backup_dir, ./buildmax-backups).",
+)
+def list_command(
+    config_path: str | None, data_dir: str | None, database_url: str | None, output: str | None
+) -> None:
+    """The backups in the target, oldest first, and what the database
+    recorded of the last runs (when, where, and why the last failure failed)."""
+    from ..backups.layout import BackupError, backups_in
+    from ..backups.manifest import read_manifest
+    from ..backups.runs import last_runs
+    from ..clock import to_rfc3339
+
+    settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
+    target = Path(output or settings.backup_dir).absolute()
+    for folder in backups_in(target):
+        try:
+            manifest, _ = read_manifest(folder)
+        except BackupError as exc:
+            click.echo(f"{folder.name}  unreadable: {exc}")
+            continue
+        click.echo(
+            f"{folder.name}  {manifest.engine}  {sum(manifest.row_counts.values())} rows  "
+            f"{manifest.blob_count} blob(s), {manifest.blob_bytes} bytes"
+        )
+    if not backups_in(target):
+        click.echo(f"no backup in {target}")
+
+    async def work(app: Any) -> Any:
+        async with app.db.read() as conn:
+            return await last_runs(conn)
+
+    runs = with_app(settings, work, schema_of=["kernel"])
+    for label, run in (("last run", runs["last"]), ("last success", runs["last_succeeded"])):
+        if run is None:
+            click.echo(f"{label}: none recorded")
+            continue
+        line = f"{label}: {run['state']}, started {to_rfc3339(run['started_at'])}, {run['path']}"
+        if run["error"]:
+            line += f": {run['error']}"
+        click.echo(line)
 
 
 def register(cli: click.Group) -> None:
