@@ -979,3 +979,37 @@ def test_backup_list_shows_the_backups_and_the_last_runs(tmp_path: Path, monkeyp
 
 def _refuse(path: Path) -> Path:
     raise OSError(28, "disk full")
+
+
+def test_the_events_after_a_backup_come_from_buildmax_restore_replay(tmp_path: Path) -> None:
+    """Each plugin is asked with the facts it recorded; what they return is
+    the replay, in their order; a ValueError refuses the file. Catches:
+    facts handed to the wrong plugin."""
+    from buildmax_hookspecs import AuditEvent
+
+    asked: list[tuple[str, Any]] = []
+    event = AuditEvent(
+        time=1,
+        action="token.revoked",
+        actor_id=None,
+        actor_kind="system",
+        space_id=None,
+        target_type="token",
+        target_id="tk_1",
+    )
+
+    class Trail:
+        @hookimpl
+        def buildmax_restore_replay(self, path: str, facts: Any) -> list[AuditEvent]:
+            asked.append((path, dict(facts)))
+            if facts.get("refuse"):
+                raise ValueError("not this file")
+            return [event]
+
+    app = create_app(
+        Config(data_dir=str(tmp_path), load_plugins=""), extra_plugins=[("trail", Trail())]
+    )
+    assert app.hooks.restore_replay("x.jsonl", {"trail": {"n": 1}, "other": {"n": 2}}) == [event]
+    assert asked == [("x.jsonl", {"n": 1})]
+    with pytest.raises(ValueError, match="not this file"):
+        app.hooks.restore_replay("x.jsonl", {"trail": {"refuse": True}})

@@ -5,8 +5,11 @@ target) share."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import shutil
+import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +22,9 @@ from .layout import POSTGRES_DUMP, SQLITE_DUMP, BackupError
 from .manifest import Manifest
 
 log = logging.getLogger("buildmax.backups")
+
+#: The suffix of a SQLite database a restore is still working on.
+STAGING = ".restoring"
 
 if TYPE_CHECKING:
     from ..app import BuildMax
@@ -123,10 +129,13 @@ async def prepare_target(settings: Config, *, replace: bool, stamp: str) -> Asid
         if not present or (path.is_file() and path.stat().st_size == 0 and len(present) == 1):
             return Aside()
         if not replace:
+            what = path if path.exists() else path.with_name(path.name + "-wal")
             raise BackupError(
-                f"{path} exists: restore into an empty data directory, or stop the server "
+                f"{what} exists: restore into an empty data directory, or stop the server "
                 "and give --replace (the old files are moved aside, not deleted)"
             )
+        if sqlite_in_use(path):
+            raise BackupError(f"{path} is open in a running server: stop it first")
         aside = Aside()
         for suffix in ("", "-wal", "-shm"):
             old = path.with_name(path.name + suffix)
@@ -223,6 +232,51 @@ async def open_restored(
     app = create_app(settings, extra_plugins=extra_plugins)
     await app.db.connect()
     return app
+
+
+def staged(settings: Config) -> Config:
+    """Where a restore puts the database while it works: on SQLite a file
+    beside the target's, ``<name>.restoring``, that no server opens; on
+    PostgreSQL the target itself."""
+    if settings.engine != "sqlite":
+        return settings
+    path = _sqlite_path(settings)
+    return settings.replace(database_url=f"sqlite:///{path.with_name(path.name + STAGING)}")
+
+
+async def unstage(staging: Config, settings: Config) -> None:
+    """Move a staged SQLite database into place (its log folded into it first)."""
+    if settings.engine != "sqlite":
+        return
+    source, target = _sqlite_path(staging), _sqlite_path(settings)
+
+    def move() -> None:
+        conn = sqlite3.connect(source)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            conn.execute("PRAGMA journal_mode = DELETE").fetchall()
+        finally:
+            conn.close()
+        source.rename(target)
+
+    await asyncio.to_thread(move)
+
+
+def sqlite_in_use(path: Path) -> bool:
+    """Whether a process has the SQLite database at ``path`` open: every
+    connection to a WAL database holds a shared lock on byte 128 of its
+    ``-shm`` file (SQLite's "dead man switch") for as long as it is open."""
+    try:
+        fd = os.open(path.with_name(path.name + "-shm"), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the lock, if it was taken
+    return False
 
 
 async def undo_placement(settings: Config) -> None:

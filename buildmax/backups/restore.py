@@ -27,13 +27,14 @@ new epoch:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR, AuditEvent, BlobDigestMismatch, Restoration
+from buildmax_hookspecs import SYSTEM_ACTOR, AuditEvent, BlobNotFound, Restoration
 
 from ..app import blob_store
 from ..clock import SystemClock
@@ -44,7 +45,15 @@ from ..tokens import IssuedToken, issue_token
 from . import pg_tools
 from .layout import BLOB_LIST, BackupError, backup_name, blob_path, iter_file
 from .manifest import Manifest, listed_blobs
-from .placement import open_restored, place_database, prepare_target, put_back, undo_placement
+from .placement import (
+    open_restored,
+    place_database,
+    prepare_target,
+    put_back,
+    staged,
+    undo_placement,
+    unstage,
+)
 from .replay import replay_kernel
 from .verify import check_references, check_restored, check_schema, manifest_digest, verify_files
 
@@ -85,30 +94,45 @@ class RestoreReport:
 # -- blobs ------------------------------------------------------------------------------
 
 
+async def _lost_blobs(app: BuildMax, manifest: Manifest) -> list[str]:
+    """The keys the backup could not hold (its store had lost them) that the
+    target's store does not hold either: every other listed blob is in the
+    backup's pool, checked by :func:`verify_files`."""
+    store = blob_store(app)
+    return [key for key in manifest.missing_blobs if await store.head(key) is None]
+
+
+async def _intact_in_store(store: Any, key: str, sha256: str) -> bool:
+    """Whether the store holds ``key`` with exactly the bytes of ``sha256``."""
+    if await store.head(key) is None:
+        return False
+    digest = hashlib.sha256()
+    try:
+        async for chunk in store.open(key):
+            digest.update(chunk)
+    except BlobNotFound:
+        return False
+    return digest.hexdigest() == sha256
+
+
 async def _restore_blobs(
     app: BuildMax, folder: Path, manifest: Manifest, report: RestoreReport, progress: Progress
 ) -> None:
+    """Put every blob of the backup the store lacks (or holds damaged) back."""
     store = blob_store(app)
-    target = folder.parent
     missing = set(manifest.missing_blobs)
     done = 0
     for blob in listed_blobs(folder / BLOB_LIST):
         done += blob.size
         progress("blobs", done, manifest.blob_bytes)
-        present = await store.head(blob.key)
-        if present is not None and present.size == blob.size:
+        if blob.key in missing:
+            continue
+        if await _intact_in_store(store, blob.key, blob.sha256):
             report.blobs_present += 1
             continue
-        path = blob_path(target, blob.sha256)
-        if blob.key in missing or not path.is_file():
-            report.lost_blobs.append(blob.key)
-            continue
         prefix = blob.key.rsplit("/sha256/", 1)[0]
-        try:
-            await store.put(prefix, _file_stream(path), expected_sha256=blob.sha256)
-        except BlobDigestMismatch:
-            report.lost_blobs.append(blob.key)
-            continue
+        path = blob_path(folder.parent, blob.sha256)
+        await store.put(prefix, _file_stream(path), expected_sha256=blob.sha256)
         report.blobs_restored += 1
 
 
@@ -262,10 +286,13 @@ async def restore_backup(
     moved = await prepare_target(
         settings, replace=replace, stamp=backup_name(SystemClock().now_ms())
     )
+    # SQLite is restored under a name no server opens, renamed into place
+    # only once the epoch is in it and its blobs are back.
+    staging = staged(settings)
     progress("database", 0, 0)
     try:
-        await place_database(settings, folder, manifest)
-        app = await open_restored(settings, extra_plugins)
+        await place_database(staging, folder, manifest)
+        app = await open_restored(staging, extra_plugins)
         try:
             await check_restored(app, manifest)
             await check_references(app, folder, manifest)
@@ -274,8 +301,10 @@ async def restore_backup(
                 digest,
                 set_aside=moved.describe(),
                 migrated=[f"{m.plugin} {m.version}" for m in migrated],
+                lost_blobs=await _lost_blobs(app, manifest),
             )
-            await _restore_blobs(app, folder, manifest, report, progress)
+            # The epoch first: once it commits no credential from before works,
+            # even if the restore stops while the blobs are copied.
             issued, admin_name, revoked, lines = await enter_epoch(
                 app,
                 folder,
@@ -285,13 +314,15 @@ async def restore_backup(
                 keep_tokens=keep_tokens,
                 replay=replay,
             )
+            await _restore_blobs(app, folder, manifest, report, progress)
         finally:
             await close_blob_store(app)
             await app.db.close()
+        await unstage(staging, settings)
     except BaseException:
         # Nothing half-restored is left to be served (old credentials valid in
         # it): the target is emptied again and what was moved aside comes back.
-        await asyncio.shield(undo_placement(settings))
+        await asyncio.shield(undo_placement(staging))
         await asyncio.shield(put_back(settings, moved))
         raise
     report.admin_token, report.admin_name = issued, admin_name
