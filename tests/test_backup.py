@@ -34,7 +34,7 @@ from buildmax.backups.layout import (
     blob_path,
 )
 from buildmax.backups.manifest import listed_blobs
-from buildmax.backups.restore import EVENT_ID_STRIDE, GENERATION_STRIDE, restore_backup
+from buildmax.backups.restore import restore_backup
 from buildmax.backups.runs import backup_running
 from buildmax.backups.verify import check_database, verify_files
 from buildmax.config import Config
@@ -49,6 +49,7 @@ from buildmax.testing import (
     pg_drop_database,
     serving,
 )
+from buildmax.tokens import issue_token
 
 
 @pytest.fixture
@@ -155,6 +156,10 @@ async def test_a_backup_restores_as_a_pair_under_a_new_epoch(
     claimed = await d.task("claimed before the backup")
     claim = await d.claim(claimed)
     assert claim["attempt"]["generation"] == 1
+    async with d.app.db.write() as tx:
+        session = await issue_token(
+            tx, principal_pk=d.owner.pk, now=d.app.clock.now_ms(), origin="session"
+        )
     kept = await d.upload(b"kept bytes", "kept.txt")
     await d.increment(3)
     seq_at_backup = await d.event_seq()
@@ -177,7 +182,7 @@ async def test_a_backup_restores_as_a_pair_under_a_new_epoch(
         client = restored.test_client()
         fresh = report.admin_token.secret
         # Every credential from before the restore is refused; the fresh one works.
-        for old in (d.owner.token, d.agent.token, claim["token"]):
+        for old in (d.owner.token, d.agent.token, claim["token"], session.secret):
             await call(client, "GET", f"/v1/spaces/{d.space.id}", old, expect=401)
         await call(
             client,
@@ -196,7 +201,7 @@ async def test_a_backup_restores_as_a_pair_under_a_new_epoch(
         # again, past every generation handed out before.
         task = await call(client, "GET", f"{d.base}/tasks/{claimed}", fresh, expect=200)
         assert task["state"] == "ready"
-        assert task["generation"] == 1 + GENERATION_STRIDE
+        assert task["generation"] == 1 + 2**20
         attempts = await call(
             client, "GET", f"{d.base}/tasks/{claimed}/attempts", fresh, expect=200
         )
@@ -218,11 +223,18 @@ async def test_a_backup_restores_as_a_pair_under_a_new_epoch(
             json={},
             expect=201,
         )
-        assert again["attempt"]["generation"] == 2 + GENERATION_STRIDE
+        assert again["attempt"]["generation"] == 2 + 2**20
         # The audit trail records the restore and still verifies.
         events = await call(client, "GET", "/v1/audit?action=system.restored", fresh, expect=200)
         [restored_event] = events["items"]
         assert restored_event["details"]["manifest_sha256"] == created.manifest_sha256
+        # The run that took the backup was running in its snapshot: it is
+        # recorded as the success it was, holding no collector back.
+        async with restored.db.read() as conn:
+            runs = [dict(r) for r in await conn.fetch_all(sa.select(backup_runs))]
+        assert [(r["state"], r["manifest_sha256"]) for r in runs] == [
+            ("succeeded", created.manifest_sha256)
+        ]
         # A subscriber resuming with an id of the lost timeline gets every new event.
         async with serving(restored) as base, httpx.AsyncClient(base_url=base, timeout=10) as http:
             headers = {"Authorization": f"Bearer {fresh}", "Last-Event-ID": str(lost_timeline_id)}
@@ -230,7 +242,7 @@ async def test_a_backup_restores_as_a_pair_under_a_new_epoch(
                 assert stream.status_code == 200
                 await call(client, "POST", f"{d.base}/testplugin/increment", fresh, expect=200)
                 frame = await _next_event(stream)
-        assert int(frame["id"]) == seq_at_backup + EVENT_ID_STRIDE + 1
+        assert int(frame["id"]) == seq_at_backup + 2**32 + 1
         # The first is the restore's own: the attempt it ended.
         assert frame["event"] == "attempt.expired"
     from buildmax_audit.verify import verify_database
@@ -736,9 +748,30 @@ async def test_what_an_audit_export_shows_after_the_backup_is_reapplied(
     the old tokens would otherwise all work)."""
     d = deployment
     departed = await make_principal("agent")
+    demoted = await make_principal("agent")
+    async with d.app.db.write() as tx:
+        await put_member(tx, d.space.pk, demoted.pk, "member", d.app.clock.now_ms())
     spare = await call(d.client, "POST", "/v1/tokens", d.owner, json={"name": "spare"}, expect=201)
+    twin = await call(d.client, "POST", "/v1/tokens", d.owner, json={"name": "twin"}, expect=201)
+    await call(
+        d.client,
+        "PATCH",
+        f"/v1/principals/{d.owner.id}",
+        admin,
+        json={"password": "the password of the backup"},
+        expect=200,
+    )
     created = await backup(d.app, tmp_path / "backups")
     await call(d.client, "DELETE", f"/v1/tokens/{spare['id']}", d.owner, expect=204)
+    await call(d.client, "POST", f"/v1/tokens/{twin['id']}/rotate", d.owner, expect=201)
+    await call(
+        d.client,
+        "PUT",
+        f"{d.base}/members/{demoted.id}",
+        d.owner,
+        json={"role": "viewer"},
+        expect=200,
+    )
     await call(
         d.client,
         "PATCH",
@@ -767,6 +800,15 @@ async def test_what_an_audit_export_shows_after_the_backup_is_reapplied(
     async with restored.test_app():
         client = restored.test_client()
         await call(client, "GET", f"/v1/spaces/{d.space.id}", spare["token"], expect=401)
+        await call(client, "GET", f"/v1/spaces/{d.space.id}", twin["token"], expect=401)
+        await call(
+            client,
+            "POST",
+            f"{d.base}/tasks",
+            demoted.token,
+            json={"project": "main", "title": "a viewer cannot"},
+            expect=403,
+        )
         await call(client, "GET", "/v1/principals/me", departed.token, expect=401)
         await call(client, "GET", f"/v1/spaces/{d.space.id}", d.agent.token, expect=404)
         await call(client, "GET", f"/v1/spaces/{d.space.id}", d.owner.token, expect=200)
@@ -778,7 +820,7 @@ async def test_what_an_audit_export_shows_after_the_backup_is_reapplied(
         audit = await call(
             client, "GET", "/v1/audit?action=system.restored", admin.token, expect=200
         )
-        assert audit["items"][0]["details"]["replayed_events"] >= 4
+        assert audit["items"][0]["details"]["replayed_events"] >= 6
 
 
 async def test_an_audit_export_of_another_timeline_is_refused_changing_nothing(
@@ -1013,3 +1055,130 @@ def test_the_events_after_a_backup_come_from_buildmax_restore_replay(tmp_path: P
     assert asked == [("x.jsonl", {"n": 1})]
     with pytest.raises(ValueError, match="not this file"):
         app.hooks.restore_replay("x.jsonl", {"trail": {"refuse": True}})
+
+
+@pytest.mark.engine_independent
+async def test_replace_is_refused_while_a_server_has_the_database_open(
+    taken: Any, restore_target: Config
+):
+    """Catches: moving a live database aside under a running server (its
+    writes would land in neither database)."""
+    first = await restore_backup(restore_target, taken.path)
+    assert first.admin_token is not None
+    db = Path(restore_target.data_dir) / "buildmax.db"
+    holder = _hold_open(db)
+    try:
+        with pytest.raises(BackupError, match=r"is open in a running server: stop it first"):
+            await restore_backup(restore_target, taken.path, replace=True)
+        assert _exists(str(db)) and not _exists(str(db) + "-wal.before-restore")
+        assert not [p for p in os.listdir(db.parent) if ".before-restore-" in p]
+    finally:
+        _release(holder)
+
+
+def _hold_open(db: Path) -> Any:
+    """Another process with the database open, as a server has it."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_OPEN, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+    return holder
+
+
+def _release(holder: Any) -> None:
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+
+
+_HOLD_OPEN = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("PRAGMA journal_mode = WAL").fetchall()
+conn.execute("SELECT count(*) FROM principals").fetchall()
+print("open", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.engine_independent
+async def test_a_data_dir_holding_only_a_log_is_not_empty(taken: Any, restore_target: Config):
+    """A ``buildmax.db-wal`` alone may hold committed writes. Catches:
+    restoring over it as if the directory were empty."""
+    data = Path(restore_target.data_dir)
+    _write_log(data)
+    with pytest.raises(BackupError, match=r"buildmax\.db-wal exists"):
+        await restore_backup(restore_target, taken.path)
+
+
+def _write_log(data: Path) -> None:
+    data.mkdir(parents=True)
+    (data / "buildmax.db-wal").write_bytes(bytes(32))
+
+
+@pytest.mark.engine_independent
+async def test_a_blob_list_that_disagrees_with_the_rows_is_refused(
+    taken: Any, restore_target: Config, app
+):
+    """A list naming a blob no row references (its digests fixed up): the
+    database and the list are not one pair. Catches: a restore storing
+    bytes under keys no row names, or a row's blob left unchecked."""
+    _forge_list(taken.path)
+    with pytest.raises(BackupError, match="which no row references"):
+        await check_database(app.settings, taken.path, verify_files(taken.path))
+    with pytest.raises(BackupError, match="which no row references"):
+        await restore_backup(restore_target, taken.path)
+
+
+def _forge_list(folder: Path) -> None:
+    """Add a well-formed blob entry, its bytes in the pool, digests fixed up."""
+    data = b"smuggled"
+    sha = hashlib.sha256(data).hexdigest()
+    pooled = blob_path(folder.parent, sha)
+    pooled.parent.mkdir(parents=True, exist_ok=True)
+    pooled.write_bytes(data)
+    listing = folder / BLOB_LIST
+    listing.write_bytes(
+        listing.read_bytes()
+        + (
+            json.dumps({"key": f"artifacts/x/sha256/{sha}", "sha256": sha, "size": 8}) + "\n"
+        ).encode()
+    )
+    body = json.loads((folder / MANIFEST).read_text())
+    body["parts"][BLOB_LIST] = {
+        "size": listing.stat().st_size,
+        "sha256": hashlib.sha256(listing.read_bytes()).hexdigest(),
+    }
+    body["blob_count"] += 1
+    body["blob_bytes"] += 8
+    (folder / MANIFEST).write_text(json.dumps(body))
+
+
+async def test_the_lease_is_renewed_while_the_database_is_copied(
+    deployment: Deployment, tmp_path: Path, monkeypatch
+):
+    """A database copy or dump longer than the lease: the lease is renewed
+    meanwhile, so the collector keeps every blob. Catches: renewing only
+    while blobs are copied."""
+    from buildmax.backups import create as create_module
+    from buildmax.backups.runs import LEASE_MS
+
+    d = deployment
+    await d.upload(b"kept by the lease", "k.txt")
+    monkeypatch.setattr(create_module, "RENEW_AFTER_MS", 10)
+    seen: list[bool] = []
+    dump = create_module._dump
+
+    async def slow_dump(*args: Any) -> Any:
+        d.app.clock.advance(ms=LEASE_MS + 1000)  # past the lease the run started with
+        await asyncio.sleep(0.2)  # the keeper renews meanwhile
+        async with d.app.db.read() as conn:
+            seen.append(await backup_running(conn, d.app.clock.now_ms()))
+        return await dump(*args)
+
+    monkeypatch.setattr(create_module, "_dump", slow_dump)
+    await backup(d.app, tmp_path / "backups")
+    assert seen == [True]

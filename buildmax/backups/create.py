@@ -140,7 +140,14 @@ async def _dump(app: BuildMax, snap: Snapshot, folder: Path, progress: Progress)
     await pg_tools.run_tool(
         tool,
         app.db.url,
-        ["--format=custom", f"--snapshot={snap.exported}", f"--file={folder / POSTGRES_DUMP}"],
+        [
+            "--format=custom",
+            f"--snapshot={snap.exported}",
+            # What a restore with --replace set aside is not the deployment.
+            "--exclude-schema=before_restore_*",
+            f"--file={folder / POSTGRES_DUMP}",
+        ],
+        scratch=folder,
     )
     (folder / POSTGRES_DUMP).chmod(0o600)
     return POSTGRES_DUMP
@@ -166,23 +173,14 @@ def _pooled_intact(path: Path, blob: ListedBlob) -> bool:
 
 
 class _BlobCopier:
-    """Copies blobs from the store into the target's pool, renewing the
-    run's lease as it goes."""
+    """Copies blobs from the store into the target's pool."""
 
-    def __init__(self, app: BuildMax, target: Path, run_pk: int, progress: Progress) -> None:
+    def __init__(self, app: BuildMax, target: Path, progress: Progress) -> None:
         self.app = app
         self.target = target
-        self.run_pk = run_pk
         self.progress = progress
-        self.renewed = app.clock.now_ms()
         self.done = 0
         self.copied = 0
-
-    async def _keep_lease(self) -> None:
-        now = self.app.clock.now_ms()
-        if now - self.renewed >= RENEW_AFTER_MS:
-            await renew_run(self.app, self.run_pk)
-            self.renewed = now
 
     async def copy(self, blob: ListedBlob, total: int) -> bool:
         """Put ``blob`` in the pool unless it is there intact; False when the
@@ -199,7 +197,6 @@ class _BlobCopier:
                 await asyncio.to_thread(out.write, chunk)
                 self.done += len(chunk)
                 self.progress("blobs", self.done, total)
-                await self._keep_lease()
             if out.digest.hexdigest() != blob.sha256 or out.size != blob.size:
                 log.warning(
                     "blob %s in the blob store is damaged (sha256 %s, %d bytes): left out",
@@ -232,11 +229,13 @@ async def create_backup(
         raise BackupError("--keep must be at least 1")
     final = target / backup_name(app.clock.now_ms())
     run_pk = await start_run(app, str(final))
+    keeper = asyncio.create_task(_keep_lease(app, run_pk), name="buildmax-backup-lease")
     try:
         await check_dump_tool(app)
         await asyncio.to_thread(private_dir, target)
         with target_lock(target):
-            created = await _create(app, final, run_pk, progress)
+            await asyncio.to_thread(_remove_partials, target)
+            created = await _create(app, final, progress)
             size = sum(p.size for p in created.manifest.parts.values())
             await finish_run(
                 app,
@@ -250,10 +249,31 @@ async def create_backup(
     except BaseException as exc:
         await asyncio.shield(finish_run(app, run_pk, ok=False, error=_reason(exc)))
         raise
+    finally:
+        keeper.cancel()
     return created
 
 
-async def _create(app: BuildMax, final: Path, run_pk: int, progress: Progress) -> CreatedBackup:
+async def _keep_lease(app: BuildMax, run_pk: int) -> None:
+    """Renew the run's lease for as long as the backup runs (the database
+    copy or dump, the blobs, the checks): no collector deletes a blob the
+    snapshot names meanwhile."""
+    while True:
+        await asyncio.sleep(RENEW_AFTER_MS / 1000)
+        try:
+            await renew_run(app, run_pk)
+        except Exception:
+            log.exception("renewing the backup's lease failed")
+
+
+def _remove_partials(target: Path) -> None:
+    """Remove what backups killed before they finished left (under the
+    target's lock: no backup is writing one now)."""
+    for stale in target.glob(PARTIAL_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+async def _create(app: BuildMax, final: Path, progress: Progress) -> CreatedBackup:
     """Write the backup under its partial name, check it and rename it to
     ``final``; nothing is left of it on a failure."""
     target = final.parent
@@ -263,7 +283,7 @@ async def _create(app: BuildMax, final: Path, run_pk: int, progress: Progress) -
             taken_at = app.clock.now_ms()
             facts, _ = await _read_snapshot(app, snap, partial, progress)
             database = await _dump(app, snap, partial, progress)
-        copier = _BlobCopier(app, target, run_pk, progress)
+        copier = _BlobCopier(app, target, progress)
         missing = []
         count = 0
         for blob in listed_blobs(partial / BLOB_LIST):

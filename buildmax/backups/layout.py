@@ -55,9 +55,16 @@ def backup_name(millis: int) -> str:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (and missing parents) readable by its owner only."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """``path``, every folder of it created here readable by its owner only
+    (the umask cannot widen them); a folder that exists is left as it is."""
+    missing = []
+    walk = path
+    while not walk.is_dir():
+        missing.append(walk)
+        walk = walk.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
     return path
 
 

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .layout import BackupError
 
@@ -62,8 +62,14 @@ def require_version(tool: str, tool_major_version: int, server_version_num: int)
 
 
 def _without_password(url: str) -> tuple[str, str | None]:
+    """``url`` without its password (in the user part or the query), and the password."""
     parts = urlsplit(url.replace("postgres://", "postgresql://", 1))
     password = unquote(parts.password) if parts.password is not None else None
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    for key, value in query:
+        if key == "password":
+            password = value
+    parts = parts._replace(query=urlencode([(k, v) for k, v in query if k != "password"]))
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
@@ -79,14 +85,17 @@ def public_url(url: str) -> str:
 
 
 @contextlib.contextmanager
-def _passfile(password: str | None) -> Iterator[dict[str, str]]:
+def _passfile(password: str | None, scratch: Path | None) -> Iterator[dict[str, str]]:
+    """The tool's environment: with the URL's password in a passfile (in
+    ``scratch``, removed with it even if this process is killed), else as
+    given (``PGPASSWORD``, ``PGPASSFILE``, ``~/.pgpass``)."""
     env = dict(os.environ)
-    env.pop("PGPASSWORD", None)
     if password is None:
         yield env
         return
+    env.pop("PGPASSWORD", None)
     escaped = password.replace("\\", "\\\\").replace(":", "\\:")
-    fd, name = tempfile.mkstemp(prefix="buildmax-pgpass-")
+    fd, name = tempfile.mkstemp(prefix=".pgpass-", dir=scratch)
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -97,12 +106,14 @@ def _passfile(password: str | None) -> Iterator[dict[str, str]]:
         os.unlink(name)
 
 
-async def run_tool(tool: str, url: str, arguments: Sequence[str]) -> None:
+async def run_tool(
+    tool: str, url: str, arguments: Sequence[str], *, scratch: Path | None = None
+) -> None:
     """Run ``tool`` against the database at ``url`` (its password through a
-    passfile); :class:`BackupError` with the tool's last error line when it
-    fails."""
+    passfile, in ``scratch`` if given); :class:`BackupError` with the tool's
+    last error line when it fails."""
     dbname, password = _without_password(url)
-    with _passfile(password) as env:
+    with _passfile(password, scratch) as env:
         proc = await asyncio.create_subprocess_exec(
             tool,
             *arguments,

@@ -1,6 +1,7 @@
 """What a restore re-applies of the kernel's actions recorded after its
 backup (``--audit-export``): whatever took a right away, so the restore does
-not give it back. A revoked token stays revoked (with ``--keep-tokens``), a
+not give it back. A revoked token stays revoked (with ``--keep-tokens``; a
+rotated token's predecessor too), a
 disabled principal disabled, a changed system role changed, a removed
 member removed, a changed member role changed; a password changed after the
 backup is cleared (the backup's hash would let the old password in again:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 REPLAYED = frozenset(
     {
         "token.revoked",
+        "token.rotated",
         "principal.disabled",
         "principal.role_changed",
         "principal.password_set",
@@ -53,7 +55,10 @@ async def _access(tx: Transaction, space_id: str | None) -> SpaceAccess | None:
 async def _apply(app: BuildMax, tx: Transaction, event: AuditEvent, now: int) -> str | None:
     """Re-apply one event; a line saying what was done, or why not."""
     target = event.target_id or ""
-    if event.action == "token.revoked":
+    if event.action == "token.rotated":
+        # The twin is not in the backup; the token it replaced must not work.
+        target = str(event.details.get("replaces") or "")
+    if event.action in ("token.revoked", "token.rotated"):
         done = await tx.fetch_all(
             sa.update(tokens)
             .where(tokens.c.public_id == target, tokens.c.revoked_at.is_(None))

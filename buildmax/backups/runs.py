@@ -21,9 +21,19 @@ _ERROR_CHARS = 2000
 
 
 async def start_run(app: App, path: str) -> int:
-    """Record a backup starting now; its key."""
+    """Record a backup starting now; its key. A run still marked running
+    whose lease lapsed (its process was killed) is recorded as failed."""
     now = app.clock.now_ms()
     async with app.db.write() as tx:
+        await tx.execute(
+            sa.update(backup_runs)
+            .where(backup_runs.c.state == "running", backup_runs.c.lease_expires_at <= now)
+            .values(
+                state="failed",
+                finished_at=backup_runs.c.lease_expires_at,
+                error="interrupted: its process ended before the backup was complete",
+            )
+        )
         row = await tx.fetch_one(
             backup_runs.insert()
             .values(started_at=now, lease_expires_at=now + LEASE_MS, state="running", path=path)

@@ -20,8 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from buildmax_hookspecs import Migration
+import sqlalchemy as sa
+from buildmax_hookspecs import BlobKeyError, Migration, check_blob_key
 
+from ..tables import schema_migrations
 from .layout import BLOB_LIST, CHUNK, BackupError, blob_path, file_sha256
 from .manifest import Manifest, listed_blobs, read_manifest
 from .placement import open_restored, place_database, remove_database, row_counts
@@ -57,6 +59,7 @@ def verify_files(folder: Path, *, progress: Progress = _quiet) -> Manifest:
     for blob in listed_blobs(folder / BLOB_LIST):
         count += 1
         total += blob.size
+        _check_key(blob.key, blob.sha256)
         if blob.key in missing:
             continue
         _check_blob(target, blob.key, blob.size, blob.sha256)
@@ -67,6 +70,16 @@ def verify_files(folder: Path, *, progress: Progress = _quiet) -> Manifest:
             f"{manifest.blob_count} of {manifest.blob_bytes}"
         )
     return manifest
+
+
+def _check_key(key: str, sha256: str) -> None:
+    """A blob store key of this blob: ``<prefix>/sha256/<its digest>``."""
+    try:
+        check_blob_key(key)
+    except BlobKeyError:
+        raise BackupError(f"the blob list names {key!r}, which is not a blob key") from None
+    if not key.endswith(f"/sha256/{sha256}"):
+        raise BackupError(f"the blob list names {key} with sha256 {sha256}: they disagree")
 
 
 def _check_blob(target: Path, key: str, size: int, sha256: str) -> None:
@@ -113,6 +126,17 @@ async def check_restored(app: BuildMax, manifest: Manifest) -> None:
     the module docstring); nothing is written."""
     async with app.db.read(background=True) as conn:
         counts = await row_counts(conn, app.db.dialect)
+        recorded = await conn.fetch_all(
+            sa.select(
+                schema_migrations.c.plugin, sa.func.max(schema_migrations.c.version).label("v")
+            ).group_by(schema_migrations.c.plugin)
+        )
+    migrations = {row["plugin"]: int(row["v"]) for row in recorded}
+    if migrations != manifest.migrations:
+        raise BackupError(
+            f"the database records the migrations {migrations}, the manifest says "
+            f"{manifest.migrations}"
+        )
     if counts != manifest.row_counts:
         differ = sorted(
             t
@@ -130,12 +154,24 @@ async def check_restored(app: BuildMax, manifest: Manifest) -> None:
 
 
 async def check_references(app: BuildMax, folder: Path, manifest: Manifest) -> None:
-    """Every blob a row of ``app``'s database references is in the backup's list."""
-    listed = {blob.key for blob in listed_blobs(folder / BLOB_LIST)}
+    """The backup's blob list is exactly the blobs the rows of ``app``'s
+    database reference, each with the size and digest its row gives."""
+    listed = {blob.key: (blob.size, blob.sha256) for blob in listed_blobs(folder / BLOB_LIST)}
+    referenced: set[str] = set()
     async with app.db.read(background=True) as conn:
         async for ref in app.hooks.backup_blobs(conn):
-            if ref.key not in listed:
+            entry = listed.get(ref.key)
+            if entry is None:
                 raise BackupError(f"blob {ref.key} is referenced by a row but not in the backup")
+            if entry != (ref.size, ref.sha256):
+                raise BackupError(
+                    f"blob {ref.key}: the backup lists {entry[0]} bytes of sha256 {entry[1]}, "
+                    f"its row says {ref.size} bytes of sha256 {ref.sha256}"
+                )
+            referenced.add(ref.key)
+    unreferenced = sorted(set(listed) - referenced)
+    if unreferenced:
+        raise BackupError(f"the backup lists blob {unreferenced[0]}, which no row references")
 
 
 async def check_database(settings: Config, folder: Path, manifest: Manifest) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +63,26 @@ def _backup_folder(path: str) -> Path:
         return folder
     found = backups_in(folder)
     if not found:
-        raise click.ClickException(f"{folder} holds no backup")
+        raise click.ClickException(
+            f"{folder} holds no backup (no manifest.json in it, no buildmax-* backup folder)"
+        )
     return found[-1]
 
 
-def _fail(exc: Exception) -> click.ClickException:
-    return click.ClickException(str(exc))
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    """A refusal, a disk or a database error as one line and exit 1."""
+    from ..backups.layout import BackupError
+
+    try:
+        yield
+    except BackupError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise click.ClickException(f"{where}{exc.strerror or exc}") from None
+    except sqlite3.Error as exc:
+        raise click.ClickException(f"SQLite: {exc}") from None
 
 
 @click.group()
@@ -108,7 +125,6 @@ def create_command(
     verified; 1 with the reason otherwise (nothing that looks like a backup
     is left behind)."""
     from ..backups.create import create_backup, manifest_summary
-    from ..backups.layout import BackupError
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
     target = Path(output or settings.backup_dir).absolute()
@@ -120,10 +136,8 @@ def create_command(
         finally:
             progress.close()
 
-    try:
+    with _one_line():
         created = with_app(settings, work)
-    except BackupError as exc:
-        raise _fail(exc) from None
     click.echo(manifest_summary(created))
     for removed in created.removed:
         click.echo(f"removed the older backup {removed}")
@@ -149,19 +163,17 @@ def verify_command(
     in the backup. A PostgreSQL backup is opened in a scratch database on
     the server of --database-url, dropped after. Exit 1 naming the first
     problem."""
-    from ..backups.layout import BackupError
     from ..backups.verify import check_database, manifest_digest, verify_files
 
     settings = load_settings(config_path, database_url=database_url)
     folder = _backup_folder(path)
     progress = TerminalProgress()
     try:
-        manifest = verify_files(folder, progress=progress)
-        progress.close()
-        if not files_only:
-            asyncio.run(check_database(settings, folder, manifest))
-    except BackupError as exc:
-        raise _fail(exc) from None
+        with _one_line():
+            manifest = verify_files(folder, progress=progress)
+            progress.close()
+            if not files_only:
+                asyncio.run(check_database(settings, folder, manifest))
     finally:
         progress.close()
     what = "files" if files_only else "files and database"
@@ -212,25 +224,23 @@ def restore_command(
     again, with generations past any handed out before; artifacts and
     releases whose blob is missing are tombstoned and listed. A fresh admin
     token is printed once."""
-    from ..backups.layout import BackupError
     from ..backups.restore import restore_backup
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
     folder = _backup_folder(path)
     progress = TerminalProgress()
     try:
-        report = asyncio.run(
-            restore_backup(
-                settings,
-                folder,
-                replace=replace,
-                keep_tokens=keep_tokens,
-                audit_export=audit_export,
-                progress=progress,
+        with _one_line():
+            report = asyncio.run(
+                restore_backup(
+                    settings,
+                    folder,
+                    replace=replace,
+                    keep_tokens=keep_tokens,
+                    audit_export=audit_export,
+                    progress=progress,
+                )
             )
-        )
-    except BackupError as exc:
-        raise _fail(exc) from None
     finally:
         progress.close()
     for line in report.set_aside:

@@ -68,6 +68,8 @@ def events_after(path: str, facts: Mapping[str, Any]) -> list[AuditEvent]:
         raise ValueError(f"cannot read the audit export {path}: {exc.strerror or exc}") from None
     except ExportError as exc:
         raise ValueError(f"{path} is not an audit export: {exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not an audit export: it is not UTF-8 text") from None
     broken = [r for r in reports if not r.ok]
     if broken:
         raise ValueError(

@@ -47,6 +47,9 @@ async def _replay(app: BuildMax, tx: Transaction, restoration: Restoration) -> l
     a restore must not make it pinnable again."""
     lines = []
     for event in restoration.replay:
+        if event.action == "catalog.plugin.archived" and event.target_id is not None:
+            lines.extend(await _archive_again(app, tx, event, restoration.now))
+            continue
         if event.action not in _REPLAYED or event.target_id is None:
             continue
         version = str(event.details.get("version", ""))
@@ -74,6 +77,29 @@ async def _replay(app: BuildMax, tx: Transaction, restoration: Restoration) -> l
             "(it was after the backup)"
         )
     return lines
+
+
+async def _archive_again(app: BuildMax, tx: Transaction, event: Any, now: int) -> list[str]:
+    """A plugin archived after the backup stays archived (nothing more of it
+    is published)."""
+    reason = str(event.details.get("reason") or "archived after the backup")
+    done = await tx.fetch_all(
+        sa.update(plugins)
+        .where(plugins.c.name == event.target_id, plugins.c.archived_at.is_(None))
+        .values(archived_at=now, archive_reason=reason)
+        .returning(plugins.c.id)
+    )
+    if not done:
+        return []
+    await app.audit.record(
+        tx,
+        SYSTEM_ACTOR,
+        "catalog.plugin.archived",
+        target_type="catalog_plugin",
+        target_id=event.target_id,
+        details={"reason": reason},
+    )
+    return [f"marketplace: plugin {event.target_id} archived again (it was after the backup)"]
 
 
 async def _yank_lost(app: BuildMax, tx: Transaction, restoration: Restoration) -> list[str]:
