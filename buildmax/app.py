@@ -35,6 +35,7 @@ from .problems import (
     Problem,
     problem_for_status,
 )
+from .restore_marker import restore_unfinished
 from .services import Services
 from .streaming import PulledRequest, PullingHTTPConnection
 from .url_rules import SharedBuilderRule
@@ -219,6 +220,12 @@ def _install_conventions(app: BuildMax) -> None:
 async def _startup(app: BuildMax) -> None:
     await app.db.connect()
     try:
+        async with app.db.read() as conn:
+            if await restore_unfinished(conn):
+                raise MigrationError(
+                    "a restore into this database did not finish (it was stopped before its "
+                    "new authority epoch): run `buildmax backup restore --replace` again"
+                )
         migrations = app.migrations()
         statuses = await migration_status(app.db, migrations)
         refuse_if_ahead(statuses)

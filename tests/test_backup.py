@@ -1182,3 +1182,37 @@ async def test_the_lease_is_renewed_while_the_database_is_copied(
     monkeypatch.setattr(create_module, "_dump", slow_dump)
     await backup(d.app, tmp_path / "backups")
     assert seen == [True]
+
+
+@pytest.mark.postgres_only
+async def test_a_postgresql_restore_cut_off_before_its_epoch_is_not_served(
+    taken: Any, restore_target: Config, monkeypatch
+):
+    """A restore killed after pg_restore committed and before the epoch did
+    (simulated: the epoch fails and nothing is undone): the database holds
+    the backup's credentials, and a server refuses to start on it. Catches:
+    serving a half-restored database."""
+    from buildmax.backups import restore as restore_module
+
+    async def killed(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("killed")
+
+    async def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(restore_module, "enter_epoch", killed)
+    monkeypatch.setattr(restore_module, "undo_placement", nothing)
+    with pytest.raises(RuntimeError, match="killed"):
+        await restore_backup(restore_target, taken.path)
+    server = create_app(restore_target)
+    with pytest.raises(Exception, match="a restore into this database did not finish"):
+        async with server.test_app():
+            pass
+    monkeypatch.undo()
+    report = await restore_backup(restore_target, taken.path, replace=True)
+    assert report.admin_token is not None
+    server = create_app(restore_target)
+    async with server.test_app():
+        await call(
+            server.test_client(), "GET", "/v1/principals/me", report.admin_token.secret, expect=200
+        )

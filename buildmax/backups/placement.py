@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from ..restore_marker import RESTORE_MARKER, mark_statement
 from . import pg_tools
 from .layout import POSTGRES_DUMP, SQLITE_DUMP, BackupError
 from .manifest import Manifest
@@ -32,11 +33,13 @@ if TYPE_CHECKING:
 
 
 async def _tables(conn: Any, dialect: str) -> list[str]:
+    """The deployment's tables (the mark of a restore in progress aside)."""
     if dialect == "sqlite":
         query = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
     else:
         query = "SELECT tablename AS name FROM pg_tables WHERE schemaname = current_schema()"
-    return sorted(row["name"] for row in await conn.fetch_all(sa.text(query)))
+    names = (row["name"] for row in await conn.fetch_all(sa.text(query)))
+    return sorted(name for name in names if name != RESTORE_MARKER)
 
 
 async def row_counts(conn: Any, dialect: str) -> dict[str, int]:
@@ -203,6 +206,7 @@ async def place_database(settings: Config, folder: Path, manifest: Manifest) -> 
         await asyncio.to_thread(copy)
         return
     tool = pg_tools.find_tool("pg_restore", settings.pg_bin_dir)
+    await _pg_run(settings.database_url, mark_statement())
     await pg_tools.run_tool(
         tool,
         settings.database_url,

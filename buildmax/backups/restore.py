@@ -40,6 +40,7 @@ from ..app import blob_store
 from ..clock import SystemClock
 from ..migrations import migrate
 from ..principals import create_principal
+from ..restore_marker import unmark_statement
 from ..tables import backup_runs, principals, spaces, tokens
 from ..tokens import IssuedToken, issue_token
 from . import pg_tools
@@ -179,6 +180,7 @@ async def enter_epoch(
     """The restore's one write transaction (see the module docstring)."""
     async with app.db.write() as tx:
         now = app.clock.now_ms()
+        await tx.execute(unmark_statement())
         # The run that took this backup was still running in its snapshot.
         await tx.execute(
             sa.update(backup_runs)
