@@ -276,13 +276,16 @@ async def restore_backup(
             "restore into the same engine (moving between engines is not supported)"
         )
     code = create_app(settings, extra_plugins=extra_plugins)
-    check_schema(manifest, code.migrations())
-    replay: list[AuditEvent] = []
-    if audit_export is not None:
-        try:
-            replay = code.hooks.restore_replay(audit_export, manifest.plugin_facts)
-        except ValueError as exc:
-            raise BackupError(str(exc)) from None
+    try:
+        check_schema(manifest, code.migrations())
+        replay: list[AuditEvent] = []
+        if audit_export is not None:
+            try:
+                replay = code.hooks.restore_replay(audit_export, manifest.plugin_facts)
+            except ValueError as exc:
+                raise BackupError(str(exc)) from None
+    finally:
+        await close_blob_store(code)
     if settings.engine == "postgresql":
         pg_tools.find_tool("pg_restore", settings.pg_bin_dir)
     moved = await prepare_target(
