@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -42,12 +41,14 @@ from .layout import (
     SQLITE_DUMP,
     BackupError,
     PrivateFile,
+    Progress,
     backup_name,
     backups_in,
     blob_path,
     file_sha256,
     fsync_dir,
     private_dir,
+    quiet,
     target_lock,
 )
 from .manifest import ListedBlob, Manifest, Part, blob_line, listed_blobs
@@ -59,13 +60,6 @@ if TYPE_CHECKING:
     from ..app import BuildMax
 
 log = logging.getLogger("buildmax.backups")
-
-#: ``progress(stage, done, total)``: a stage's work done out of its total.
-Progress = Callable[[str, int, int], None]
-
-
-def _quiet(stage: str, done: int, total: int) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -218,7 +212,7 @@ class _BlobCopier:
 
 
 async def create_backup(
-    app: BuildMax, target: Path, *, keep: int | None = None, progress: Progress = _quiet
+    app: BuildMax, target: Path, *, keep: int | None = None, progress: Progress = quiet
 ) -> CreatedBackup:
     """Take a backup into the folder ``target`` (an absolute path: see the
     module docstring), then keep only the newest ``keep`` backups there (and

@@ -24,7 +24,7 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,6 +37,15 @@ PARTIAL_PREFIX = ".partial-"
 #: ``buildmax-20261202T120000123Z``: sorts by time.
 BACKUP_NAME = re.compile(r"^buildmax-\d{8}T\d{9}Z$")
 CHUNK = 1024 * 1024
+
+
+#: ``progress(stage, done, total)``: a stage's work done out of its total
+#: (0: unknown), for a progress bar.
+Progress = Callable[[str, int, int], None]
+
+
+def quiet(stage: str, done: int, total: int) -> None:
+    """A :data:`Progress` that shows nothing."""
 
 
 class BackupError(Exception):

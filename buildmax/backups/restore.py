@@ -44,7 +44,7 @@ from ..restore_marker import unmark_statement
 from ..tables import backup_runs, principals, spaces, tokens
 from ..tokens import IssuedToken, issue_token
 from . import pg_tools
-from .layout import BLOB_LIST, BackupError, backup_name, blob_path, iter_file
+from .layout import BLOB_LIST, BackupError, Progress, backup_name, blob_path, iter_file, quiet
 from .manifest import Manifest, listed_blobs
 from .placement import (
     open_restored,
@@ -68,12 +68,6 @@ EVENT_ID_STRIDE = 2**32
 #: How far every task's generation jumps (generations are 32-bit): past
 #: any number of claims of one task between a backup and its restore.
 GENERATION_STRIDE = 2**20
-
-Progress = Any
-
-
-def _quiet(stage: str, done: int, total: int) -> None:
-    pass
 
 
 @dataclass
@@ -260,7 +254,7 @@ async def restore_backup(
     *,
     replace: bool = False,
     keep_tokens: bool = False,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
     audit_export: str | None = None,
     extra_plugins: Iterable[tuple[str, object]] = (),
 ) -> RestoreReport:

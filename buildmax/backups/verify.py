@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import BlobKeyError, Migration, check_blob_key
 
 from ..tables import schema_migrations
-from .layout import BLOB_LIST, CHUNK, BackupError, blob_path, file_sha256
+from .layout import BLOB_LIST, CHUNK, BackupError, Progress, blob_path, file_sha256, quiet
 from .manifest import Manifest, listed_blobs, read_manifest
 from .placement import open_restored, place_database, remove_database, row_counts
 
@@ -32,14 +32,8 @@ if TYPE_CHECKING:
     from ..app import BuildMax
     from ..config import Config
 
-Progress = Callable[[str, int, int], None]
 
-
-def _quiet(stage: str, done: int, total: int) -> None:
-    pass
-
-
-def verify_files(folder: Path, *, progress: Progress = _quiet) -> Manifest:
+def verify_files(folder: Path, *, progress: Progress = quiet) -> Manifest:
     """Check the parts and the blobs of the backup in ``folder``; its manifest."""
     manifest, _ = read_manifest(folder)
     for name, part in manifest.parts.items():
