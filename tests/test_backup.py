@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,31 +40,18 @@ from buildmax.config import Config
 from buildmax.spaces import put_member
 from buildmax.tables import backup_runs, spaces
 from buildmax.testing import (
-    TEST_DATABASE_ENV,
     PrincipalHandle,
     SpaceHandle,
     call,
-    pg_create_database,
-    pg_drop_database,
     serving,
 )
 from buildmax.tokens import issue_token
 
 
 @pytest.fixture
-async def restore_target(buildmax_engine: str, tmp_path: Path) -> AsyncIterator[Config]:
-    """An empty target: a new data directory, and on PostgreSQL a new database."""
-    settings = Config(data_dir=str(tmp_path / "restored"))
-    if buildmax_engine == "sqlite":
-        yield settings
-        return
-    server = os.environ[TEST_DATABASE_ENV]
-    name = f"bmx_restore_{secrets.token_hex(6)}"
-    url = await asyncio.to_thread(pg_create_database, server, name)
-    try:
-        yield settings.replace(database_url=url)
-    finally:
-        await asyncio.to_thread(pg_drop_database, server, name)
+def restore_target(buildmax_restore_target: Config) -> Config:
+    """An empty target of the test's engine."""
+    return buildmax_restore_target
 
 
 class Deployment:

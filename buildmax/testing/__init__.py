@@ -203,6 +203,25 @@ def without_plugins(settings: Config, *names: str) -> Config:
 
 
 @pytest.fixture
+async def buildmax_restore_target(
+    buildmax_engine: str, buildmax_pg_server: str | None, tmp_path: Path
+) -> AsyncIterator[Config]:
+    """An empty target for a restore: a new data directory, and on
+    PostgreSQL a new database as well (dropped after the test)."""
+    settings = Config(data_dir=str(tmp_path / "restored"))
+    if buildmax_engine == "sqlite":
+        yield settings
+        return
+    assert buildmax_pg_server is not None
+    name = f"bmx_restore_{secrets.token_hex(6)}"
+    url = await asyncio.to_thread(pg_create_database, buildmax_pg_server, name)
+    try:
+        yield settings.replace(database_url=url)
+    finally:
+        await asyncio.to_thread(pg_drop_database, buildmax_pg_server, name)
+
+
+@pytest.fixture
 def clock() -> ManualClock:
     """A clock that moves only when the test says so (starts at real now)."""
     return ManualClock(SystemClock().now_ms())

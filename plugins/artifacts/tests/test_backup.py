@@ -9,10 +9,6 @@ file store only."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +18,7 @@ from buildmax.app import create_app
 from buildmax.backups.create import create_backup
 from buildmax.backups.restore import restore_backup
 from buildmax.config import Config
-from buildmax.testing import TEST_DATABASE_ENV, call, pg_create_database, pg_drop_database
+from buildmax.testing import call
 
 from .conftest import Backend
 
@@ -34,25 +30,12 @@ def backend(tmp_path: Path) -> Backend:
 
 
 @pytest.fixture
-async def restore_target(
-    buildmax_engine: str, buildmax_settings: Config, tmp_path: Path
-) -> AsyncIterator[Config]:
-    """An empty database of the test's engine, on the test's blob store."""
-    settings = buildmax_settings.replace(
-        data_dir=str(tmp_path / "restored"),
-        database_url="",
+def restore_target(buildmax_restore_target: Config, buildmax_settings: Config) -> Config:
+    """An empty target of the test's engine, on the test's blob store."""
+    return buildmax_restore_target.replace(
+        plugins=buildmax_settings.plugins,
         blob_store_url=buildmax_settings.effective_blob_store_url,
     )
-    if buildmax_engine == "sqlite":
-        yield settings
-        return
-    server = os.environ[TEST_DATABASE_ENV]
-    name = f"bmx_restore_{secrets.token_hex(6)}"
-    url = await asyncio.to_thread(pg_create_database, server, name)
-    try:
-        yield settings.replace(database_url=url)
-    finally:
-        await asyncio.to_thread(pg_drop_database, server, name)
 
 
 async def test_the_bytes_come_back_into_the_store_they_were_lost_from(

@@ -6,9 +6,6 @@ export, so a restore never makes a release pinnable again."""
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,6 @@ from buildmax.app import blob_store, create_app
 from buildmax.backups.create import create_backup
 from buildmax.backups.restore import restore_backup
 from buildmax.config import Config
-from buildmax.testing import TEST_DATABASE_ENV, pg_create_database, pg_drop_database
 
 from .archives import FILES, tar_gz
 
@@ -30,19 +26,9 @@ NAME = "lint-helpers"
 
 
 @pytest.fixture
-async def restore_target(buildmax_engine: str, tmp_path: Path) -> AsyncIterator[Config]:
+def restore_target(buildmax_restore_target: Config) -> Config:
     """An empty target of the test's engine."""
-    settings = Config(data_dir=str(tmp_path / "restored"))
-    if buildmax_engine == "sqlite":
-        yield settings
-        return
-    server = os.environ[TEST_DATABASE_ENV]
-    name = f"bmx_restore_{secrets.token_hex(6)}"
-    url = await asyncio.to_thread(pg_create_database, server, name)
-    try:
-        yield settings.replace(database_url=url)
-    finally:
-        await asyncio.to_thread(pg_drop_database, server, name)
+    return buildmax_restore_target
 
 
 async def _rows(settings: Config, table: sa.Table) -> list[dict[str, Any]]:
