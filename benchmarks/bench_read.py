@@ -3,14 +3,16 @@
     python benchmarks/bench_read.py [--duration 10] [--warmup 2] [--connections 50]
                                     [--threads 2] [--rounds 1] [--json]
 
-Starts two servers on 127.0.0.1, both as Hypercorn with one in-process
+Starts three servers on 127.0.0.1, each as Hypercorn with one in-process
 uvloop worker and no access log:
 
 * ours: ``buildmax serve --data-dir <fresh temp dir> --port <free port>``
-  (default configuration; SQLite). It bootstraps an admin on the fresh data
-  directory and prints the one-time token; the benchmark creates a space
-  ``bench`` with it and loads ``GET /v1/spaces/<space id>`` with
+  (default configuration, metrics on; SQLite). It bootstraps an admin on the
+  fresh data directory and prints the one-time token; the benchmark creates
+  a space ``bench`` with it and loads ``GET /v1/spaces/<space id>`` with
   ``Authorization: Bearer <token>``.
+* nometrics: the same with ``BUILDMAX_METRICS=0`` (no request counted, no
+  ``/metrics``), on a data directory of its own: what the metrics cost.
 * ceiling: ``benchmarks/ceiling_app.py``, one Quart route returning a small
   JSON object, same request.
 
@@ -18,8 +20,9 @@ Each is loaded with wrk (closed loop, N connections) for a warm-up that is
 thrown away and then for the measured duration, one after the other, never
 at the same time. Reported: requests/s, latency p50/p95/p99, errors by kind
 (non-200 status codes, socket errors), server CPU per request and peak RSS,
-and the ratio ours/ceiling. Design target (the design note PERFORMANCE.md):
-ratio >= 0.35 and our p99 < 50 ms.
+the ratio ours/ceiling and the metrics' cost (1 - ours/nometrics). Design
+targets (the design note PERFORMANCE.md): ratio >= 0.35, our p99 < 50 ms,
+metrics cost <= 10% of throughput.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ CEILING_APP = HERE / "ceiling_app.py"
 HOST = "127.0.0.1"
 TARGET_RATIO = 0.35
 TARGET_P99_MS = 50.0
+#: The largest share of throughput the metrics may cost.
+TARGET_METRICS_COST = 0.10
+#: The servers measured, in the order of odd rounds (even rounds reverse it).
+SERVERS = ("ceiling", "ours", "nometrics")
 TOKEN_RE = re.compile(r"\b(bmx_[A-Za-z0-9_\-]+)")
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -273,12 +280,18 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
 
 
-def start_buildmax(workdir: Path) -> tuple[Server, str]:
-    data_dir = workdir / "buildmax-data"
+def start_buildmax(
+    workdir: Path, name: str = "ours", env: dict[str, str] | None = None
+) -> tuple[Server, str]:
+    data_dir = workdir / f"{name}-data"
     port = free_port()
     args = [*buildmax_command(), "serve", "--data-dir", str(data_dir), "--port", str(port)]
-    progress(f"starting ours: {' '.join(args)}")
-    server = spawn("buildmax", args, workdir / "buildmax.log", f"http://{HOST}:{port}", clean_env())
+    progress(
+        f"starting {name}: {' '.join(f'{k}={v}' for k, v in (env or {}).items())} {' '.join(args)}"
+    )
+    server = spawn(
+        name, args, workdir / f"{name}.log", f"http://{HOST}:{port}", clean_env() | (env or {})
+    )
     wait_ready(server, "/readyz")
     match = TOKEN_RE.search(server.log())
     if not match:
@@ -470,7 +483,8 @@ def configuration(opts: argparse.Namespace, wrk: str, grace: float) -> dict[str,
             "(same bytes to both)",
         },
         "ours": "buildmax serve --data-dir <fresh tmp> --port <free>; "
-        "default configuration, SQLite",
+        "default configuration (metrics on), SQLite",
+        "nometrics": "the same with BUILDMAX_METRICS=0, its own fresh data directory",
         "ceiling": "benchmarks/ceiling_app.py: one Quart route, small JSON object, "
         "same Hypercorn settings",
         "versions": {
@@ -506,6 +520,7 @@ def print_table(report: dict[str, Any]) -> None:
         f"{cfg['hypercorn']['graceful_timeout_s']:g}s; other Hypercorn settings default"
     )
     print(f"  ours    : {cfg['ours']}")
+    print(f"  nometrics: {cfg['nometrics']}")
     print(f"  ceiling : {cfg['ceiling']}")
     load = cfg["load"]
     print(
@@ -548,9 +563,18 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['round']:>5}  {'ratio':<8} {r['ratio']:>17.3f}   "
             "(ours/ceiling, 200 answers per second)"
         )
+        print(
+            f"{r['round']:>5}  {'metrics':<8} {r['metrics_cost'] * 100:>16.1f}%   "
+            "(1 - ours/nometrics, 200 answers per second)"
+        )
+        if r["metrics_cpu_cost"] is not None:
+            print(
+                f"{r['round']:>5}  {'metrics':<8} {r['metrics_cpu_cost'] * 100:>16.1f}%   "
+                "(server CPU per request, ours/nometrics - 1)"
+            )
     print()
     s = report["summary"]
-    for name in ("ours", "ceiling"):
+    for name in SERVERS:
         rss = report["rss_kib"][name]
         print(
             f"peak RSS {name:<8}: {rss['peak_hwm'] / 1024:6.1f} MiB VmHWM "
@@ -566,6 +590,11 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"our p99            : {s['ours_p99_ms']:.2f} ms  (target < {TARGET_P99_MS:g} ms)  "
         f"{'MET' if s['p99_met'] else 'MISSED'}"
+    )
+    print(
+        f"metrics cost       : {s['metrics_cost'] * 100:.1f}% of throughput  "
+        f"(target <= {TARGET_METRICS_COST * 100:g}%)  "
+        f"{'MET' if s['metrics_cost_met'] else 'MISSED'}"
     )
     if len(report["rounds"]) > 1:
         print("(with several rounds: median ratio over rounds, worst p99 over rounds)")
@@ -635,20 +664,24 @@ def run(opts: argparse.Namespace, wrk: str, workdir: Path) -> dict[str, Any]:
     grace = float(Config().shutdown_grace_seconds)
     servers: list[Server] = []
     try:
-        ours, token = start_buildmax(workdir)
-        servers.append(ours)
-        space_id = create_space(ours, token)
+        # Each server with the token and path its request uses.
+        targets: dict[str, tuple[Server, str | None, str]] = {}
+        for name, env in (("ours", {}), ("nometrics", {"BUILDMAX_METRICS": "0"})):
+            server, token = start_buildmax(workdir, name, env)
+            servers.append(server)
+            targets[name] = (server, token, f"/v1/spaces/{create_space(server, token)}")
         ceiling = start_ceiling(workdir, grace)
         servers.append(ceiling)
-        path = f"/v1/spaces/{space_id}"
-        progress(f"space {space_id}; servers: ours pid {ours.pid}, ceiling pid {ceiling.pid}")
+        # The ceiling answers any path, and ignores the token.
+        targets["ceiling"] = (ceiling, targets["ours"][1], targets["ours"][2])
+        progress("servers: " + ", ".join(f"{n} pid {t[0].pid}" for n, t in targets.items()))
 
         rounds = []
         for i in range(1, opts.rounds + 1):
-            order = ["ceiling", "ours"] if i % 2 else ["ours", "ceiling"]
+            order = list(SERVERS) if i % 2 else list(reversed(SERVERS))
             row: dict[str, Any] = {"round": i, "order": order}
             for name in order:
-                server = ours if name == "ours" else ceiling
+                server, token, path = targets[name]
                 row[name] = measure(server, server.url + path, token, wrk, opts)
             # Only 200 answers count: a server that fails fast must not look fast.
             row["ratio"] = (
@@ -656,10 +689,19 @@ def run(opts: argparse.Namespace, wrk: str, workdir: Path) -> dict[str, Any]:
                 if row["ceiling"]["ok_rps"]
                 else 0.0
             )
+            row["metrics_cost"] = (
+                round(1 - row["ours"]["ok_rps"] / row["nometrics"]["ok_rps"], 3)
+                if row["nometrics"]["ok_rps"]
+                else 1.0
+            )
+            on, off = (row[n]["server_cpu_us_per_request"] for n in ("ours", "nometrics"))
+            # Server CPU per request is steadier than throughput on a busy machine.
+            row["metrics_cpu_cost"] = round(on / off - 1, 3) if on and off else None
             rounds.append(row)
 
         rss = {}
-        for name, server in (("ours", ours), ("ceiling", ceiling)):
+        for name in SERVERS:
+            server = targets[name][0]
             status = proc_status(server.pid)
             rss[name] = {
                 "peak_hwm": status.get("VmHWM", 0),
@@ -673,10 +715,11 @@ def run(opts: argparse.Namespace, wrk: str, workdir: Path) -> dict[str, Any]:
             progress(f"{server.name} stopped (exit {code})")
 
     ratio = statistics.median(r["ratio"] for r in rounds)
+    metrics_cost = statistics.median(r["metrics_cost"] for r in rounds)
     p99 = max(r["ours"]["latency_ms"]["p99"] for r in rounds)
     errors = {}
     for r in rounds:
-        for name in ("ours", "ceiling"):
+        for name in SERVERS:
             text = fmt_errors(r[name])
             if text != "none":
                 errors[f"round {r['round']} {name}"] = text
@@ -691,6 +734,9 @@ def run(opts: argparse.Namespace, wrk: str, workdir: Path) -> dict[str, Any]:
             "ours_p99_ms": p99,
             "p99_target_ms": TARGET_P99_MS,
             "p99_met": p99 < TARGET_P99_MS,
+            "metrics_cost": metrics_cost,
+            "metrics_cost_target": TARGET_METRICS_COST,
+            "metrics_cost_met": metrics_cost <= TARGET_METRICS_COST,
             "errors": errors,
         },
     }

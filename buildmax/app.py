@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,17 +14,22 @@ from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from . import essentials
+from .addresses import client_address, parse_networks
 from .audit import AuditLog
 from .auth import TokenToucher
 from .bodies import json_response
 from .clock import Clock, SystemClock
 from .config import Config, load_config
 from .database import Database, DatabaseLogFull, open_database
+from .disk import DiskReserve
+from .drain import Drain
 from .events import EventHub
 from .hooks import Hooks
 from .idempotency import Idempotency
 from .ids import new_id
 from .inputs import unsafe_text
+from .logs import FIELDS
+from .metrics import UNMATCHED_ROUTE, Metrics
 from .migrations import MigrationError, migrate, migration_status, refuse_if_ahead
 from .plugins import Plugins, create_plugins
 from .problems import (
@@ -41,6 +47,7 @@ from .streaming import PulledRequest, PullingHTTPConnection
 from .url_rules import SharedBuilderRule
 
 log = logging.getLogger("buildmax")
+request_log = logging.getLogger("buildmax.requests")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
@@ -66,6 +73,9 @@ class BuildMax(Quart):
     idempotency: Idempotency
     token_toucher: TokenToucher
     auto_migrate: bool
+    metrics: Metrics
+    disk: DiskReserve
+    drain: Drain
 
     def migrations(self) -> list[Migration]:
         """Every migration the loaded plugins contribute."""
@@ -103,6 +113,9 @@ def create_app(
     app.config["BODY_TIMEOUT"] = 60
     app.clock = clock or SystemClock()
     app.auto_migrate = auto_migrate
+    app.metrics = Metrics(enabled=settings.metrics)
+    app.disk = DiskReserve(settings)
+    app.drain = Drain()
     app.plugins = create_plugins(
         essential=essentials,
         allow=settings.plugin_allow_list,
@@ -121,6 +134,7 @@ def create_app(
         ),
         pg_pool=(settings.pg_pool_min, settings.pg_pool_max),
     )
+    app.db.observe_write = app.metrics.observe_write
     app.services = Services()
     app.events = EventHub(app)
     app.idempotency = Idempotency(app)
@@ -170,10 +184,19 @@ def _provide_services(app: BuildMax) -> None:
 
 
 def _install_conventions(app: BuildMax) -> None:
+    trusted = parse_networks(app.settings.trusted_proxies)
+
     @app.before_request
     async def assign_request_id() -> None:
+        g.started = time.perf_counter()
         incoming = request.headers.get("X-Request-Id", "")
         g.request_id = incoming if _REQUEST_ID.match(incoming) else new_id("rq")
+        g.client_address = client_address(
+            request.remote_addr,
+            request.headers.get("Forwarded", ""),
+            request.headers.get("X-Forwarded-For", ""),
+            trusted,
+        )[:64]
         # No id or name contains NUL or a lone surrogate: such a path names nothing.
         if any(isinstance(v, str) and unsafe_text(v) for v in (request.view_args or {}).values()):
             raise NotFound("no such resource")
@@ -184,6 +207,11 @@ def _install_conventions(app: BuildMax) -> None:
     async def echo_request_id(response: Response) -> Response:
         if "request_id" in g:
             response.headers["X-Request-Id"] = g.request_id
+        if app.drain.draining:
+            # Draining: this connection carries no further request.
+            response.headers["Connection"] = "close"
+        if "started" in g:
+            _log_request(app, response.status_code, time.perf_counter() - g.started)
         return response
 
     @app.errorhandler(Problem)
@@ -200,6 +228,8 @@ def _install_conventions(app: BuildMax) -> None:
 
     @app.errorhandler(BlobStoreUnavailable)
     async def on_blob_store_unavailable(exc: BlobStoreUnavailable) -> Response:
+        app.metrics.blob_store_errors.inc()
+        app.metrics.blob_store_failed_at = app.clock.now_ms()
         log.warning("blob store unavailable in %s %s: %s", request.method, request.path, exc)
         # The cause (hosts, codes) goes to the log, not to the client.
         return problem_response(
@@ -215,6 +245,37 @@ def _install_conventions(app: BuildMax) -> None:
     async def on_exception(exc: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return problem_response(Problem("an internal error occurred; see the server log"))
+
+
+def _log_request(app: BuildMax, status: int, seconds: float) -> None:
+    """Count the request and log its one line: request id, method, route
+    template, status, duration and client, never the path's ids, the query,
+    a header or the body."""
+    rule = request.url_rule
+    route = rule.rule if rule is not None else UNMATCHED_ROUTE
+    app.metrics.observe_request(request.method, route, status, seconds)
+    if not request_log.isEnabledFor(logging.INFO):
+        return
+    millis = round(seconds * 1000, 1)
+    request_log.info(
+        "%s %s %s %d %.1fms %s",
+        g.request_id,
+        request.method,
+        route,
+        status,
+        millis,
+        g.client_address,
+        extra={
+            FIELDS: {
+                "request_id": g.request_id,
+                "method": request.method,
+                "route": route,
+                "status": status,
+                "duration_ms": millis,
+                "client": g.client_address,
+            }
+        },
+    )
 
 
 async def _startup(app: BuildMax) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from . import passwords
 from .app import BuildMax, create_app
-from .config import apply_log_level, load_config
+from .config import load_config
+from .logs import configure_logging
 
 
 def served_app() -> BuildMax:
     """An app for a server process: migrations applied at start on SQLite."""
     settings = load_config()
-    apply_log_level(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     passwords.prepare()
     return create_app(settings, auto_migrate=settings.engine == "sqlite")

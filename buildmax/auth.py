@@ -59,7 +59,11 @@ async def authenticate(accept_scopes: Iterable[str] = ()) -> Caller:
     """
     cached: Caller | None = g.get("buildmax_caller")
     if cached is None:
-        cached = await _load_caller()
+        try:
+            cached = await _load_caller()
+        except Unauthenticated:
+            current_buildmax().metrics.authentication_failures.labels("token").inc()
+            raise
         g.buildmax_caller = cached
     scope = cached.actor.scope_type
     if scope is not None and scope not in set(accept_scopes):

@@ -33,11 +33,12 @@ def cli(verbose: bool) -> None:
 
 
 def _register_commands() -> None:
-    from .commands import backup, identity, server
+    from .commands import backup, identity, server, status
 
     server.register(cli)
     backup.register(cli)
     identity.register(cli)
+    status.register(cli)
     try:
         settings = load_config()
         plugins = create_plugins(allow=settings.plugin_allow_list, strict=settings.strict_plugins)

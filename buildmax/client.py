@@ -152,6 +152,11 @@ class BlobStoreUnavailable(ServerError, answers=problems.BlobStoreDown):
     """the server's blob store does not answer; retry later."""
 
 
+class DiskReserveReached(ServerError, answers=problems.DiskReserveReached):
+    """the server keeps its free disk in reserve and this upload would cross
+    it: nothing was stored; retry once space is freed."""
+
+
 class Redirected(BuildMaxError):
     """3xx: the server (or a proxy in front of it, say from ``http`` to
     ``https``) sends the client elsewhere. Never followed, so the token goes
@@ -288,6 +293,7 @@ KERNEL_ERRORS = (
     BlobCorrupted,
     BlobMissing,
     BlobStoreUnavailable,
+    DiskReserveReached,
 )
 
 
@@ -546,16 +552,30 @@ class _KernelRoutes(Calls[_One, _Many, _Done]):
     # -- tokens --
 
     def create_token(
-        self, name: str = "", principal_id: str | None = None, expires_in_seconds: int | None = None
+        self,
+        name: str = "",
+        principal_id: str | None = None,
+        expires_in_seconds: int | None = None,
+        scope: str | None = None,
     ) -> _One:
         """A new token (for yourself, or for ``principal_id`` as an admin); the
-        secret is in ``token`` of this answer only."""
+        secret is in ``token`` of this answer only. ``scope="metrics"``: a
+        token that reads ``/metrics`` and nothing else."""
         body = {
             "name": name,
             "principal_id": principal_id,
             "expires_in_seconds": expires_in_seconds,
+            "scope": scope,
         }
         return self._one("POST", "/v1/tokens", json=body)
+
+    def diagnostics(self) -> _One:
+        """The server's facts and attention list (system admins and operators)."""
+        return self._one("GET", "/v1/diagnostics")
+
+    def space_attention(self, space: str) -> _One:
+        """What needs a person in ``space``, as far as your role sees."""
+        return self._one("GET", f"/v1/spaces/{_segment(space)}/attention")
 
     def list_tokens(self, principal: str | None = None) -> _Many:
         """Your tokens, newest first (admins: ``principal``'s), revoked ones included."""

@@ -8,7 +8,6 @@ is documented in ``docs/configuration.md``.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -19,6 +18,9 @@ from typing import Any, TypeVar, get_type_hints
 from buildmax_hookspecs import App
 
 ENV_PREFIX = "BUILDMAX_"
+
+#: The values of ``log_format``.
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(Exception):
@@ -70,6 +72,18 @@ class Config:
     pg_pool_max: int = 10
     #: Seconds in-flight requests get to finish after SIGTERM.
     shutdown_grace_seconds: int = 10
+    #: Free bytes kept on the disks of the data directory and a file blob
+    #: store: an upload or a publish that would go below is refused (507).
+    min_free_bytes: int = 512 * 1024 * 1024
+    #: Comma-separated addresses or networks (CIDR) of reverse proxies whose
+    #: ``X-Forwarded-For`` / ``Forwarded`` headers name the client; empty:
+    #: the connection's address is the client's, and such headers are ignored.
+    trusted_proxies: str = ""
+    #: Serve ``/metrics`` (to a ``metrics``-scoped token) and count requests.
+    metrics: bool = True
+    #: A backup older than this is stale (an attention item; 26 hours suits
+    #: the nightly timer).
+    backup_stale_seconds: int = 26 * 3600
     #: Seconds between keep-alive comments on an idle event stream.
     events_keepalive_seconds: int = 15
     #: A broken plugin aborts start-up instead of being skipped.
@@ -79,6 +93,9 @@ class Config:
     #: Log every hook call.
     trace_plugins: bool = False
     log_level: str = "info"
+    #: ``text`` (one readable line per record) or ``json`` (one JSON object
+    #: per line, for log shippers).
+    log_format: str = "text"
     #: Per-plugin settings, from ``[plugins.<name>]`` tables in the TOML file.
     plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -115,18 +132,6 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied (``None`` values are ignored)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-
-#: Loggers that print SQL parameters (password hashes, token verifiers) at
-#: DEBUG: never below INFO, whatever ``log_level`` says.
-_PARAMETER_LOGGERS = ("aiosqlite", "databases", "asyncpg")
-
-
-def apply_log_level(level: str) -> None:
-    """Set the process's log level from the ``log_level`` setting."""
-    logging.getLogger().setLevel(level.upper())
-    for name in _PARAMETER_LOGGERS:
-        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLevelName(level.upper())))
 
 
 def _coerce(name: str, kind: Any, raw: Any) -> Any:
@@ -225,6 +230,15 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"log_level must be debug, info, warning, error or critical, got {config.log_level!r}"
         )
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format must be text or json, got {config.log_format!r}")
+    if config.min_free_bytes < 0:
+        raise ConfigError("min_free_bytes must be at least 0")
+    if config.backup_stale_seconds < 60:
+        raise ConfigError("backup_stale_seconds must be at least 60")
+    if config.shutdown_grace_seconds < 0:
+        raise ConfigError("shutdown_grace_seconds must be at least 0")
+    _check_trusted_proxies(config.trusted_proxies)
     if config.events_keepalive_seconds < 1:
         raise ConfigError("events_keepalive_seconds must be at least 1")
     if config.sqlite_readers < 1:
@@ -239,6 +253,15 @@ def _validate(config: Config) -> None:
     url = config.database_url
     if url and config.engine == "sqlite" and not url.startswith("sqlite:///"):
         raise ConfigError(f"database_url must be postgresql://... or sqlite:///<path>, got {url!r}")
+
+
+def _check_trusted_proxies(value: str) -> None:
+    from .addresses import parse_networks
+
+    try:
+        parse_networks(value)
+    except ValueError as exc:
+        raise ConfigError(f"trusted_proxies: {exc}") from None
 
 
 S = TypeVar("S")

@@ -90,7 +90,9 @@ def buildmax_audit_actions() -> list[AuditAction]:
             target="principal",
         ),
         _action("session.created", "A human signed in", target="token"),
-        _action("token.created", "A token was created", "principal_id", "name", target="token"),
+        _action(
+            "token.created", "A token was created", "principal_id", "name", "scope", target="token"
+        ),
         _action("token.revoked", "A token was revoked", "principal_id", target="token"),
         _action(
             "token.rotated",

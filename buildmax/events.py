@@ -51,6 +51,8 @@ class EventHub:
         self._app = app
         self._waiters: defaultdict[int, set[asyncio.Event]] = defaultdict(set)
         self._listener_task: asyncio.Task[None] | None = None
+        #: Set when the server drains: every stream ends, none starts.
+        self.closing = False
 
     async def publish(
         self, tx: Transaction, space_pk: int, type: str, data: Mapping[str, Any]
@@ -103,14 +105,25 @@ class EventHub:
         for waiter in self._waiters.get(space_pk, ()):
             waiter.set()
 
+    def close_streams(self) -> None:
+        """End every stream of this process now (the server drains): each
+        subscriber is woken and :func:`stream` ends."""
+        self.closing = True
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.set()
+
     @contextlib.contextmanager
     def subscription(self, space_pk: int) -> Any:
         """An ``asyncio.Event`` set whenever the space may have new events."""
         waiter = asyncio.Event()
         self._waiters[space_pk].add(waiter)
+        subscribers = self._app.metrics.stream_subscribers
+        subscribers.inc()
         try:
             yield waiter
         finally:
+            subscribers.dec()
             self._waiters[space_pk].discard(waiter)
             if not self._waiters[space_pk]:
                 del self._waiters[space_pk]
@@ -173,8 +186,9 @@ async def stream(
     hub: EventHub, space_pk: int, after: int, keepalive_seconds: float
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Yield the space's events after ``after`` in sequence order, in batches;
-    an empty batch when nothing happened for ``keepalive_seconds``. Never
-    ends by itself."""
+    an empty batch when nothing happened for ``keepalive_seconds``. Ends only
+    when the server drains (:meth:`EventHub.close_streams`), after what was
+    committed by then."""
     with hub.subscription(space_pk) as waiter:
         while True:
             waiter.clear()
@@ -183,6 +197,8 @@ async def stream(
                 after = rows[-1]["seq"]
                 yield rows
                 continue
+            if hub.closing:
+                return
             try:
                 await asyncio.wait_for(waiter.wait(), timeout=keepalive_seconds)
             except TimeoutError:

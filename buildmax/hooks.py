@@ -26,9 +26,11 @@ from buildmax_hookspecs import (
     AgentRevisionRef,
     App,
     AttemptRef,
+    Attention,
     AuditAction,
     AuditEvent,
     BlobRef,
+    Gauge,
     GraderFactory,
     Migration,
     ReleaseRef,
@@ -364,3 +366,23 @@ class Hooks:
                 found = impl.function(path=path, facts=facts.get(impl.plugin_name, {}))
                 events.extend(found or ())
         return events
+
+    async def gauges(self, conn: Transaction) -> list[tuple[str, Gauge]]:
+        """``buildmax_gauges``: ``(plugin, gauge)`` for every gauge each
+        plugin reports now."""
+        found = []
+        for plugin, answer in self.each("buildmax_gauges", app=self.app, conn=conn):
+            found += [
+                (plugin, g) for g in (await answer if inspect.isawaitable(answer) else answer)
+            ]
+        return found
+
+    async def attention(
+        self, conn: Transaction, now: int, space_pk: int | None = None
+    ) -> list[Attention]:
+        """``buildmax_attention``: what every plugin says needs a person now
+        (in one space, or in all)."""
+        found = await self._acall(
+            "buildmax_attention", app=self.app, conn=conn, now=now, space_pk=space_pk
+        )
+        return [item for items in found for item in items]

@@ -174,8 +174,19 @@ class BlobStoreDown(ServiceUnavailable):
     slug, title = "blob-store-unavailable", "The blob store is unavailable; retry later"
 
 
+class Draining(ServiceUnavailable):
+    slug, title = "server-draining", "This server process is shutting down"
+
+
 class DatabaseLogAtLimit(ServiceUnavailable):
     slug, title = "database-log-full", "The database cannot take writes for now; retry later"
+
+
+class DiskReserveReached(Problem):
+    """507: accepting the bytes would leave less free disk than the server
+    keeps in reserve (``min_free_bytes``)."""
+
+    status, slug, title = 507, "disk-reserve-reached", "Not enough free disk for this upload"
 
 
 _BY_STATUS: dict[int, type[Problem]] = {

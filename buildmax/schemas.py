@@ -203,6 +203,15 @@ class TokenCreate(Schema):
         load_default=None, allow_none=True, validate=validate.Length(max=64)
     )
     expires_in_seconds = BoundedInteger(60, MAX_TOKEN_LIFETIME, load_default=None, allow_none=True)
+    scope = fields.String(
+        load_default=None,
+        allow_none=True,
+        validate=validate.OneOf(["metrics"]),
+        metadata={
+            "description": "metrics: a token that reads /metrics and nothing else "
+            "(for a system admin or operator)"
+        },
+    )
 
 
 class ScopeOut(Schema):
@@ -285,6 +294,47 @@ class MemberPage(Schema):
 class Health(Schema):
     status = fields.String()
     checks = fields.Dict()
+
+
+class AttentionTarget(Schema):
+    type = fields.String()
+    id = fields.String()
+
+
+class AttentionOut(Schema):
+    kind = fields.String(metadata={"description": "A stable dotted code, e.g. lease.lapsed"})
+    severity = fields.String(metadata={"description": "warning or critical"})
+    summary = fields.String()
+    since = fields.Integer(allow_none=True, metadata={"description": "epoch ms"})
+    space = fields.String(allow_none=True, metadata={"description": "slug; null: server-wide"})
+    role = fields.String(metadata={"description": "the least space role that sees it"})
+    target = fields.Nested(AttentionTarget, allow_none=True)
+
+
+class AttentionList(Schema):
+    generated_at = fields.Integer()
+    items = fields.List(fields.Nested(AttentionOut))
+
+
+class GaugeOut(Schema):
+    name = fields.String()
+    value = fields.Float()
+    labels = fields.Dict(keys=fields.String(), values=fields.String())
+
+
+class ServerOut(Schema):
+    version = fields.String()
+    engine = fields.String()
+    workers = fields.Integer()
+    draining = fields.Boolean()
+    in_flight = fields.Integer()
+
+
+class Diagnostics(Schema):
+    generated_at = fields.Integer()
+    server = fields.Nested(ServerOut)
+    facts = fields.List(fields.Nested(GaugeOut))
+    attention = fields.List(fields.Nested(AttentionOut))
 
 
 #: Shared instances for rendering: a schema instance is stateless once built,

@@ -25,6 +25,7 @@ from buildmax.client import (
     BuildMaxError,
     Client,
     Conflict,
+    DiskReserveReached,
     Forbidden,
     ForeignOrigin,
     IdempotencyInProgress,
@@ -174,6 +175,7 @@ def test_reads_carry_no_idempotency_key_and_a_given_key_is_sent_unchanged() -> N
         (422, "idempotency-key-reused", IdempotencyKeyReused),
         (429, "too-many-requests", TooManyRequests),
         (500, "internal-error", ServerError),
+        (507, "disk-reserve-reached", DiskReserveReached),
     ],
 )
 def test_problems_map_to_typed_exceptions(

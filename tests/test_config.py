@@ -311,7 +311,7 @@ def test_debug_logging_never_lets_the_drivers_print_sql_parameters():
     """SQL parameters hold password hashes and token verifiers."""
     import logging
 
-    from buildmax.config import apply_log_level
+    from buildmax.logs import apply_log_level
 
     root = logging.getLogger()
     before = root.level

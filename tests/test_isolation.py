@@ -18,6 +18,7 @@ SPACE_ROUTES = [
     ("PUT", "/v1/spaces/{s}/members/{p}", {"role": "owner"}),
     ("DELETE", "/v1/spaces/{s}/members/{p}", None),
     ("GET", "/v1/spaces/{s}/events", None),
+    ("GET", "/v1/spaces/{s}/attention", None),
     ("POST", "/v1/spaces/{s}/testplugin/increment", None),
     ("POST", "/v1/spaces/{s}/testplugin/slow-increment", None),
 ]

@@ -1,11 +1,10 @@
-"""The record of each backup run (``backup_runs``): its freshness, for
-diagnostics, and while it runs a lease under which no collector deletes a
-blob (a blob the backup's snapshot names may be deleted from the database
-after the snapshot, and must still be there when the backup copies it)."""
+"""The record of each backup run (``backup_runs``), read for its freshness
+by :func:`buildmax.diagnostics.last_runs`, and while it runs a lease under
+which no collector deletes a blob (a blob the backup's snapshot names may
+be deleted from the database after the snapshot, and must still be there
+when the backup copies it)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import App, Transaction
@@ -90,21 +89,3 @@ async def backup_running(conn: Transaction, now: int) -> bool:
             )
         )
     )
-
-
-async def last_runs(conn: Transaction) -> dict[str, Any]:
-    """The newest backup run and the newest that succeeded (``None`` when
-    there is none), as rows: what diagnostics show of backup freshness."""
-    newest = await conn.fetch_one(
-        sa.select(backup_runs).order_by(backup_runs.c.started_at.desc()).limit(1)
-    )
-    succeeded = await conn.fetch_one(
-        sa.select(backup_runs)
-        .where(backup_runs.c.state == "succeeded")
-        .order_by(backup_runs.c.started_at.desc())
-        .limit(1)
-    )
-    return {
-        "last": None if newest is None else dict(newest),
-        "last_succeeded": None if succeeded is None else dict(succeeded),
-    }

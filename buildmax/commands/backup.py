@@ -283,8 +283,8 @@ def list_command(
     recorded of the last runs (when, where, and why the last failure failed)."""
     from ..backups.layout import BackupError, backups_in
     from ..backups.manifest import read_manifest
-    from ..backups.runs import last_runs
     from ..clock import to_rfc3339
+    from ..diagnostics import last_runs
 
     settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
     target = Path(output or settings.backup_dir).absolute()

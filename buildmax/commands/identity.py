@@ -306,12 +306,22 @@ def _show_secret(remote: Remote, body: dict[str, Any]) -> None:
     metavar="SECONDS",
     help="Lifetime in seconds. Default: until revoked.",
 )
+@click.option(
+    "--scope",
+    type=click.Choice(["metrics"]),
+    help="metrics: the token reads /metrics and nothing else (for a Prometheus scraper; "
+    "system admins and operators).",
+)
 @connected
 def token_create(
-    remote: Remote, name: str, principal_ref: str | None, expires_in: int | None
+    remote: Remote,
+    name: str,
+    principal_ref: str | None,
+    expires_in: int | None,
+    scope: str | None,
 ) -> None:
     """Create a token and print its secret (only this once)."""
-    _show_secret(remote, remote.client.create_token(name, principal_ref, expires_in))
+    _show_secret(remote, remote.client.create_token(name, principal_ref, expires_in, scope))
 
 
 @token_group.command("list")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..config import Config, ConfigError, apply_log_level, load_config
+from ..config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
     from ..app import BuildMax
@@ -190,6 +190,11 @@ async def _prepare(settings: Config) -> str | None:
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8420).")
 @click.option("--workers", type=int, help="Server processes (PostgreSQL only for more than 1).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text (default) or one JSON object each, for log shippers.",
+)
 def serve(
     config_path: str | None,
     data_dir: str | None,
@@ -197,16 +202,15 @@ def serve(
     host: str | None,
     port: int | None,
     workers: int | None,
+    log_format: str | None,
 ) -> None:
     """Run the server (Hypercorn with uvloop).
 
     On an empty data directory it creates the database, bootstraps the
-    first admin and prints a one-time admin token. SIGTERM stops accepting
-    connections and lets in-flight requests finish.
+    first admin and prints a one-time admin token. On SIGTERM the server
+    drains: /readyz answers 503 at once, event streams end, requests in
+    flight finish (up to shutdown_grace_seconds), then it exits.
     """
-    from hypercorn.config import Config as HypercornConfig
-    from hypercorn.run import run
-
     settings = load_settings(
         config_path,
         data_dir=data_dir,
@@ -214,6 +218,7 @@ def serve(
         host=host,
         port=port,
         workers=workers,
+        log_format=log_format,
     )
     if settings.engine == "sqlite" and settings.workers > 1:
         raise click.ClickException(
@@ -230,21 +235,19 @@ def serve(
             err=True,
         )
     _settings_to_env(settings, config_path)
-    apply_log_level(settings.log_level)
-    config = HypercornConfig()
-    config.application_path = "buildmax.asgi:served_app()"
-    config.bind = [f"{settings.host}:{settings.port}"]
-    config.workers = 0 if settings.workers == 1 else settings.workers
-    config.worker_class = "uvloop"
-    config.graceful_timeout = float(settings.shutdown_grace_seconds)
-    config.accesslog = None
-    config.errorlog = "-"
     click.echo(
         f"BuildMax serving on http://{settings.host}:{settings.port} "
         f"({settings.engine}, {settings.workers} worker(s))",
         err=True,
     )
-    sys.exit(run(config))
+    from ..serving import ListenError
+    from ..serving import serve as serve_forever
+
+    try:
+        status = serve_forever(settings)
+    except ListenError as exc:
+        raise click.ClickException(f"{exc} (another server on that port? --port)") from None
+    sys.exit(status)
 
 
 @click.group()

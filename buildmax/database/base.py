@@ -175,12 +175,22 @@ class Snapshot:
         raise DatabaseError("this engine copies a snapshot with its own dump tool")
 
 
+#: Told ``(engine, seconds waited for the writer, seconds from BEGIN to the end)``
+#: of every write transaction (the server's metrics).
+WriteObserver = Callable[[str, float, float], None]
+
+
+def ignore_write(engine: str, waited: float, held: float) -> None:
+    """The :data:`WriteObserver` of a database nobody watches."""
+
+
 class Database(Protocol):
     """The engine-independent database interface: what plugins see of it
     (:class:`buildmax_hookspecs.Database`), and opening and closing."""
 
     dialect: str
     url: str
+    observe_write: WriteObserver
 
     async def connect(self) -> None:
         """Open connections (and create the SQLite file)."""

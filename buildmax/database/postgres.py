@@ -15,6 +15,7 @@ rows are the driver's values, as ``databases`` returned them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -25,7 +26,7 @@ from databases.backends.dialects.psycopg import dialect as databases_dialect
 from databases.core import Connection
 from sqlalchemy.engine.interfaces import Dialect
 
-from .base import DatabaseError, Params, Snapshot, Tx, transaction
+from .base import DatabaseError, Params, Snapshot, Tx, WriteObserver, ignore_write, transaction
 from .statements import StatementCompiler
 
 
@@ -86,6 +87,8 @@ class PostgresDatabase:
     """PostgreSQL with a connection pool."""
 
     dialect = "postgresql"
+    #: Told each write transaction's wait for a pooled connection and its length.
+    observe_write: WriteObserver = staticmethod(ignore_write)
 
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10) -> None:
         self.url = url.replace("postgres://", "postgresql://", 1)
@@ -118,8 +121,11 @@ class PostgresDatabase:
         """A transaction on a pooled connection (READ COMMITTED + row locks)."""
         conn = self._connection()
         tx = Tx(self.dialect, _Executor(conn, self._compiler))
+        asked = time.perf_counter()
+        granted = None
         try:
             async with conn:
+                granted = time.perf_counter()
                 raw = conn.raw_connection
 
                 async def begin() -> None:
@@ -135,6 +141,8 @@ class PostgresDatabase:
                 async with transaction(begin, commit, rollback, tx):
                     yield tx
         finally:
+            if granted is not None:
+                self.observe_write(self.dialect, granted - asked, time.perf_counter() - granted)
             # After the connection went back to the pool: callbacks may write.
             await tx.run_after_end()
 

@@ -57,7 +57,17 @@ import aiosqlite
 from buildmax_hookspecs import Row
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from .base import DatabaseError, DatabaseLogFull, Params, Snapshot, Tx, refuse_nested, transaction
+from .base import (
+    DatabaseError,
+    DatabaseLogFull,
+    Params,
+    Snapshot,
+    Tx,
+    WriteObserver,
+    ignore_write,
+    refuse_nested,
+    transaction,
+)
 from .statements import StatementCompiler
 
 log = logging.getLogger("buildmax.database")
@@ -185,6 +195,8 @@ class SQLiteDatabase:
     """SQLite with one serialised writer and a small pool of readers."""
 
     dialect = "sqlite"
+    #: Told each write transaction's wait for the write lock and its length.
+    observe_write: WriteObserver = staticmethod(ignore_write)
 
     def __init__(
         self,
@@ -305,13 +317,18 @@ class SQLiteDatabase:
             raise DatabaseError("database is not connected")
         refuse_nested()
         tx = Tx(self.dialect, writer)
+        asked = time.perf_counter()
         try:
             async with self._lock:
-                if self.wal_bytes() > self.wal_hard_limit:
-                    await self._relieve_log()
-                async with transaction(writer.begin, writer.commit, writer.rollback, tx):
-                    yield tx
-                self._commits += 1
+                granted = time.perf_counter()
+                try:
+                    if self.wal_bytes() > self.wal_hard_limit:
+                        await self._relieve_log()
+                    async with transaction(writer.begin, writer.commit, writer.rollback, tx):
+                        yield tx
+                    self._commits += 1
+                finally:
+                    self.observe_write(self.dialect, granted - asked, time.perf_counter() - granted)
         finally:
             await tx.run_after_end()
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from quart import Blueprint
 
-from . import health, principals, sessions, space_events, spaces, tokens
+from . import health, operations, principals, sessions, space_events, spaces, tokens
 
 
 def kernel_blueprints() -> list[Blueprint]:
     """Every blueprint of the kernel, in registration order."""
     return [
         health.blueprint,
+        operations.blueprint,
         sessions.blueprint,
         principals.blueprint,
         tokens.blueprint,

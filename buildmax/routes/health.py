@@ -12,7 +12,7 @@ from ..apidoc import api, build_openapi
 from ..bodies import json_response
 from ..current import current_buildmax
 from ..migrations import migration_status
-from ..problems import ServiceUnavailable
+from ..problems import Draining, ServiceUnavailable
 from ..schemas import Health
 
 blueprint = Blueprint("buildmax_health", __name__)
@@ -32,14 +32,21 @@ async def livez() -> Response:
 
 @blueprint.get("/readyz")
 @api(
-    "Readiness: database reachable, migrations current",
+    "Readiness: database reachable, migrations current, not draining",
     response=Health,
     auth=False,
     tags=["health"],
 )
 async def readyz() -> Response:
-    """200 when the database answers and no loaded plugin has pending migrations."""
+    """200 when the database answers and no loaded plugin has pending
+    migrations; 503 ``server-draining`` from the moment the process was told
+    to stop (``/livez`` stays 200 meanwhile)."""
     app = current_buildmax()
+    if app.drain.draining:
+        raise Draining(
+            "this server process is draining before it stops; send new requests elsewhere",
+            retry_after=DATABASE_RETRY_SECONDS,
+        )
     try:
         async with app.db.read() as conn:
             await conn.fetch_val(sa.select(sa.literal_column("1")))

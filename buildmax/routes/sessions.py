@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, Transaction
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response, g
 
 from ..apidoc import api
 from ..auth import Caller
@@ -22,10 +22,6 @@ from ..tables import sign_in_failures
 from ..tokens import issue_token, issued_body, revoke_token
 
 blueprint = Blueprint("buildmax_sessions", __name__)
-
-
-def _client_address() -> str:
-    return (request.remote_addr or "unknown")[:64]
 
 
 async def _retry_after_ms(tx: Transaction, name: str, address: str, now: int) -> int | None:
@@ -69,7 +65,8 @@ async def sign_in(data: dict[str, Any]) -> Response:
     """Failed attempts are limited per principal name and per client address."""
     app = current_buildmax()
     settings = app.settings
-    name, address = data["name"], _client_address()
+    # The connection's address, or the client's as a trusted proxy names it.
+    name, address = data["name"], g.client_address
     now = app.clock.now_ms()
     # The attempt is counted as a failure before the password is checked, in
     # one locked transaction, so parallel guesses cannot all slip under the limit.
@@ -94,6 +91,7 @@ async def sign_in(data: dict[str, Any]) -> Response:
     stored_hash = principal["password_hash"] if principal is not None else None
     ok = await verify_password(stored_hash, data["password"])
     if principal is None or not ok:
+        app.metrics.authentication_failures.labels("sign_in").inc()
         raise Unauthenticated("wrong name or password")
     async with app.db.write() as tx:
         await tx.execute(sa.delete(sign_in_failures).where(sign_in_failures.c.name == name))

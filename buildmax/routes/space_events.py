@@ -97,6 +97,9 @@ async def events(caller: Caller, access: SpaceAccess) -> Response:
                 yield b": keep-alive\n\n"
             for row in rows:
                 yield _frame(row)
+        # The server is draining: say so, so the client reconnects (to
+        # another server process) from its last event id.
+        yield b"event: server-closing\ndata: {}\n\n"
 
     response = Response(body(), content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"

@@ -51,6 +51,21 @@ async def _target_principal(caller: Caller, ref: str | None) -> tuple[int, str]:
     return principal["id"], principal["public_id"]
 
 
+#: The scope id of a server-wide scope (``metrics``).
+SERVER_SCOPE_ID = "server"
+
+
+async def _require_scope_holder(principal_pk: int, scope: str) -> None:
+    """A ``metrics`` token is for a system admin or operator (it stops
+    working if the principal loses that role)."""
+    async with current_buildmax().db.read() as conn:
+        role = await conn.fetch_val(
+            sa.select(principals.c.system_role).where(principals.c.id == principal_pk)
+        )
+    if role not in ("admin", "operator"):
+        raise Forbidden(f"a {scope} token is for a system admin or operator")
+
+
 async def _visible_token(conn: Transaction, caller: Caller, token_id: str) -> dict[str, object]:
     row = await conn.fetch_one(
         sa.select(*_TOKEN_COLUMNS)
@@ -102,6 +117,9 @@ async def create_token(caller: Caller, data: dict[str, Any]) -> Work:
     """Admins may create tokens for other principals (for example agents)."""
     app = current_buildmax()
     principal_pk, principal_id = await _target_principal(caller, data["principal_id"])
+    scope = data["scope"]
+    if scope is not None:
+        await _require_scope_holder(principal_pk, scope)
 
     async def work(tx: Transaction) -> Reply:
         now = app.clock.now_ms()
@@ -112,6 +130,8 @@ async def create_token(caller: Caller, data: dict[str, Any]) -> Work:
             now=now,
             name=data["name"],
             expires_at=now + lifetime * 1000 if lifetime else None,
+            scope_type=scope,
+            scope_id=None if scope is None else SERVER_SCOPE_ID,
         )
         await app.audit.record(
             tx,
@@ -119,7 +139,8 @@ async def create_token(caller: Caller, data: dict[str, Any]) -> Work:
             "token.created",
             target_type="token",
             target_id=issued.public_id,
-            details={"principal_id": principal_id, "name": data["name"]},
+            details={"principal_id": principal_id, "name": data["name"]}
+            | ({} if scope is None else {"scope": scope}),
         )
         return Reply(
             201, issued_body(issued, principal_id), secret_field="token", secret_kind="token"

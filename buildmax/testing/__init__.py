@@ -58,6 +58,7 @@ from .support import (
     MIN_WATCHED_DISTINCT,
     MIN_WATCHED_SECRET,
     AuditRecorder,
+    LogWatch,
     PrincipalHandle,
     SecretWatch,
     SpaceHandle,
@@ -241,13 +242,17 @@ async def app(
 ) -> AsyncIterator[BuildMax]:
     """A started app (migrated, plugins loaded) on the test's database.
 
-    When the test ends, no audit table may hold a secret the test's server
-    minted or was sent: every test that changes something checks it."""
+    When the test ends, no audit table and no line the server logged (at any
+    level) may hold a secret the test's server minted or was sent: every
+    test that changes something checks it."""
     application = create_app(buildmax_settings, clock=clock, auto_migrate=True)
-    async with application.test_app():
-        yield application
-        leaked = await secret_watch.found_in_audit_tables(application)
-        assert leaked == [], f"the audit trail holds secrets: {leaked}"
+    with LogWatch().watching() as logged:
+        async with application.test_app():
+            yield application
+            leaked = await secret_watch.found_in_audit_tables(application)
+            assert leaked == [], f"the audit trail holds secrets: {leaked}"
+        leaked = [found for line in logged.lines for found in secret_watch.found_in(line)]
+        assert leaked == [], f"the server's log holds secrets: {leaked}"
 
 
 @pytest.fixture

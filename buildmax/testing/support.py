@@ -3,7 +3,10 @@ audit recorder, and the watch for secrets in logs and stored rows."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +85,19 @@ class SecretWatch:
         monkeypatch.setattr(tokens, "new_secret", new_secret)
         monkeypatch.setattr(bodies, "validate", watched_validate)
 
+    def _watched(self) -> set[str]:
+        """The watched secrets, as written and as they read inside JSON."""
+        watched = [
+            v
+            for v in self.values
+            if len(v) >= MIN_WATCHED_SECRET and len(set(v)) >= MIN_WATCHED_DISTINCT
+        ]
+        return {*watched, *(json.dumps(v, ensure_ascii=False)[1:-1] for v in watched)}
+
+    def found_in(self, text: str) -> list[str]:
+        """``"<secret prefix>..."`` for every watched secret in ``text``."""
+        return [f"{s[:6]}..." for s in self._watched() if s in text]
+
     async def found_in_audit_tables(self, app: BuildMax) -> list[str]:
         """``"<table>: <secret prefix>..."`` for every watched secret an
         audit table holds anywhere in a row."""
@@ -89,12 +105,7 @@ class SecretWatch:
 
         # As written, and as it reads inside stored JSON (quotes, backslashes
         # and control characters escaped).
-        watched = [
-            v
-            for v in self.values
-            if len(v) >= MIN_WATCHED_SECRET and len(set(v)) >= MIN_WATCHED_DISTINCT
-        ]
-        secrets_ = {*watched, *(json.dumps(v, ensure_ascii=False)[1:-1] for v in watched)}
+        secrets_ = self._watched()
         found = []
         async with app.db.read() as conn:
             names = [r["name"] for r in await conn.fetch_all(sa.text(_AUDIT_TABLES[conn.dialect]))]
@@ -103,6 +114,36 @@ class SecretWatch:
                     text = " ".join(str(value) for value in row.values())
                     found += [f"{name}: {s[:6]}..." for s in secrets_ if s in text]
         return found
+
+
+class LogWatch(logging.Handler):
+    """Every record the server logs during a test, at every level, formatted
+    as the server's log would print it (message and traceback)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self._formatter = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self._formatter.format(record))
+        fields = getattr(record, "fields", None)
+        if fields:
+            self.lines.append(json.dumps(fields, default=str))
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[LogWatch]:
+        """Collect every record of the BuildMax loggers (at DEBUG and up)
+        while the block runs."""
+        root, kernel = logging.getLogger(), logging.getLogger("buildmax")
+        level = kernel.level
+        kernel.setLevel(logging.DEBUG)
+        root.addHandler(self)
+        try:
+            yield self
+        finally:
+            root.removeHandler(self)
+            kernel.setLevel(level)
 
 
 class AuditRecorder:

@@ -5,7 +5,7 @@ the pluggy markers, the hookspec modules, the records hooks pass and the
 Protocols services implement. This package imports nothing of BuildMax.
 """
 
-from . import app, audit, auth, backup, graders, storage, workflow
+from . import app, audit, auth, backup, graders, operations, storage, workflow
 from .kernel import App, AuditTrail, Clock, Database, EventStream, ServiceRegistry, Settings
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
@@ -25,13 +25,16 @@ from .protocols import (
     check_blob_key,
 )
 from .records import (
+    ATTENTION_ROLES,
     SYSTEM_ACTOR,
     Actor,
     AgentRevisionRef,
     AttemptRef,
+    Attention,
     AuditAction,
     AuditEvent,
     BlobRef,
+    Gauge,
     Grade,
     Migration,
     ReleaseRef,
@@ -45,9 +48,10 @@ from .records import (
 from .workflow import RunEnvironmentRefused
 
 #: The modules holding hookspecs, in the order the kernel registers them.
-HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders, backup)
+HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders, backup, operations)
 
 __all__ = [
+    "ATTENTION_ROLES",
     "BLOB_TMP_DIR",
     "HOOKSPEC_MODULES",
     "PROJECT_NAME",
@@ -56,6 +60,7 @@ __all__ = [
     "AgentRevisionRef",
     "App",
     "AttemptRef",
+    "Attention",
     "AuditAction",
     "AuditEvent",
     "AuditTrail",
@@ -69,6 +74,7 @@ __all__ = [
     "Clock",
     "Database",
     "EventStream",
+    "Gauge",
     "Grade",
     "Grader",
     "GraderFactory",

@@ -295,3 +295,41 @@ class Restoration:
     keep_tokens: bool = False
     generation_stride: int = 0
     replay: tuple[AuditEvent, ...] = ()
+
+
+#: The least space role that sees an :class:`Attention` item (``role``).
+ATTENTION_ROLES = ("viewer", "member", "admin")
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """One number of a plugin's state (``buildmax_gauges``).
+
+    ``name`` is the Prometheus metric name (``buildmax_...``), ``help`` its
+    one-line description, ``labels`` its label values (fixed sets or space
+    slugs: see the hook)."""
+
+    name: str
+    help: str
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One thing a person should look at (``buildmax_attention``).
+
+    ``kind`` is a stable dotted code (``lease.lapsed``); ``summary`` one
+    line for a person, naming ids, never task text or a secret; ``since``
+    when it began (epoch ms); ``role`` the least space role that sees it
+    (one of :data:`ATTENTION_ROLES`); ``space_pk`` its space, or ``None``
+    for the whole server (system admins and operators only); ``target`` a
+    ``(type, public id)`` pair when it is about one record."""
+
+    kind: str
+    summary: str
+    since: int | None
+    space_pk: int | None
+    role: str = "viewer"
+    severity: str = "warning"
+    target: tuple[str, str] | None = None

@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 import httpx
+from buildmax_graders.process import BUILDMAX
 from buildmax_graders.run import JourneyRun, StepFailed
 
 from buildmax.database import servers
@@ -133,7 +134,7 @@ async def under_load(
             window.append(time.monotonic())
             env = {**os.environ, **run.environment()}
             proc = await asyncio.create_subprocess_exec(
-                "buildmax",
+                *BUILDMAX,
                 "backup",
                 "create",
                 "--output",
@@ -190,7 +191,7 @@ async def restore_fresh(run: JourneyRun) -> dict[str, Any]:
     deployment.data_dir.rename(aside)
     deployment.data_dir.mkdir()
     env = {**os.environ, **run.environment()}
-    argv = ["buildmax", "backup", "restore", str(run.workdir / "backups")]
+    argv = [*BUILDMAX, "backup", "restore", str(run.workdir / "backups")]
     if deployment.engine == "postgres":
         name = f"bmq_{uuid.uuid4().hex[:16]}_restored"
         url = await servers.create_database(deployment.pg_server_url, name, None)

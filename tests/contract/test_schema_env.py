@@ -13,21 +13,39 @@ pytestmark = pytest.mark.engine_independent
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _editable(lines: list[str]) -> set[str]:
-    """The local paths of ``-e`` lines, extras dropped."""
+def _local_paths(lines: list[str]) -> set[str]:
+    """The local paths of requirement lines, editable or not, extras dropped
+    (``-e ./plugins/s3[test]`` and ``./plugins/s3`` are both ``plugins/s3``)."""
     found = set()
     for line in lines:
-        match = re.match(r"^-e\s+(\S+?)(\[[^\]]*\])?$", line.strip())
+        match = re.match(r"^(?:-e\s+)?(\.{1,2}(?:/\S*?)?)(\[[^\]]*\])?$", line.strip())
         if match:
             found.add(match.group(1).rstrip("/").removeprefix("./") or ".")
     return found
 
 
-def test_the_schema_env_installs_every_local_distribution():
-    """Catches a plugin added to requirements.txt but not to the schema env:
-    its routes would be missing from the document schemathesis tests."""
-    shipped = _editable((ROOT / "requirements.txt").read_text().splitlines())
+def _requirements(name: str) -> set[str]:
+    return _local_paths((ROOT / name).read_text().splitlines())
+
+
+def test_the_schema_env_installs_every_distribution_the_server_ships():
+    """Catches a plugin added to requirements-server.txt but not to the
+    schema env: its routes would be missing from the document schemathesis
+    tests."""
+    shipped = _requirements("requirements-server.txt")
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    installed = _editable(tox["testenv:schema"]["deps"].splitlines())
+    installed = _local_paths(tox["testenv:schema"]["deps"].splitlines())
     assert shipped and installed == shipped
+
+
+def test_the_developer_install_has_the_distributions_the_server_ships():
+    """requirements.txt (editable, with test extras: what tox installs) and
+    requirements-server.txt name the same local distributions: the tests
+    run what a server runs."""
+    assert _requirements("requirements.txt") == _requirements("requirements-server.txt")
+
+
+def test_local_paths_are_read_with_or_without_editable_and_extras():
+    lines = ["# a comment", "-e ./hookspecs", "-e .[test]", "./plugins/s3", "schemathesis==4.*"]
+    assert _local_paths(lines) == {"hookspecs", ".", "plugins/s3"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from buildmax_hookspecs import (
@@ -11,6 +11,7 @@ from buildmax_hookspecs import (
     AttemptRef,
     AuditAction,
     BlobRef,
+    Gauge,
     Migration,
     Restoration,
     SubmissionRef,
@@ -23,9 +24,13 @@ from buildmax_hookspecs import (
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
+from . import diagnostics
 from .evidence import submission_check
 from .settings import artifact_settings
 from .tables import TABLES
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 _MAINTENANCE = "buildmax_artifacts.maintenance"
 
@@ -102,7 +107,12 @@ async def buildmax_submission_check(
 
 
 @hookimpl
-def buildmax_startup(app: App) -> None:
+async def buildmax_gauges(app: BuildMax, conn: Transaction) -> list[Gauge]:
+    return await diagnostics.gauges(app, conn)
+
+
+@hookimpl
+def buildmax_startup(app: BuildMax) -> None:
     from .retention import maintain_forever
 
     start_background(app, _MAINTENANCE, maintain_forever(app))

@@ -84,7 +84,7 @@ async def reserve(
     :class:`QuotaExceeded` (and nothing changed) when either is full."""
     reservation = Reservation(new_id("up"), space_pk, space_id, size)
     async with app.db.write() as tx:
-        for scope, limit in zip(reservation.scopes, _limits(settings), strict=True):
+        for scope, limit in zip(reservation.scopes, limits(settings), strict=True):
             await tx.execute(_ENSURE[tx.dialect], {"scope": scope})
             ok = await tx.fetch_val(_RESERVE, {"scope": scope, "bytes": size, "limit": limit})
             if ok is None:
@@ -102,7 +102,7 @@ async def reserve(
     return reservation
 
 
-def _limits(settings: ArtifactSettings) -> tuple[int, int]:
+def limits(settings: ArtifactSettings) -> tuple[int, int]:
     """The deployment's and a space's limit, in :attr:`Reservation.scopes` order."""
     return settings.quota_bytes, settings.space_quota_bytes or settings.quota_bytes
 
@@ -126,7 +126,7 @@ async def settle(
         .returning(uploads.c.bytes)
     )
     if reserved is None and stored > 0:
-        for scope, limit in zip(reservation.scopes, _limits(settings), strict=True):
+        for scope, limit in zip(reservation.scopes, limits(settings), strict=True):
             if await tx.fetch_val(_TAKE, {"scope": scope, "bytes": stored, "limit": limit}) is None:
                 raise QuotaExceeded(
                     f"the upload outlived its reservation and {stored} bytes no longer fit"

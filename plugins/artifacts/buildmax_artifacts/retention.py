@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SYSTEM_ACTOR, Actor, App, Transaction
+from buildmax_hookspecs import SYSTEM_ACTOR, Actor, App, BlobStoreUnavailable, Transaction
 
 from buildmax.problems import NotFound
 from buildmax.tables import spaces
 
+from .diagnostics import SWEEP_FAILURES
 from .gc import collect
 from .quota import tombstoned
 from .settings import artifact_settings
 from .tables import artifacts
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
 
 log = logging.getLogger("buildmax_artifacts.retention")
 
@@ -82,23 +87,34 @@ async def expire(app: App, retention_days: int | None = None) -> list[str]:
             return expired
 
 
-async def maintain_forever(app: App) -> None:
+async def maintain_forever(app: BuildMax) -> None:
     """Apply retention and collect garbage every ``sweep_interval_seconds``."""
     settings = artifact_settings(app)
     while True:
         await asyncio.sleep(settings.sweep_interval_seconds)
-        try:
-            expired = await expire(app)
-            report = await collect(app, grace_ms=settings.gc_grace_seconds * 1000)
-            if expired or report.orphans or report.lost:
-                log.info(
-                    "artifacts: %d expired, %d orphaned blob(s) removed, %d lost",
-                    len(expired),
-                    len(report.orphans),
-                    len(report.lost),
-                )
-        except Exception:
-            log.exception("artifacts maintenance failed")
+        await sweep(app)
+
+
+async def sweep(app: BuildMax) -> None:
+    """Apply retention and collect garbage once; a failure is logged and
+    counted (``buildmax_artifact_sweep_failures``), and the next sweep
+    tries again."""
+    settings = artifact_settings(app)
+    try:
+        expired = await expire(app)
+        report = await collect(app, grace_ms=settings.gc_grace_seconds * 1000)
+        if expired or report.orphans or report.lost:
+            log.info(
+                "artifacts: %d expired, %d orphaned blob(s) removed, %d lost",
+                len(expired),
+                len(report.orphans),
+                len(report.lost),
+            )
+    except Exception as exc:
+        reason = "blob_store" if isinstance(exc, BlobStoreUnavailable) else "error"
+        if app.metrics.enabled:
+            app.metrics.counter(*SWEEP_FAILURES).labels(reason).inc()
+        log.exception("artifacts maintenance failed")
 
 
 async def tombstone_artifact(

@@ -175,7 +175,10 @@ async def upload(caller: Caller, access: SpaceAccess) -> Response:
     An attempt takes its current owner at its current generation: 403
     ``not-attempt-owner``, 409 ``stale-generation``, ``attempt-ended`` or
     ``lease-lapsed`` otherwise, checked before and after the bytes stream.
-    413 past the size limit, 409 ``quota-exceeded``, 422 ``digest-mismatch``.
+    413 past the size limit, 409 ``quota-exceeded``, 422 ``digest-mismatch``,
+    507 ``disk-reserve-reached`` when storing the declared size (the limit,
+    for a body of unknown length) would leave less free disk than the
+    server keeps in reserve.
     A retry with the same ``Idempotency-Key`` and the same bytes answers the
     first artifact and stores and charges nothing; with other bytes, 422
     ``idempotency-key-reused``; while the first still streams, 409."""
@@ -199,6 +202,9 @@ async def upload(caller: Caller, access: SpaceAccess) -> Response:
     if declared is not None and declared > settings.max_bytes:
         raise PayloadTooLarge(f"an artifact may have at most {settings.max_bytes} bytes")
     limit = settings.max_bytes if declared is None else declared
+    # Before the key is claimed, the quota reserved or a byte stored; a body
+    # of unknown length counts as its limit, the most it may bring.
+    app.disk.require_room(limit)
     fingerprint = fingerprint_of(sorted(query.items()), media_type)
     async with app.idempotency.streamed(caller, fingerprint) as receipt:
         if receipt.replay is not None:

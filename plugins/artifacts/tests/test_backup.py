@@ -1,11 +1,6 @@
-"""Artifacts through a backup and a restore, on the file store: the bytes
-go into the backup and come back into the store they were lost from; a blob
-the store had lost before the backup is tombstoned as lost.
-
-On the S3 store this test passes alone, but it leaves the suite's shared
-local S3 server unresponsive to the S3 tests that run after it (first seen
-in ``test_idempotent_upload.py``); until that is understood it runs on the
-file store only."""
+"""Artifacts through a backup and a restore, on the file store and on S3:
+the bytes go into the backup and come back into the store they were lost
+from; a blob the store had lost before the backup is tombstoned as lost."""
 
 from __future__ import annotations
 
@@ -19,14 +14,6 @@ from buildmax.backups.create import create_backup
 from buildmax.backups.restore import restore_backup
 from buildmax.config import Config
 from buildmax.testing import call
-
-from .conftest import Backend
-
-
-@pytest.fixture
-def backend(tmp_path: Path) -> Backend:
-    """The file store only (see the module docstring)."""
-    return Backend("file", tmp_path / "data" / "blobs")
 
 
 @pytest.fixture

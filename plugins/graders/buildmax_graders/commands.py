@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .journey import ENGINES, discover
+from .journey import ENGINES, NOT_BUILT, Journey, Needs, Requirement, discover, needs
 
 if TYPE_CHECKING:
     from .outcome import Outcome
@@ -36,6 +37,52 @@ def installed_graders() -> dict[str, Any]:
                 raise click.ClickException(f"two plugins offer a grader named {name!r}")
             graders[name] = factory
     return graders
+
+
+def distribution_installed(name: str) -> bool:
+    """Whether a distribution named ``name`` is installed here."""
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def unmet_needs(
+    journeys: Sequence[tuple[str, Needs]],
+    graders: Collection[str],
+    installed: Callable[[str], bool] = distribution_installed,
+) -> str | None:
+    """One line naming what the journeys (their needs by id) need and this
+    environment lacks, or ``None``: the required distributions that are not
+    installed, with what installs each, then the graders no installed plugin
+    offers that no missing distribution accounts for."""
+    missing: dict[str, Requirement] = {}
+    unknown: dict[str, list[str]] = {}
+    for journey_id, need in journeys:
+        absent = [r for r in need.requires if not installed(r.distribution)]
+        for requirement in absent:
+            missing.setdefault(requirement.distribution, requirement)
+        if absent:
+            continue  # its graders may be theirs
+        for grader in need.graders:
+            if grader not in graders:
+                unknown.setdefault(grader, []).append(journey_id)
+    parts = []
+    if missing:
+        parts.append(
+            "qualification needs plugins that are not installed: "
+            + ", ".join(f"{r.distribution} (pip install {r.install})" for r in missing.values())
+        )
+        if any(r.install.startswith(".") for r in missing.values()):
+            parts.append("run from the repository root")
+    if unknown:
+        parts.append(
+            "qualification needs graders no installed plugin offers: "
+            + ", ".join(f"{g!r} ({', '.join(ids)})" for g, ids in unknown.items())
+            + " (a journey names the distribution offering a grader under [[requires]])"
+        )
+    return "; ".join(parts) or None
 
 
 def _until_terminated(run: Coroutine[Any, Any, list[Outcome]]) -> list[Outcome] | None:
@@ -130,7 +177,9 @@ def qualify(
 
     Each journey gets a fresh database and its own server. Exits 1 when any
     journey fails or cannot run; journeys not applicable to an engine or not
-    built yet are listed as such and neither pass nor fail.
+    built yet are listed as such and neither pass nor fail. Exits 2 before
+    any journey runs when a plugin or grader the journeys to run need is not
+    installed, in one line naming what to install.
     """
     from .evidence import Source
     from .outcome import FAILED
@@ -144,7 +193,8 @@ def qualify(
         raise click.BadParameter(
             f"no journey files (*.toml) in {journeys_dir}", param_hint="--journeys"
         )
-    journeys = load_journeys(paths, installed_graders())
+    graders = installed_graders()
+    journeys = load_journeys(paths, graders)
     ids = [j.id if not isinstance(j, tuple) else j[0].stem for j in journeys]
     unknown = sorted(set(selected) - set(ids))
     if unknown:
@@ -164,12 +214,25 @@ def qualify(
                 )
         return
 
+    # Everything the journeys to run need, checked before the first one runs.
+    engines = engines or ("sqlite",)
+    to_run = [
+        (j.id, needs(j.path)) if isinstance(j, Journey) else (j[0].stem, needs(j[0]))
+        for j in journeys
+        if not isinstance(j, Journey)
+        or (j.status != NOT_BUILT and any(j.applies_to(e) for e in engines))
+    ]
+    unmet = unmet_needs(to_run, graders)
+    if unmet:
+        click.echo(unmet, err=True)
+        sys.exit(2)
+
     # The runner opens journey databases like the CLI does; their connection
     # chatter would break the progress bar.
     logging.getLogger("databases").setLevel(logging.WARNING)
     qualification = Qualification(
         journeys,
-        engines=engines or ("sqlite",),
+        engines=engines,
         output=output,
         source=Source.of(Path.cwd()),
         pg_server_url=pg_url,

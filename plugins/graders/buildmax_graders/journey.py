@@ -7,6 +7,8 @@ of graded checks (``[[check]]``), each tagged with what it asserts
 (``response``, ``durable``, ``audit`` or ``forbidden``); isolation comes
 from the runner, which gives every journey its own database and server.
 Strings may hold ``{ref}`` placeholders naming values earlier steps saved.
+What a journey needs installed beside the server (a plugin offering a grader
+it names, the test-only fault plugin) it declares under ``[[requires]]``.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ _JOURNEY_KEYS = {
     "reason",
     "timeout",
     "server",
+    "requires",
     "arrange",
     "act",
     "check",
 }
 _SERVER_KEYS = {"start", "database", "processes", "blob_faults", "plugins", "settings"}
+_REQUIRES_KEYS = {"distribution", "install"}
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w-]*(?:\.[\w-]+)*)\}")
 
@@ -73,6 +77,26 @@ class ServerPlan:
     blob_faults: bool = False
     plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A distribution a journey needs installed beside the server
+    (``[[requires]]``): ``distribution`` its name, ``install`` what to give
+    ``pip install`` for it (a path from the repository root, or a
+    requirement)."""
+
+    distribution: str
+    install: str
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a journey file needs installed: the distributions it requires
+    and the graders its checks name."""
+
+    requires: tuple[Requirement, ...] = ()
+    graders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +145,7 @@ class Journey:
     server: ServerPlan
     steps: tuple[Step, ...]
     checks: tuple[Check, ...]
+    requires: tuple[Requirement, ...] = ()
 
     def applies_to(self, engine: str) -> bool:
         """Whether the journey runs on ``engine``."""
@@ -159,6 +184,44 @@ def _server_plan(raw: Any) -> ServerPlan:
             if not isinstance(value, bool | int | float | str):
                 raise JourneyFileError(f"[server] {name}.{key} must be a string, number or boolean")
     return plan
+
+
+def _requirements(raw: Any) -> tuple[Requirement, ...]:
+    if not isinstance(raw, list) or not all(isinstance(r, Mapping) for r in raw):
+        raise JourneyFileError("'requires' must be an array of tables ([[requires]])")
+    found = []
+    for index, table in enumerate(raw):
+        unknown = set(table) - _REQUIRES_KEYS
+        if unknown:
+            raise JourneyFileError(
+                f"requires[{index}]: unknown key(s) {', '.join(sorted(unknown))}"
+            )
+        for key in sorted(_REQUIRES_KEYS):
+            if not isinstance(table.get(key), str) or not table[key].strip():
+                raise JourneyFileError(f"requires[{index}]: '{key}' must be a non-empty string")
+        found.append(Requirement(table["distribution"].strip(), table["install"].strip()))
+    return tuple(found)
+
+
+def needs(path: Path) -> Needs:
+    """What the journey file at ``path`` needs installed, read without
+    loading it (a file naming a grader that is not installed does not load).
+    What cannot be read is left for :func:`load_journey` to report."""
+    try:
+        raw = tomllib.loads(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return Needs()
+    try:
+        requires = _requirements(raw.get("requires", []))
+    except JourneyFileError:
+        requires = ()
+    checks = raw.get("check", [])
+    graders = (
+        [c["grader"] for c in checks if isinstance(c, Mapping) and isinstance(c.get("grader"), str)]
+        if isinstance(checks, list)
+        else []
+    )
+    return Needs(requires, tuple(dict.fromkeys(graders)))
 
 
 def _table(value: Any, name: str) -> Mapping[str, Any]:
@@ -209,6 +272,7 @@ def _journey(
         raise JourneyFileError("a journey that is not built says why in 'reason'")
 
     server = _server_plan(raw.get("server", {}))
+    requires = _requirements(raw.get("requires", []))
     if server.processes > 1 and "sqlite" in engines:
         raise JourneyFileError('[server] processes > 1 needs engines = ["postgres"]')
 
@@ -270,6 +334,7 @@ def _journey(
         server=server,
         steps=tuple(steps),
         checks=tuple(checks),
+        requires=requires,
     )
 
 

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 from buildmax_graders.builtin import BUILTIN_GRADERS
 from buildmax_graders.commands import installed_graders
-from buildmax_graders.journey import Journey, JourneyFileError, load_journey
+from buildmax_graders.journey import (
+    Journey,
+    JourneyFileError,
+    Needs,
+    Requirement,
+    load_journey,
+    needs,
+)
 from buildmax_graders.steps import STEPS
 
 pytestmark = pytest.mark.engine_independent
@@ -50,6 +57,11 @@ def load(tmp_path: Path, text: str) -> Journey:
         ("[server]\nsettings = { x = [1] }\n", "[server] settings.x must be a string"),
         ("[server]\nplugins = { tasks = { a = {} } }\n", "[server] plugins.tasks.a must be"),
         (CHECK.replace('of = "x"\n', ""), "check[0]: status: missing required key 'of'"),
+        ('requires = "buildmax-x"\n', "'requires' must be an array of tables ([[requires]])"),
+        ('[[requires]]\ndistribution = "x"\n', "requires[0]: 'install' must be a non-empty"),
+        ('[[requires]]\ndistribution = "x"\ninstall = ""\n', "requires[0]: 'install' must be"),
+        ('[[requires]]\ndistribution = 1\ninstall = "./x"\n', "requires[0]: 'distribution'"),
+        ('[[requires]]\nname = "x"\n', "requires[0]: unknown key(s) name"),
     ],
 )
 def test_a_bad_file_is_refused_naming_its_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -70,6 +82,44 @@ def test_a_good_file_loads_with_its_steps_and_checks(tmp_path: Path) -> None:
     (step,) = journey.steps
     assert step.label == "act[0] sleep" and not step.applies_to("postgres")
     assert [c.grader_name for c in journey.checks] == ["status", "absent", "absent", "absent"]
+
+
+def test_a_file_declares_what_it_needs_installed(tmp_path: Path) -> None:
+    requires = (
+        '[[requires]]\ndistribution = "buildmax-x"\ninstall = "./x"\n'
+        '[[requires]]\ndistribution = "buildmax-y"\ninstall = "buildmax-y>=1"\n'
+    )
+    journey = load(tmp_path, requires + CHECK + OTHERS)
+    assert journey.requires == (
+        Requirement("buildmax-x", "./x"),
+        Requirement("buildmax-y", "buildmax-y>=1"),
+    )
+    assert load(tmp_path, CHECK + OTHERS).requires == ()
+
+
+def test_needs_are_read_from_a_file_that_cannot_load(tmp_path: Path) -> None:
+    """A file naming a grader that is not installed does not load; what it
+    needs is still known, to say what to install before anything runs."""
+    path = tmp_path / "J99.toml"
+    path.write_text(
+        'id = "J99"\ntitle = "t"\n[[requires]]\ndistribution = "buildmax-x"\ninstall = "./x"\n'
+        + CHECK.replace('"status"', '"fancy"')
+        + OTHERS
+    )
+    with pytest.raises(JourneyFileError, match="grader 'fancy' is not installed"):
+        load_journey(path, BUILTIN_GRADERS, STEPS.__contains__)
+    assert needs(path) == Needs((Requirement("buildmax-x", "./x"),), ("fancy", "absent"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["id = ", 'id = "J99"\nrequires = 3\n[[check]]\ngrader = 5\n', "check = 1\n"],
+)
+def test_needs_of_an_unreadable_file_are_left_to_the_loader(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "J99.toml"
+    path.write_text(text)
+    assert needs(path) == Needs()
+    assert needs(tmp_path / "gone.toml") == Needs()
 
 
 class Fussy:

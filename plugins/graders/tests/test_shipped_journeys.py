@@ -5,12 +5,15 @@ it. Deleting a journey, or marking a red one "not built", fails here."""
 from __future__ import annotations
 
 import importlib.util
+import tomllib
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from buildmax_graders.builtin import BUILTIN_GRADERS
 from buildmax_graders.commands import installed_graders
-from buildmax_graders.journey import NOT_BUILT, WRITTEN, Journey, discover
+from buildmax_graders.journey import NOT_BUILT, WRITTEN, Journey, Requirement, discover
 from buildmax_graders.qualify import load_journeys
 
 pytestmark = pytest.mark.engine_independent
@@ -80,3 +83,48 @@ def test_written_journeys_run_the_examples(journeys: dict[str, Journey]) -> None
     calls = {str(s.spec.get("call")) for j in journeys.values() for s in j.steps}
     assert "market:agent_loop" in calls and "review:reviewer_loop" in calls
     assert all(j.status == WRITTEN for j in journeys.values())
+
+
+def plugin_modules(requirement: Requirement) -> list[ModuleType]:
+    """The ``buildmax`` entry point modules of a required distribution of
+    this repository, loaded from its directory (whether installed or not)."""
+    directory = ROOT / requirement.install
+    with (directory / "pyproject.toml").open("rb") as f:
+        project = tomllib.load(f)["project"]
+    assert project["name"] == requirement.distribution
+    modules = []
+    for name, target in project["entry-points"]["buildmax"].items():
+        module_path = directory.joinpath(*target.partition(":")[0].split("."))
+        init = module_path / "__init__.py"
+        spec = importlib.util.spec_from_file_location(
+            f"required_{name.replace('-', '_')}", init if init.exists() else f"{module_path}.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return modules
+
+
+def test_what_a_journey_needs_beyond_the_server_it_declares(
+    journeys: dict[str, Journey], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every grader a journey names is built in or offered by a plugin of
+    this repository it requires; a journey whose blobs go through the fault
+    plugin's store, or that arms a fault, requires the plugin offering that
+    store. ``buildmax qualify`` names what is missing from these."""
+    monkeypatch.setenv("BUILDMAX_QUALIFICATION", "1")  # the fault plugin loads only then
+    for journey in journeys.values():
+        offered: dict[str, set[str]] = {"graders": set(BUILTIN_GRADERS), "blob_stores": set()}
+        for requirement in journey.requires:
+            assert requirement.install.startswith("./"), requirement
+            for module in plugin_modules(requirement):
+                for hook in offered:
+                    if hasattr(module, f"buildmax_{hook}"):
+                        offered[hook] |= set(getattr(module, f"buildmax_{hook}")())
+        named = {c.grader_name for c in journey.checks}
+        assert named <= offered["graders"], (journey.id, named - offered["graders"])
+        if journey.server.blob_faults or any(s.kind == "fault" for s in journey.steps):
+            assert "faulty+file" in offered["blob_stores"], journey.id
+    assert [r.distribution for r in journeys["J02"].requires] == ["buildmax-example-grader"]
+    assert [r.distribution for r in journeys["J08"].requires] == ["buildmax-qualification-faults"]

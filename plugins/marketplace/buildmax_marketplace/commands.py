@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 
@@ -163,11 +164,13 @@ def materialize_command(remote: Remote, attempt_id: str, home: Path) -> None:
     Use the attempt's token (BUILDMAX_TOKEN=<the claim's token>). A package
     that fails its digest or inspection, or an answer of the server that is
     not one to trust, fails the whole materialization, leaves no
-    HOME/plugins, and marks the attempt failed.
+    HOME/plugins, reports the failure's reason to the server (the space's
+    admins see it) and marks the attempt failed.
     """
     try:
         placed = materialize(remote.client, attempt_id, home)
     except (MaterializationFailed, BuildMaxError, OSError) as exc:
+        _report_failure(remote, attempt_id, _reason(exc))
         _fail_attempt(remote, attempt_id, str(exc))
         raise CommandError(f"materialization failed: {exc}") from None
     for name, variables in placed.unset_environment.items():
@@ -187,6 +190,26 @@ def materialize_command(remote: Remote, attempt_id: str, home: Path) -> None:
         for pin in placed.pins:
             click.echo(f"{pin['name']} {pin['version']} {pin['sha256'][:12]}")
         click.echo(f"wrote {placed.lock}")
+
+
+def _reason(exc: Exception) -> str:
+    """The code of a failed materialization (see ``REASONS``)."""
+    if isinstance(exc, MaterializationFailed):
+        return exc.reason
+    return "server" if isinstance(exc, BuildMaxError) else "local"
+
+
+def _report_failure(remote: Remote, attempt_id: str, reason: str) -> None:
+    """Tell the server why the materialization failed (best effort: the
+    error is reported either way)."""
+    try:
+        remote.client.request(
+            "POST",
+            f"/v1/attempts/{quote(attempt_id, safe='')}/materialization-failures",
+            json={"reason": reason},
+        )
+    except (BuildMaxError, Unreachable) as exc:
+        click.echo(f"warning: could not report the failure to the server: {exc}", err=True)
 
 
 def _fail_attempt(remote: Remote, attempt_id: str, reason: str) -> None:

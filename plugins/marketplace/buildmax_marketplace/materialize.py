@@ -58,9 +58,29 @@ HEADER_ROOM = 4096
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
+#: Why a materialization failed: each code and what it means. A worker
+#: reports the code to the server (``buildmax run materialize`` does), which
+#: counts and lists failures by it; the words stay with the worker.
+REASONS = {
+    "listing": "the server's listing of pins (or its limits) was refused",
+    "download": "a package could not be downloaded in full",
+    "digest": "a package's bytes did not have the pinned sha256",
+    "package": "a package was refused by the hardened reader or named another release",
+    "server": "the server refused to list the pins",
+    "local": "the worker's own disk or home (it exists already, or cannot be written)",
+}
+
+
 class MaterializationFailed(Exception):
     """A pinned package could not be verified or extracted, or the server's
-    answer was not one to trust; nothing was placed."""
+    answer was not one to trust; nothing was placed. ``reason`` is one of
+    :data:`REASONS`."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        if reason not in REASONS:
+            raise ValueError(f"no such materialization failure reason: {reason!r}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -95,7 +115,9 @@ def materialize(
     limits = _stricter_limits(limits or DEFAULT_LIMITS, listing.get("limits"))
     target = home / "plugins"
     if target.exists() or target.is_symlink():
-        raise MaterializationFailed(f"{target} exists already; materialize into a fresh home")
+        raise MaterializationFailed(
+            f"{target} exists already; materialize into a fresh home", reason="local"
+        )
     home.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".plugins-", dir=home))
     unset: dict[str, list[str]] = {}
@@ -128,16 +150,21 @@ def read_listing(client: Client, attempt_id: str) -> dict[str, Any]:
                 body += chunk
                 if len(body) > MAX_LISTING_BYTES:
                     raise MaterializationFailed(
-                        f"the server's listing of pins is larger than {MAX_LISTING_BYTES} bytes"
+                        f"the server's listing of pins is larger than {MAX_LISTING_BYTES} bytes",
+                        reason="listing",
                     )
     except IncompleteDownload as exc:
-        raise MaterializationFailed(f"the server's listing of pins: {exc}") from None
+        raise MaterializationFailed(
+            f"the server's listing of pins: {exc}", reason="listing"
+        ) from None
     try:
         listing = json.loads(body)
     except (ValueError, RecursionError):
         listing = None
     if not isinstance(listing, dict):
-        raise MaterializationFailed("the server's listing of pins is not a JSON object")
+        raise MaterializationFailed(
+            "the server's listing of pins is not a JSON object", reason="listing"
+        )
     return listing
 
 
@@ -145,7 +172,8 @@ def _pins(client: Client, pins: Any) -> list[_Pin]:
     """The listing's pins, each field checked (see the module)."""
     if not isinstance(pins, list) or len(pins) > MAX_PINS:
         raise MaterializationFailed(
-            f"the server's pins are not a list of at most {MAX_PINS}; nothing was fetched"
+            f"the server's pins are not a list of at most {MAX_PINS}; nothing was fetched",
+            reason="listing",
         )
     checked: list[_Pin] = []
     for number, pin in enumerate(pins, 1):
@@ -153,13 +181,14 @@ def _pins(client: Client, pins: Any) -> list[_Pin]:
             checked.append(_pin(client, pin))
         except ValueError as exc:
             raise MaterializationFailed(
-                f"the server's pin {number} is refused: {exc}; nothing was fetched"
+                f"the server's pin {number} is refused: {exc}; nothing was fetched",
+                reason="listing",
             ) from None
     names = [pin.name for pin in checked]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise MaterializationFailed(
-            f"the server pins {', '.join(twice)} twice; nothing was fetched"
+            f"the server pins {', '.join(twice)} twice; nothing was fetched", reason="listing"
         )
     return checked
 
@@ -203,14 +232,15 @@ def _stricter_limits(own: Limits, advertised: Any) -> Limits:
     if advertised is None:
         return own
     if not isinstance(advertised, dict):
-        raise MaterializationFailed("the server's limits are not a JSON object")
+        raise MaterializationFailed("the server's limits are not a JSON object", reason="listing")
     values: dict[str, int] = {}
     for limit in dataclasses.fields(Limits):
         mine: int = getattr(own, limit.name)
         theirs = advertised.get(limit.name, mine)
         if type(theirs) is not int or theirs < 0:
             raise MaterializationFailed(
-                f"the server's limit {limit.name} {_shown(theirs)} is not a non-negative integer"
+                f"the server's limit {limit.name} {_shown(theirs)} is not a non-negative integer",
+                reason="listing",
             )
         values[limit.name] = min(mine, theirs)
     return Limits(**values)
@@ -233,27 +263,31 @@ def _fetch(client: Client, pin: _Pin, staging: Path, limits: Limits) -> Any:
                 if received > allowed:
                     raise MaterializationFailed(
                         f"{pin.name} {pin.version}: the server sent more than the "
-                        f"{allowed} bytes an archive within the limits can have"
+                        f"{allowed} bytes an archive within the limits can have",
+                        reason="download",
                     )
                 digest.update(chunk)
                 out.write(chunk)
         if digest.hexdigest() != pin.sha256:
             raise MaterializationFailed(
                 f"{pin.name} {pin.version}: the bytes' sha256 is {digest.hexdigest()}, "
-                f"not the pinned {pin.sha256}"
+                f"not the pinned {pin.sha256}",
+                reason="digest",
             )
         try:
             package = extract(archive, staging / pin.name, limits)
         except PackageRefused as refused:
             raise MaterializationFailed(
-                f"{pin.name} {pin.version} was refused: {refused}"
+                f"{pin.name} {pin.version} was refused: {refused}", reason="package"
             ) from None
         if (package.name, str(Version(package.version))) != (pin.name, pin.version):
             raise MaterializationFailed(
-                f"{pin.name} {pin.version}: the package says it is {package.name} {package.version}"
+                f"{pin.name} {pin.version}: the package says it is "
+                f"{package.name} {package.version}",
+                reason="package",
             )
         return package
     except (BuildMaxError, IncompleteDownload) as exc:
-        raise MaterializationFailed(f"{pin.name} {pin.version}: {exc}") from None
+        raise MaterializationFailed(f"{pin.name} {pin.version}: {exc}", reason="download") from None
     finally:
         archive.unlink(missing_ok=True)

@@ -11,6 +11,7 @@ from buildmax_hookspecs import (
     AgentRevisionRef,
     App,
     AttemptRef,
+    Attention,
     AuditAction,
     BlobRef,
     Migration,
@@ -23,10 +24,10 @@ from buildmax_hookspecs import (
 
 from buildmax.migrations import create_tables
 
-from . import runs
+from . import diagnostics, runs
 from .activation import eligibility_verdict
 from .settings import marketplace_settings
-from .tables import TABLES
+from .tables import TABLES, TABLES_2
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -43,7 +44,13 @@ def buildmax_migrations() -> list[Migration]:
             1,
             "catalog plugins and releases, space activations and curation",
             create_tables(*TABLES),
-        )
+        ),
+        Migration(
+            "marketplace",
+            2,
+            "materializations workers reported failed",
+            create_tables(*TABLES_2),
+        ),
     ]
 
 
@@ -155,12 +162,26 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "space",
         ),
         AuditAction(
+            "run.materialization_failed",
+            "A worker reported that it could not materialize an attempt's pinned packages "
+            "(the reason's code)",
+            frozenset({"reason"}),
+            "attempt",
+        ),
+        AuditAction(
             "catalog.plugin.archived",
             "A plugin was archived (pins on its releases stay)",
             frozenset({"reason"}),
             "catalog_plugin",
         ),
     ]
+
+
+@hookimpl
+async def buildmax_attention(
+    app: BuildMax, conn: Transaction, now: int, space_pk: int | None
+) -> list[Attention]:
+    return await diagnostics.attention(app, conn, now, space_pk)
 
 
 @hookimpl

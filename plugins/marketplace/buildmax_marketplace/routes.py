@@ -38,6 +38,7 @@ from buildmax.problems import (
 )
 from buildmax.roles import SYSTEM_ROLES
 from buildmax.schemas import Pattern, StrictBoolean
+from buildmax.spaces import space_pk
 from buildmax.streaming import allow_body
 
 from .catalog import (
@@ -54,6 +55,8 @@ from .catalog import (
     spool,
     yank_release,
 )
+from .diagnostics import record_failure
+from .materialize import REASONS
 from .settings import marketplace_settings
 from .tables import plugins
 
@@ -160,8 +163,11 @@ async def _plugin_view(conn: Transaction, row: dict[str, Any]) -> dict[str, Any]
     body_type="application/octet-stream",
 )
 async def publish_release(name: str, caller: Caller) -> Response:
-    """The bytes are streamed to disk (413 past the size limit), inspected
-    (422 ``package-invalid`` naming the reason), stored and recorded. The
+    """The bytes are streamed to disk (413 past the size limit; 507
+    ``disk-reserve-reached`` first, when the declared size, or the limit for
+    a body of unknown length, would leave less free disk than the server
+    keeps in reserve), inspected (422 ``package-invalid`` naming the
+    reason), stored and recorded. The
     same version again: 200 with the existing release if the bytes are the
     same, 409 ``release-exists`` if not. A retry with the same
     ``Idempotency-Key`` answers the first answer when its bytes are the
@@ -172,6 +178,9 @@ async def publish_release(name: str, caller: Caller) -> Response:
     limit = marketplace_settings(app).max_package_bytes
     if (request.content_length or 0) > limit:
         raise PayloadTooLarge(f"a release archive may have at most {limit} bytes")
+    # Before the key is claimed or a byte spooled; a body of unknown length
+    # counts as its limit, the most it may bring.
+    app.disk.require_room(limit if request.content_length is None else request.content_length)
     async with app.idempotency.streamed(caller, fingerprint_of(name)) as receipt:
         spooled = await _spooled_body(app, limit)
         try:
@@ -424,3 +433,47 @@ async def run_package(attempt: str, name: str, caller: Caller) -> Response:
     if row is None or row["sha256"] != wanted["sha256"]:
         raise NotFound("the pinned release is no longer in the catalog")
     return await package_response(app, row)
+
+
+class FailureBody(Schema):
+    """Why a run could not materialize its packages."""
+
+    class Meta:
+        unknown = RAISE
+
+    reason = fields.String(required=True, validate=validate.OneOf(tuple(REASONS)))
+
+
+class FailureOut(Schema):
+    attempt_id = fields.String()
+    reason = fields.String()
+    recorded_at = fields.String()
+
+
+@blueprint.post("/v1/attempts/<attempt>/materialization-failures")
+@api(
+    "Report that a run could not materialize its packages (its run token, or its claimant)",
+    body=FailureBody,
+    response=FailureOut,
+    status=201,
+    scopes=["attempt"],
+    idempotent=True,
+    tags=["catalog"],
+)
+async def report_failure(attempt: str, caller: Caller, data: dict[str, Any]) -> Work:
+    """``reason`` is a code (``listing``, ``download``, ``digest``,
+    ``package``, ``server``, ``local``); the error's words stay on the
+    worker. The attempt must still be active: report before failing it. The
+    space's admins see it on their attention list for a day."""
+    app = current_buildmax()
+    found, _ = await _run_pins(app, caller, attempt)
+
+    async def work(tx: Transaction) -> Reply:
+        pk = await space_pk(tx, found.space_id)
+        assert pk is not None, "the space of an attempt exists"
+        at = await record_failure(app, tx, caller, found, pk, data["reason"])
+        return Reply(
+            201, {"attempt_id": found.id, "reason": data["reason"], "recorded_at": to_rfc3339(at)}
+        )
+
+    return work

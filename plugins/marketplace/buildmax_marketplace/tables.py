@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from buildmax.tables import Id, Millis
+from buildmax.tables import Id, Millis, one_of
+
+from .materialize import REASONS
 
 metadata = sa.MetaData()
 
@@ -90,4 +92,28 @@ curation = sa.Table(
     sa.CheckConstraint("mode IN ('open', 'curated')", name="market_curation_mode"),
 )
 
+#: Materializations a worker reported it could not finish: the attempt (its
+#: public id, tasks plugin), the space and the reason's code; the words of
+#: the error stay on the worker (and in the attempt's failure reason).
+materialization_failures = sa.Table(
+    "market_materialization_failures",
+    metadata,
+    sa.Column("id", Id, primary_key=True, autoincrement=True),
+    sa.Column("space_id", Id, sa.ForeignKey("spaces.id"), nullable=False),
+    sa.Column("attempt_id", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("reported_by", Id, sa.ForeignKey("principals.id"), nullable=False),
+    sa.Column("created_at", Millis, nullable=False),
+    sa.CheckConstraint(one_of("reason", tuple(REASONS)), name="market_failure_reason"),
+)
+sa.Index(
+    "market_materialization_failures_space",
+    materialization_failures.c.space_id,
+    materialization_failures.c.created_at,
+)
+sa.Index("market_materialization_failures_age", materialization_failures.c.created_at)
+
+#: Created by migration 1.
 TABLES = [plugins, releases, activations, curation]
+#: Created by migration 2.
+TABLES_2 = [materialization_failures]

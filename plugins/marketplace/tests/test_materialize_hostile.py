@@ -31,6 +31,7 @@ import httpx
 import pytest
 from buildmax_marketplace.materialize import MaterializationFailed, materialize
 from buildmax_marketplace.package import Limits
+from buildmax_marketplace.tables import materialization_failures
 from buildmax_tasks.tables import attempts
 from click.testing import CliRunner
 
@@ -267,6 +268,8 @@ async def test_a_tampered_listing_fails_the_run_before_anything_is_fetched(scene
     assert packages == []  # refused before any download
     (row,) = await scene.market.rows(attempts)
     assert row["state"] == "failed" and said in row["end_reason"]
+    (failure,) = await scene.market.rows(materialization_failures)
+    assert (failure["attempt_id"], failure["reason"]) == (row["public_id"], "listing")
 
 
 def _gzip_tar(files: dict[str, bytes]) -> bytes:
@@ -291,14 +294,16 @@ OVERSIZED = b"\x1f\x8b" + b"\0" * (2 * 1024 * 1024)
 
 
 @pytest.mark.parametrize(
-    "served, said",
+    "served, said, reason",
     [
-        (BOMB, "more than 1048576 bytes when extracted"),
-        (OVERSIZED, "the server sent more than the"),
+        (BOMB, "more than 1048576 bytes when extracted", "package"),
+        (OVERSIZED, "the server sent more than the", "download"),
     ],
     ids=["an expansion bomb", "a download past any archive"],
 )
-async def test_limits_a_server_lifts_are_the_workers_own_still(scene, monkeypatch, served, said):
+async def test_limits_a_server_lifts_are_the_workers_own_still(
+    scene, monkeypatch, served, said, reason
+):
     """The server advertises limits a thousand times the worker's and serves
     a package, with its digest, that only they would admit: the worker's own
     limits refuse it (mutation: let the server's limits replace the
@@ -318,6 +323,8 @@ async def test_limits_a_server_lifts_are_the_workers_own_still(scene, monkeypatc
     assert scene.left_in_the_worker() == []
     (row,) = await scene.market.rows(attempts)
     assert row["state"] == "failed" and said in row["end_reason"]
+    (failure,) = await scene.market.rows(materialization_failures)
+    assert failure["reason"] == reason
 
 
 async def test_the_run_token_never_reaches_another_host(scene):
@@ -359,5 +366,9 @@ async def test_a_listing_tampered_with_every_time_ends_in_words_not_a_traceback(
     warning, error = result.stderr.splitlines()
     assert warning.startswith("warning: could not mark the attempt failed: the server's listing")
     assert error.startswith("error: materialization failed: the server's")
-    assert [path for method, path, _ in scene.proxy.seen if method == "POST"] == []
+    # The failure is reported on the attempt the worker was given; nothing
+    # is posted to a path built from the hostile listing.
+    attempt = scene.claim["attempt"]["id"]
+    posted = [path for method, path, _ in scene.proxy.seen if method == "POST"]
+    assert posted == [f"/v1/attempts/{attempt}/materialization-failures"]
     assert scene.left_in_the_worker() == []

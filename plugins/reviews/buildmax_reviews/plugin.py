@@ -6,11 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+import sqlalchemy as sa
 from buildmax_hookspecs import (
     Actor,
     App,
     AttemptRef,
+    Attention,
     AuditAction,
+    Gauge,
     Migration,
     StageSpec,
     SubmissionRef,
@@ -22,8 +25,9 @@ from buildmax_hookspecs import (
 
 from buildmax.migrations import create_tables
 
-from . import workflow
-from .tables import TABLES
+from . import diagnostics, workflow
+from .settings import review_settings
+from .tables import TABLES, TABLES_2, activities, reviews, waiting
 
 
 @hookimpl
@@ -34,14 +38,46 @@ def buildmax_migrations() -> list[Migration]:
             1,
             "review activities, reviews, findings, integrations",
             create_tables(*TABLES),
-        )
+        ),
+        Migration("reviews", 2, "review work waiting for its review", _create_waiting),
     ]
+
+
+_later = activities.alias("later")
+#: Review work recorded before ``review_waiting`` existed that still waits:
+#: nothing recorded on it, no slot of its submission asked for changes or
+#: rejected, and no later submission of its subject.
+_STILL_WAITING = sa.select(activities.c.id, activities.c.space_id, activities.c.created_at).where(
+    activities.c.kind == "review",
+    ~sa.exists(sa.select(reviews.c.id).where(reviews.c.activity_id == activities.c.id)),
+    ~sa.exists(
+        sa.select(reviews.c.id).where(
+            reviews.c.submission_id == activities.c.submission_id,
+            reviews.c.decision.in_(("request_changes", "reject")),
+        )
+    ),
+    ~sa.exists(
+        sa.select(_later.c.id).where(
+            _later.c.subject_task_id == activities.c.subject_task_id,
+            _later.c.submission_id != activities.c.submission_id,
+            _later.c.id > activities.c.id,
+        )
+    ),
+)
+
+
+async def _create_waiting(tx: Transaction) -> None:
+    await create_tables(*TABLES_2)(tx)
+    await tx.execute(
+        waiting.insert().from_select(["activity_id", "space_id", "created_at"], _STILL_WAITING)
+    )
 
 
 @hookimpl
 def buildmax_blueprints(app: App) -> list[Any]:
     from .routes import blueprint
 
+    review_settings(app)  # a bad [plugins.reviews] table stops the app being built
     return [blueprint]
 
 
@@ -81,6 +117,18 @@ async def buildmax_attempt_submitted(
     actor: Actor,
 ) -> Verdict | None:
     return await workflow.attempt_submitted(app, tx, task, attempt, submission, actor)
+
+
+@hookimpl
+async def buildmax_gauges(app: App, conn: Transaction) -> list[Gauge]:
+    return await diagnostics.gauges(app, conn)
+
+
+@hookimpl
+async def buildmax_attention(
+    app: App, conn: Transaction, now: int, space_pk: int | None
+) -> list[Attention]:
+    return await diagnostics.attention(app, conn, now, space_pk)
 
 
 @hookimpl

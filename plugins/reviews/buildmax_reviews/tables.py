@@ -119,4 +119,24 @@ integrations = sa.Table(
 )
 sa.Index("review_integrations_subject", integrations.c.subject_task_id, integrations.c.id)
 
+#: Review work nothing is recorded on yet: a row per review activity,
+#: written with it and deleted once its review is recorded or its slot given
+#: up (another slot asked for changes or rejected, or a newer submission of
+#: the subject entered review). What waits is read from here, not from
+#: every activity there ever was. A slot ended by other means (the subject
+#: or the work item canceled) keeps its row; a reader asks the task queue
+#: whether the work item is still open.
+waiting = sa.Table(
+    "review_waiting",
+    metadata,
+    sa.Column("activity_id", Id, sa.ForeignKey("review_activities.id"), primary_key=True),
+    sa.Column("space_id", Id, sa.ForeignKey("spaces.id"), nullable=False),
+    sa.Column("created_at", Millis, nullable=False),
+)
+sa.Index("review_waiting_space", waiting.c.space_id, waiting.c.created_at)
+sa.Index("review_waiting_age", waiting.c.created_at)
+
+#: Created by migration 1.
 TABLES = [activities, reviews, findings, integrations]
+#: Created by migration 2.
+TABLES_2 = [waiting]

@@ -30,7 +30,7 @@ from buildmax.spaces import space_pk
 
 from .candidates import IntegrationIn, ReviewIn, parse
 from .problems import HumanReviewRefused, NotIndependent, ReviewStale
-from .tables import activities, findings, integrations, reviews
+from .tables import activities, findings, integrations, reviews, waiting
 
 REVIEW = StageSpec(
     "review",
@@ -76,6 +76,15 @@ async def stage_entered(
     now = app.clock.now_ms()
     pk = await space_pk(tx, subject.space_id)
     assert pk is not None, "the space of a task exists"
+    # The subject's earlier submissions were given up (changes, a failed
+    # integration, a retry): their review work waits no more.
+    await _stop_waiting(
+        tx,
+        sa.and_(
+            activities.c.subject_task_id == subject.id,
+            activities.c.submission_id != submission_id,
+        ),
+    )
     for item in work:
         target = item.resources[0] if kind == "integration" and item.resources else None
         decision_id = None
@@ -87,8 +96,9 @@ async def stage_entered(
                 options=["integrate"],
                 actor=SYSTEM_ACTOR,
             )
-        await tx.execute(
-            activities.insert().values(
+        activity_pk = await tx.fetch_val(
+            activities.insert()
+            .values(
                 space_id=pk,
                 kind=kind,
                 subject_task_id=subject.id,
@@ -102,7 +112,19 @@ async def stage_entered(
                 decision_id=decision_id,
                 created_at=now,
             )
+            .returning(activities.c.id)
         )
+        if kind == "review":
+            await tx.execute(
+                waiting.insert().values(activity_id=activity_pk, space_id=pk, created_at=now)
+            )
+
+
+async def _stop_waiting(tx: Transaction, which: Any) -> None:
+    """Delete the ``review_waiting`` rows of the activities ``which`` selects."""
+    await tx.execute(
+        waiting.delete().where(waiting.c.activity_id.in_(sa.select(activities.c.id).where(which)))
+    )
 
 
 async def not_independent(
@@ -208,6 +230,11 @@ async def _review(
         )
         .returning(reviews.c.id)
     )
+    if review["decision"] == "approve":
+        await tx.execute(waiting.delete().where(waiting.c.activity_id == activity["id"]))
+    else:
+        # Changes or a rejection: the submission's other slots are given up.
+        await _stop_waiting(tx, activities.c.submission_id == activity["submission_id"])
     finding_ids = []
     for finding in review["findings"]:
         finding_ids.append(new_id("fd"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -59,17 +60,21 @@ def s3_server() -> Iterator[S3Server]:
     A server that does not come up fails the tests that need it; they never
     skip."""
     port = free_port()
+    # Its log (a line per request) goes to a file: a pipe nobody reads fills
+    # up after some thousand requests, and the server then stops answering.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - open for the whole session
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
     )
     deadline = time.monotonic() + 30
     try:
         while True:
             if process.poll() is not None:
+                log.seek(0)
                 raise RuntimeError(
-                    f"the local S3 server exited: {process.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+                    f"the local S3 server exited: {log.read().decode(errors='replace')[-2000:]}"
                 )
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -86,8 +91,7 @@ def s3_server() -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        if process.stderr is not None:
-            process.stderr.close()
+        log.close()
 
 
 @dataclass

@@ -29,6 +29,7 @@ from buildmax.tables import keyed_insert
 
 from .attempt_tokens import issue_attempt_token
 from .change import Change, change
+from .diagnostics import CLAIMS
 from .engine import stage_engine, stranded
 from .holds import CLAIMABLE, describe_hold, holds_covering, literal, pending_decisions
 from .lifecycle import UNRESERVE, mark_claimed, retire_lapsed
@@ -368,6 +369,7 @@ async def _claim(
     attempt_pk = await ch.tx.fetch_val(_INSERT_ATTEMPT, row)
     await ch.tx.execute(_POINT_AT, {"pk": task.pk, "attempt_pk": attempt_pk})
     await _announce_claim(ch, attempt, generation, skipped)
+    CLAIMS.after_commit(ch.app, ch.tx)
     claimed = replace(
         task,
         state="claimed",

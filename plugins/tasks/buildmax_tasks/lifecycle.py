@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from buildmax.tokens import end_scope
 
 from .change import Change
+from .diagnostics import LEASES_RECOVERED
 from .holds import literal
 from .records import ATTEMPT_SELECT
 from .rows import AttemptRow, TaskRow
@@ -225,6 +226,7 @@ async def retire_lapsed(ch: Change, attempt: AttemptRow, task: TaskRow) -> str:
         ch, attempt, "expired", "the lease lapsed", charge=charge, only_if_lapsed=True
     ):
         return task.state
+    LEASES_RECOVERED.after_commit(ch.app, ch.tx)
     await ch.audit(
         "attempt.expired",
         "attempt",

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 import click
 from buildmax_hookspecs import (
     Actor,
+    Attention,
     AuditAction,
+    Gauge,
     Migration,
     Restoration,
     TaskQueue,
@@ -18,6 +20,7 @@ from buildmax_hookspecs import (
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
 
+from . import diagnostics
 from .attempt_tokens import TOKEN_KIND, attempt_token_reminter
 from .membership import member_changed
 from .queue import SqlTaskQueue
@@ -78,6 +81,18 @@ def buildmax_startup(app: BuildMax) -> None:
 @hookimpl
 async def buildmax_shutdown(app: BuildMax) -> None:
     await stop_background(app, _REAPER)
+
+
+@hookimpl
+async def buildmax_gauges(app: BuildMax, conn: Transaction) -> list[Gauge]:
+    return await diagnostics.gauges(app, conn)
+
+
+@hookimpl
+async def buildmax_attention(
+    app: BuildMax, conn: Transaction, now: int, space_pk: int | None
+) -> list[Attention]:
+    return await diagnostics.attention(app, conn, now, space_pk)
 
 
 @hookimpl
