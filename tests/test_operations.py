@@ -79,7 +79,10 @@ async def _claim_cycle(client: Any, owner: Any, agent: Any, title: str) -> dict[
     return {"task": task, "claim": claim}
 
 
-async def test_a_scrape_after_a_claim_cycle_shows_requests_leases_and_the_queue(app, client, queue):
+async def test_a_scrape_after_a_claim_cycle_shows_requests_leases_and_the_queue(
+    app, client, queue, caplog
+):
+    caplog.set_level(logging.DEBUG)
     owner, agent, _, _ = queue
     cycle = await _claim_cycle(client, owner, agent, "Refactor the secret parser")
     await call(
@@ -148,6 +151,9 @@ async def test_a_scrape_after_a_claim_cycle_shows_requests_leases_and_the_queue(
     for concrete in (cycle["task"]["id"], cycle["claim"]["attempt"]["id"], agent.id):
         assert concrete not in text
     assert "Refactor the secret parser" not in text and token not in text
+    # Nor does any line the server logged, at any level, hold the task's text.
+    assert "Refactor the secret parser" not in caplog.text
+    assert caplog.text.count("buildmax.requests") >= 6
 
 
 async def test_the_scrape_is_refused_without_the_metrics_scope(app, client, queue, make_principal):
