@@ -1,12 +1,15 @@
 """The client's address, as far as the server may believe it.
 
 Behind a reverse proxy every connection comes from the proxy. The proxy
-names the client in ``X-Forwarded-For`` (or the standard ``Forwarded``
-header), but any client can send those headers too. So they are read only
-when the connection comes from an address in ``trusted_proxies``, and then
-from the right: each proxy appends the address it saw, so the first address
-from the right that is not a trusted proxy is the client. From anyone else
-the headers are ignored and the connection's address is the client's.
+names the client in ``X-Forwarded-For``, but any client can send that header
+too. So it is read only when the connection comes from an address in
+``trusted_proxies``, and then from the right: each proxy appends the address
+it saw, so the first address from the right that is not a trusted proxy is
+the client. From anyone else the header is ignored and the connection's
+address is the client's. The standard ``Forwarded`` header is never read:
+common proxies (nginx's example included) pass a client's ``Forwarded``
+through untouched while they append to ``X-Forwarded-For``, so believing it
+would let the client choose its address.
 
 The sign-in limits, the request log and any rule by address use
 :func:`client_address`.
@@ -15,13 +18,9 @@ The sign-in limits, the request log and any rule by address use
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Sequence
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-#: One ``for=`` parameter of a ``Forwarded`` element (RFC 7239), quoted or not.
-_FORWARDED_FOR = re.compile(r'(?i)(?:^|;)\s*for\s*=\s*("[^"]*"|[^;,\s]*)')
 
 
 def parse_networks(value: str) -> tuple[Network, ...]:
@@ -57,23 +56,15 @@ def _trusted(address: str, networks: Sequence[Network]) -> bool:
     return parsed is not None and any(parsed in network for network in networks)
 
 
-def forwarded_chain(forwarded: str, x_forwarded_for: str) -> list[str]:
-    """The addresses a request passed through, oldest first, from
-    ``Forwarded`` (preferred) or ``X-Forwarded-For``."""
-    if forwarded.strip():
-        chain = []
-        for element in forwarded.split(","):
-            match = _FORWARDED_FOR.search(element)
-            chain.append(match.group(1).strip('"') if match else "")
-        return chain
-    return [part.strip() for part in x_forwarded_for.split(",")] if x_forwarded_for else []
+def forwarded_chain(x_forwarded_for: Sequence[str]) -> list[str]:
+    """The addresses a request passed through, oldest first, from every
+    ``X-Forwarded-For`` line (a proxy may add a line of its own instead of
+    appending to the client's)."""
+    return [part.strip() for line in x_forwarded_for for part in line.split(",")]
 
 
 def client_address(
-    peer: str | None,
-    forwarded: str,
-    x_forwarded_for: str,
-    trusted: Sequence[Network],
+    peer: str | None, x_forwarded_for: Sequence[str], trusted: Sequence[Network]
 ) -> str:
     """The client's address: ``peer`` (the connection's), unless ``peer``
     is a trusted proxy, in which case the forwarded chain is walked from
@@ -83,7 +74,7 @@ def client_address(
     current = peer or "unknown"
     if not trusted or not _trusted(current, trusted):
         return current
-    for hop in reversed(forwarded_chain(forwarded, x_forwarded_for)):
+    for hop in reversed(forwarded_chain(x_forwarded_for)):
         parsed = _address(hop)
         if parsed is None:
             return current

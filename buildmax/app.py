@@ -193,8 +193,7 @@ def _install_conventions(app: BuildMax) -> None:
         g.request_id = incoming if _REQUEST_ID.match(incoming) else new_id("rq")
         g.client_address = client_address(
             request.remote_addr,
-            request.headers.get("Forwarded", ""),
-            request.headers.get("X-Forwarded-For", ""),
+            request.headers.getlist("X-Forwarded-For"),
             trusted,
         )[:64]
         # No id or name contains NUL or a lone surrogate: such a path names nothing.

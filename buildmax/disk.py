@@ -81,11 +81,13 @@ class DiskReserve:
         by its own limit."""
         short = self.short(max(0, incoming))
         if short:
-            where = ", ".join(f"{v.name} ({v.path}: {v.free} bytes free)" for v in short)
+            # The names only: paths and free bytes are for operators
+            # (buildmax status), not for whoever uploads.
+            where = ", ".join(v.name for v in short)
             raise DiskReserveReached(
-                f"accepting {incoming} more bytes would leave less than the "
-                f"{self.min_free}-byte disk reserve free on {where}; free disk space "
-                "or delete unpinned artifacts, then retry",
+                f"accepting {incoming} more bytes would leave less than the server's "
+                f"disk reserve free on its {where} disk; retry once an operator has freed "
+                "space (or unpinned artifacts were deleted)",
                 min_free_bytes=self.min_free,
             )
 
