@@ -1,4 +1,5 @@
-"""The ASGI entry point Hypercorn workers load: ``buildmax.asgi:served_app()``.
+"""The app of a server process: :func:`served_app` (``buildmax.serving``
+calls it in each worker; ``hypercorn buildmax.asgi:served_app()`` works too).
 
 Each worker process builds its app from the environment (``BUILDMAX_*``),
 which ``buildmax serve`` fills from its flags and configuration file.
