@@ -10,7 +10,7 @@ its own through ``buildmax_gauges`` and ``buildmax_attention``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,11 @@ DISK_WARNING_FACTOR = 2
 #: A blob store failure this recent is an attention item (of the process
 #: that saw it).
 BLOB_STORE_RECENT_MS = 15 * 60_000
+#: Spaces named in a per-space gauge (:func:`per_space_gauges`); the rest are
+#: summed under :data:`OTHER_SPACES`, so the number of series stays bounded.
+MAX_SPACES = 50
+#: The label of the spaces beyond :data:`MAX_SPACES`.
+OTHER_SPACES = "(other)"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,23 @@ def render_attention(item: Attention, slugs: dict[int, str]) -> dict[str, Any]:
 def render_gauge(gauge: Gauge) -> dict[str, Any]:
     """One fact as the API shows it."""
     return {"name": gauge.name, "value": gauge.value, "labels": dict(gauge.labels)}
+
+
+async def per_space_gauges(
+    conn: Transaction, name: str, help: str, values: Mapping[int, float]
+) -> list[Gauge]:
+    """One gauge per space of the :data:`MAX_SPACES` largest ``values`` (by
+    space key), labelled with the space's slug, and their remainder summed
+    under :data:`OTHER_SPACES` (reported even when 0, so the series always
+    exists): what a plugin reports per space."""
+    ranked = sorted(values.items(), key=lambda item: (-item[1], item[0]))
+    shown, rest = ranked[:MAX_SPACES], ranked[MAX_SPACES:]
+    slugs = await _slugs(conn, {pk for pk, _ in shown})
+    found = [
+        Gauge(name, help, value, (("space", slugs[pk]),)) for pk, value in shown if pk in slugs
+    ]
+    found.append(Gauge(name, help, sum(value for _, value in rest), (("space", OTHER_SPACES),)))
+    return found
 
 
 async def _slugs(conn: Transaction, keys: set[int]) -> dict[int, str]:

@@ -13,23 +13,18 @@ still open: the cost follows the backlog, not the history.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import App, Attention, Gauge, TaskQueue, Transaction
 
+from buildmax.diagnostics import MAX_SPACES, OTHER_SPACES, per_space_gauges
 from buildmax.services import ServiceMissing
-from buildmax.tables import spaces
 
 from .settings import review_settings
 from .tables import activities, waiting
 
-#: Spaces named in the per-space gauge; the rest are summed under
-#: :data:`OTHER_SPACES`, so the number of series stays bounded.
-MAX_SPACES = 50
-#: The label of the spaces beyond :data:`MAX_SPACES`.
-OTHER_SPACES = "(other)"
 #: ``review.waiting`` items listed at most (the oldest first).
 MAX_ITEMS = 100
 #: Work item ids asked of the task queue at once.
@@ -55,7 +50,7 @@ async def gauges(app: App, conn: Transaction) -> list[Gauge]:
         return []
     rows = await conn.fetch_all(_WAITING)
     counts = Counter(int(r["space_id"]) for r in await _still_open(conn, queue, rows))
-    return await per_space(
+    return await per_space_gauges(
         conn,
         "buildmax_reviews_waiting",
         f"Review work waiting for its review, per space (the {MAX_SPACES} spaces with the "
@@ -126,26 +121,3 @@ async def _still_open(conn: Transaction, queue: TaskQueue, rows: Sequence[Any]) 
             if task is not None and task.state not in FINISHED:
                 found.append(row)
     return found
-
-
-async def per_space(
-    conn: Transaction, name: str, help: str, values: Mapping[int, float]
-) -> list[Gauge]:
-    """One gauge per space of the :data:`MAX_SPACES` largest ``values`` (by
-    space key), labelled with the space's slug, and their remainder summed
-    under ``(other)`` (reported even when 0, so the series always exists)."""
-    ranked = sorted(values.items(), key=lambda item: (-item[1], item[0]))
-    shown, rest = ranked[:MAX_SPACES], ranked[MAX_SPACES:]
-    slugs = await _slugs(conn, [pk for pk, _ in shown])
-    found = [
-        Gauge(name, help, value, (("space", slugs[pk]),)) for pk, value in shown if pk in slugs
-    ]
-    found.append(Gauge(name, help, sum(value for _, value in rest), (("space", OTHER_SPACES),)))
-    return found
-
-
-async def _slugs(conn: Transaction, keys: list[int]) -> dict[int, str]:
-    if not keys:
-        return {}
-    rows = await conn.fetch_all(sa.select(spaces.c.id, spaces.c.slug).where(spaces.c.id.in_(keys)))
-    return {int(r["id"]): r["slug"] for r in rows}

@@ -10,14 +10,13 @@ its transaction commits, and adds no statement to it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Attention, Gauge, Transaction
 
-from buildmax.tables import spaces
+from buildmax.diagnostics import MAX_SPACES, OTHER_SPACES, per_space_gauges
 
 from .holds import literal
 from .tables import attempts, decisions, holds, tasks
@@ -25,11 +24,6 @@ from .tables import attempts, decisions, holds, tasks
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
 
-#: Spaces named in a per-space gauge; the rest are summed under
-#: :data:`OTHER_SPACES`, so the number of series stays bounded.
-MAX_SPACES = 50
-#: The label of the spaces beyond :data:`MAX_SPACES`.
-OTHER_SPACES = "(other)"
 #: Attention items of one kind, at most (the oldest first).
 MAX_ITEMS = 100
 
@@ -120,7 +114,7 @@ async def gauges(app: BuildMax, conn: Transaction) -> list[Gauge]:
     depth = {
         int(r["space_id"]): int(r["n"]) for r in await conn.fetch_all(_READY_BY_SPACE, {"now": now})
     }
-    found += await per_space(
+    found += await per_space_gauges(
         conn,
         "buildmax_ready_tasks",
         f"Claimable tasks per space (the {MAX_SPACES} deepest queues; the rest as {OTHER_SPACES})",
@@ -131,30 +125,6 @@ async def gauges(app: BuildMax, conn: Transaction) -> list[Gauge]:
         Gauge("buildmax_decisions_pending", "Decisions waiting for an answer", int(pending or 0))
     )
     return found
-
-
-async def per_space(
-    conn: Transaction, name: str, help: str, values: Mapping[int, float]
-) -> list[Gauge]:
-    """One gauge per space of the :data:`MAX_SPACES` largest ``values`` (by
-    space key), labelled with the space's slug, and their remainder summed
-    under ``(other)`` (reported even when 0, so the series always exists)."""
-    ranked = sorted(values.items(), key=lambda item: (-item[1], item[0]))
-    shown, rest = ranked[:MAX_SPACES], ranked[MAX_SPACES:]
-    slugs = await space_slugs(conn, [pk for pk, _ in shown])
-    found = [
-        Gauge(name, help, value, (("space", slugs[pk]),)) for pk, value in shown if pk in slugs
-    ]
-    found.append(Gauge(name, help, sum(value for _, value in rest), (("space", OTHER_SPACES),)))
-    return found
-
-
-async def space_slugs(conn: Transaction, keys: list[int]) -> dict[int, str]:
-    """The slugs of the spaces ``keys``."""
-    if not keys:
-        return {}
-    rows = await conn.fetch_all(sa.select(spaces.c.id, spaces.c.slug).where(spaces.c.id.in_(keys)))
-    return {int(r["id"]): r["slug"] for r in rows}
 
 
 # -- attention ------------------------------------------------------------------------------------

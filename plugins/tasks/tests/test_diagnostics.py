@@ -13,6 +13,7 @@ import pytest
 from buildmax_tasks import diagnostics
 from buildmax_tasks.reaper import reap
 
+from buildmax import diagnostics as kernel_diagnostics
 from buildmax.clock import from_rfc3339
 
 from .conftest import add_member
@@ -168,7 +169,7 @@ async def test_the_ready_gauge_names_the_deepest_queues_and_sums_the_rest(
     app, work, make_space, monkeypatch
 ):
     """The bound is :data:`MAX_SPACES` (50); two here, so four spaces show it."""
-    monkeypatch.setattr(diagnostics, "MAX_SPACES", 2)
+    monkeypatch.setattr(kernel_diagnostics, "MAX_SPACES", 2)
     queues = [(work, 3)]
     for depth in (1, 2, 4):
         space = await make_space(work.owner)
