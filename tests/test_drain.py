@@ -106,6 +106,12 @@ def test_two_workers_drain_and_drop_no_request_in_flight(buildmax_database_url, 
         extra_env={"BUILDMAX_WORKERS": "2", "BUILDMAX_SHUTDOWN_GRACE_SECONDS": GRACE},
     )
     try:
+        # The server answers once its first worker does; wait for the second
+        # too, so that each has requests in flight when the signal comes.
+        deadline = time.monotonic() + 30
+        while server.log().count("Running on") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.log().count("Running on") == 2, server.log()
         token = TOKEN.findall(server.log())[0]
         headers = {"Authorization": f"Bearer {token}"}
         spaces = [
