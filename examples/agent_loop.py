@@ -19,8 +19,8 @@ Each round:
 3. does the (trivial) work: writes ``WORKDIR/<attempt>/result.txt`` naming
    the task, the attempt and every materialized plugin;
 4. uploads ``result.txt`` as an artifact of the attempt (at its
-   generation), with its sha256;
-5. submits the attempt, naming the artifact in the submission's
+   generation), with its sha256, and each file given with ``--attach``;
+5. submits the attempt, naming the artifacts in the submission's
    ``artifacts`` (the server refuses an artifact that is not this task's).
 
 ``--until-empty`` stops when no task is left for the agent; ``--max-tasks N``
@@ -92,6 +92,8 @@ class Done:
     sha256: str
     result: str
     plugins: list[dict[str, str]]
+    #: The artifacts of the ``--attach`` files, in their order.
+    attached: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -176,6 +178,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="after a failed task, go on with the next one (the exit status is still 1)",
     )
     parser.add_argument(
+        "--attach",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="also upload FILE as an artifact of every attempt and name it in the submission "
+        "(repeatable)",
+    )
+    parser.add_argument(
         "--lease-seconds",
         type=int,
         metavar="S",
@@ -193,6 +204,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--max-tasks must be at least 1")
     if args.poll_seconds <= 0:
         parser.error("--poll-seconds must be positive")
+    for path in args.attach:
+        if not path.is_file():
+            parser.error(f"--attach {path}: not a file")
     return args
 
 
@@ -207,10 +221,16 @@ def result_text(task: dict[str, Any], attempt: dict[str, Any], pins: list[dict[s
     return "\n".join(lines) + "\n"
 
 
-def do_task(url: str | None, space: str, claim: dict[str, Any], workdir: Path) -> Done:
-    """Materialize, work, upload and submit one claimed task with the
-    claim's run token; :class:`TaskFailed` (the attempt marked failed)
-    when any of it is refused."""
+def do_task(
+    url: str | None,
+    space: str,
+    claim: dict[str, Any],
+    workdir: Path,
+    attach: Sequence[Path] = (),
+) -> Done:
+    """Materialize, work, upload (the result and each ``attach`` file) and
+    submit one claimed task with the claim's run token; :class:`TaskFailed`
+    (the attempt marked failed) when any of it is refused."""
     task, attempt = claim["task"], claim["attempt"]
     home = workdir / attempt["id"]
     with Client(url, claim["token"]) as run:
@@ -227,20 +247,27 @@ def do_task(url: str | None, space: str, claim: dict[str, Any], workdir: Path) -
                 )
             result = home / RESULT_NAME
             result.write_text(result_text(task, attempt, pins), encoding="utf-8")
-            artifact = ArtifactsClient(run).upload(
+            artifacts = ArtifactsClient(run)
+            artifact = artifacts.upload(
                 space,
                 result,
                 attempt=attempt["id"],
                 generation=attempt["generation"],
                 media_type="text/plain",
             )
+            attached = [
+                artifacts.upload(
+                    space, path, attempt=attempt["id"], generation=attempt["generation"]
+                )["id"]
+                for path in attach
+            ]
             handed_in = tasks.submit(
                 space,
                 attempt["id"],
                 attempt["generation"],
                 f"{RESULT_NAME} for {task['title']!r} with {len(pins)} plugin(s)",
                 evidence={"plugins": pins},
-                artifacts=[artifact["id"]],
+                artifacts=[artifact["id"], *attached],
             )
         except (MaterializationFailed, BuildMaxError, OSError) as exc:
             reason = str(exc)
@@ -258,6 +285,7 @@ def do_task(url: str | None, space: str, claim: dict[str, Any], workdir: Path) -
         sha256=artifact["sha256"],
         result=str(result),
         plugins=pins,
+        attached=attached,
     )
 
 
@@ -276,7 +304,7 @@ def loop(args: argparse.Namespace, tally: Tally) -> int:
                 time.sleep(args.poll_seconds)
                 continue
             try:
-                done = do_task(agent.url, args.space, claim, args.workdir)
+                done = do_task(agent.url, args.space, claim, args.workdir, args.attach)
             except TaskFailed as failed:
                 print(f"error: {failed}", file=sys.stderr)
                 tally.failed.append(
