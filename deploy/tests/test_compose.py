@@ -146,7 +146,7 @@ def test_settings_agree_across_the_files(
     assert f"store/{bucket.group(1)}" in " ".join(services["bucket"]["command"])
     assert settings.plugins["s3"]["endpoint_url"] == "http://minio:9000"
     # nginx passes to exactly the servers, with the shared locations.
-    upstream = re.findall(r"server (\S+):8420;", (COMPOSE / "nginx.conf").read_text())
+    upstream = re.findall(r"server (\S+):8420 resolve;", (COMPOSE / "nginx.conf").read_text())
     assert sorted(upstream) == sorted(SERVERS)
     mounts = services["nginx"]["volumes"]
     assert any(
@@ -166,8 +166,11 @@ def test_nginx_accepts_the_compose_configuration(
     tmp_path: Path, shipped_text: Callable[[str, str, str], str]
 ) -> None:
     site = (COMPOSE / "nginx.conf").read_text()
-    site = shipped_text(site, "server buildmax-1:8420;", "server 127.0.0.1:8420;")
-    site = shipped_text(site, "server buildmax-2:8420;", "server 127.0.0.1:8421;")
+    # Debian's nginx (1.22) predates `resolve` in an upstream, and Compose's
+    # DNS is not here: loopback servers in their place.
+    site = shipped_text(site, "server buildmax-1:8420 resolve;", "server 127.0.0.1:8420;")
+    site = shipped_text(site, "server buildmax-2:8420 resolve;", "server 127.0.0.1:8421;")
+    site = shipped_text(site, "resolver 127.0.0.11 valid=5s ipv6=off;", "")
     site = shipped_text(site, "listen 80;", "listen 127.0.0.1:18080;")
     site = shipped_text(
         site,
@@ -188,3 +191,17 @@ def test_nginx_accepts_the_compose_configuration(
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_backups_go_to_a_volume_the_server_user_owns(resolved: dict[str, Any]) -> None:
+    backup = resolved["services"]["backup"]
+    target = backup["environment"]["BUILDMAX_BACKUP_DIR"]
+    assert any(m.startswith("backups:") and m.split(":")[1] == target for m in backup["volumes"])
+    # A new named volume takes the ownership of the image's folder: the
+    # image makes it, owned by the server's user.
+    dockerfile = (COMPOSE.parents[1] / "Dockerfile").read_text()
+    assert re.search(
+        rf"install -d -m 0700 -o buildmax -g buildmax {re.escape(target)}\b", dockerfile
+    )
+    assert backup["healthcheck"] == {"test": ["NONE"]}  # Compose's form of `disable: true`
+    assert int(backup["stop_grace_period"].removesuffix("m")) >= 5

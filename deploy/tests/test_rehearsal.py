@@ -34,6 +34,7 @@ import httpx
 import pytest
 from buildmax_s3.testing import CREDENTIALS, S3Server
 
+from buildmax.client import BuildMaxError, Client
 from buildmax.testing import free_port, pg_create_database, pg_drop_database
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(600)]
@@ -358,14 +359,20 @@ def _run_example(topology: Topology, script: str, token: str, *args: str) -> sub
 
 
 def _held_request(topology: Topology, space: str, results: list[int | str]) -> threading.Thread:
+    """A request held open for :data:`HOLD_SECONDS`, sent by the Python
+    client as an agent's would be: it retries a 502 (the same
+    Idempotency-Key again, which nginx's log shows)."""
+
     def run() -> None:
-        with _api(topology, topology.token) as admin:
+        with Client(topology.url, topology.token) as client:
             try:
-                response = admin.post(
-                    f"/v1/spaces/{space}/testplugin/slow-increment?hold={HOLD_SECONDS}"
+                client.request(
+                    "POST",
+                    f"/v1/spaces/{space}/testplugin/slow-increment",
+                    params={"hold": HOLD_SECONDS},
                 )
-                results.append(response.status_code)
-            except httpx.HTTPError as exc:
+                results.append(200)
+            except BuildMaxError as exc:
                 results.append(repr(exc))
 
     thread = threading.Thread(target=run)
@@ -515,6 +522,17 @@ def test_a_replica_stopped_mid_run_drains_and_the_loops_finish(topology: Topolog
     with _api(topology, topology.token) as admin:
         listed = admin.get("/v1/spaces/work/artifacts", params={"limit": 200}).json()["items"]
     assert sorted(a["size"] for a in listed if a["size"] > 1024) == [ARTIFACT_BYTES] * TASKS
+    # The backup service's command, on this topology: the database and
+    # every blob of the bucket, while the other server runs.
+    backup = (DEPLOY / "compose" / "compose.yaml").read_text()
+    assert "buildmax backup create --keep 7" in backup
+    target = topology.root / "backups"
+    said = _command(
+        topology.env | {"BUILDMAX_BACKUP_DIR": str(target)}, "backup", "create", "--keep", "7"
+    )
+    assert [p.name for p in target.iterdir() if p.is_dir() and p.name != "blobs"], said
+    # The same file in every attempt is one blob (content-addressed).
+    assert sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) > ARTIFACT_BYTES
     # TLS through the example's other server block.
     assert httpx.get(topology.tls_url + "/readyz", verify=False).status_code == 200
     # /metrics is not passed through.
@@ -527,5 +545,10 @@ def test_a_replica_killed_mid_run_fails_the_checks_only_a_drain_passes(
     seen = rehearse(topology, signal.SIGKILL)
 
     failed = drain_failures(seen)
-    assert {"last event", "readyz 503"} <= set(failed), failed
-    assert {"no failed request", "no request cut off"} & set(failed), failed
+    assert {
+        "no failed request",
+        "no request cut off",
+        "no client retry",
+        "last event",
+        "readyz 503",
+    } <= set(failed), failed
