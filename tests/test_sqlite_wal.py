@@ -150,8 +150,8 @@ async def test_sustained_writes_beside_the_checkpointer_keep_the_log_bounded(
 ) -> None:
     """2,000 writes (40 MiB) back to back while the checkpointer runs every
     20 ms in its thread: the log stays a small multiple of what one interval
-    writes (under 16 MiB even on a loaded machine), never near the 40 MiB
-    written.
+    writes (under 28 MiB even on a loaded machine), never near the 56 MiB
+    a checkpoint that never completes lets it reach.
 
     Catches: a checkpoint that only runs PASSIVE beside the writer (it never
     completes, the log is never started over and grows to about 40 MiB)."""
@@ -164,10 +164,11 @@ async def test_sustained_writes_beside_the_checkpointer_keep_the_log_bounded(
             await asyncio.sleep(0)
     finally:
         await db.close()
-    # Under half the 40 MiB written (a checkpoint that never completes lets
-    # the log reach 56 MiB), with room for a loaded machine starving the
-    # checkpointer thread (11 MiB was seen with two test envs at once).
-    assert largest < 16 * MIB, f"the log reached {largest} bytes"
+    # Half of what a checkpoint that never completes lets the log reach
+    # (56 MiB), with room for a loaded machine starving the checkpointer
+    # thread: 11 MiB was seen with two test envs at once, 17.3 MiB beside
+    # the deployment rehearsal (nginx, two servers, 16 MiB uploads).
+    assert largest < 28 * MIB, f"the log reached {largest} bytes"
 
 
 @pytest.fixture
