@@ -41,7 +41,22 @@ _BUMP_SEQ = (
 _INSERT_EVENT = events.insert().values(
     {name: sa.bindparam(name) for name in ("space_id", "seq", "type", "data", "created_at")}
 )
-_NOTIFY = sa.select(sa.func.pg_notify(sa.bindparam("channel"), sa.bindparam("payload")))
+#: PostgreSQL: the same three steps (bump the space's sequence under its row
+#: lock, insert the batch, notify the listening processes on commit) in one
+#: statement, one round trip. A data-modifying CTE runs to completion
+#: whether or not the outer query reads it.
+_PUBLISH_PG = sa.text(
+    "WITH bumped AS ("
+    "UPDATE spaces SET event_seq = event_seq + :count WHERE id = :space_pk "
+    "RETURNING event_seq), "
+    "added AS ("
+    "INSERT INTO events (space_id, seq, type, data, created_at) "
+    "SELECT :space_pk, bumped.event_seq - :count + batch.n, batch.type, batch.data, :now "
+    "FROM bumped, unnest(CAST(:types AS TEXT[]), CAST(:datas AS TEXT[])) "
+    "WITH ORDINALITY AS batch(type, data, n)) "
+    "SELECT (SELECT event_seq FROM bumped) AS last, "
+    "pg_notify(:channel, CAST(:space_pk AS TEXT)) AS notified"
+)
 
 
 class EventHub:
@@ -77,11 +92,29 @@ class EventHub:
             if len(payload) > MAX_EVENT_BYTES:
                 raise ValueError(f"event {type!r} data exceeds {MAX_EVENT_BYTES} bytes")
             payloads.append((type, payload))
+        now = self._app.clock.now_ms()
+        if tx.dialect == "postgresql":
+            # The notification is delivered by PostgreSQL on commit, to
+            # every listening process.
+            last = await tx.fetch_val(
+                _PUBLISH_PG,
+                {
+                    "space_pk": space_pk,
+                    "count": len(batch),
+                    "now": now,
+                    "types": [type for type, _ in payloads],
+                    "datas": [payload for _, payload in payloads],
+                    "channel": CHANNEL,
+                },
+            )
+            if last is None:
+                raise LookupError(f"no space with key {space_pk}")
+            first = int(last) - len(batch) + 1
+            return list(range(first, first + len(batch)))
         last = await tx.fetch_val(_BUMP_SEQ, {"space_pk": space_pk, "count": len(batch)})
         if last is None:
             raise LookupError(f"no space with key {space_pk}")
         first = int(last) - len(batch) + 1
-        now = self._app.clock.now_ms()
         for i, (type, payload) in enumerate(payloads):
             await tx.execute(
                 _INSERT_EVENT,
@@ -93,11 +126,7 @@ class EventHub:
                     "created_at": now,
                 },
             )
-        if tx.dialect == "postgresql":
-            # Delivered by PostgreSQL on commit, to every listening process.
-            await tx.execute(_NOTIFY, {"channel": CHANNEL, "payload": str(space_pk)})
-        else:
-            tx.after_commit(lambda: self.wake(space_pk))
+        tx.after_commit(lambda: self.wake(space_pk))
         return list(range(first, first + len(batch)))
 
     def wake(self, space_pk: int) -> None:
