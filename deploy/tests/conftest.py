@@ -4,6 +4,7 @@ tests, and the shipped nginx example made runnable on this machine."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,14 @@ def write_nginx_config(root: Path, upstream: list[int], http_port: int, https_po
     )
     (home / "nginx.conf").write_text(main)
     return home / "nginx.conf"
+
+
+@pytest.fixture
+def nginx_binary() -> str:
+    """Debian's nginx (``nginx-light``); missing, the test fails (never skips)."""
+    found = shutil.which("nginx") or "/usr/sbin/nginx"
+    assert Path(found).exists(), "nginx is not installed (Debian's nginx-light)"
+    return found
 
 
 @pytest.fixture

@@ -163,7 +163,7 @@ def test_settings_agree_across_the_files(
 
 
 def test_nginx_accepts_the_compose_configuration(
-    tmp_path: Path, shipped_text: Callable[[str, str, str], str]
+    tmp_path: Path, shipped_text: Callable[[str, str, str], str], nginx_binary: str
 ) -> None:
     site = (COMPOSE / "nginx.conf").read_text()
     # Debian's nginx (1.22) predates `resolve` in an upstream, and Compose's
@@ -183,9 +183,8 @@ def test_nginx_accepts_the_compose_configuration(
         f"pid {tmp_path / 'nginx.pid'};\nerror_log {tmp_path / 'error.log'};\nevents {{}}\n"
         f"http {{ include {tmp_path / 'site.conf'}; }}\n"
     )
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     done = subprocess.run(
-        [nginx, "-t", "-p", str(tmp_path), "-c", str(main)],
+        [nginx_binary, "-t", "-p", str(tmp_path), "-c", str(main)],
         capture_output=True,
         text=True,
         check=False,

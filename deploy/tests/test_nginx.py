@@ -4,7 +4,6 @@ accepts, and holds what the server needs from a proxy."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,15 +18,9 @@ NGINX = Path(__file__).resolve().parents[1] / "nginx"
 UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
 
 
-def _nginx() -> str:
-    found = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(found).exists(), "nginx is not installed (Debian's nginx-light)"
-    return found
-
-
-def _check(config: Path) -> subprocess.CompletedProcess[str]:
+def _check(nginx: str, config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [_nginx(), "-t", "-p", str(config.parent), "-c", str(config)],
+        [nginx, "-t", "-p", str(config.parent), "-c", str(config)],
         capture_output=True,
         text=True,
         check=False,
@@ -49,14 +42,16 @@ def _location(text: str, match: str) -> str:
     return found.group(1)
 
 
-def test_nginx_accepts_the_example(tmp_path: Path, nginx_config: Callable[..., Path]) -> None:
-    checked = _check(nginx_config(tmp_path, [8420, 8421], 18080, 18443))
+def test_nginx_accepts_the_example(
+    tmp_path: Path, nginx_config: Callable[..., Path], nginx_binary: str
+) -> None:
+    checked = _check(nginx_binary, nginx_config(tmp_path, [8420, 8421], 18080, 18443))
     assert checked.returncode == 0, checked.stderr
     assert "test is successful" in checked.stderr
 
 
 def test_nginx_refuses_a_mistake_in_the_example(
-    tmp_path: Path, nginx_config: Callable[..., Path]
+    tmp_path: Path, nginx_config: Callable[..., Path], nginx_binary: str
 ) -> None:
     config = nginx_config(tmp_path, [8420], 18080, 18443)
     site = config.parent / "site.conf"
@@ -65,7 +60,7 @@ def test_nginx_refuses_a_mistake_in_the_example(
     broken = tmp_path / "broken-locations.conf"
     broken.write_text(snippet.read_text().replace("proxy_buffering off;", "proxy_buffering of;"))
     site.write_text(site.read_text().replace(str(snippet), str(broken)))
-    checked = _check(config)
+    checked = _check(nginx_binary, config)
     assert checked.returncode != 0
     assert "proxy_buffering" in checked.stderr
 

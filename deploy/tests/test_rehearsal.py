@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +34,14 @@ import pytest
 from buildmax_s3.testing import CREDENTIALS, S3Server
 
 from buildmax.client import BuildMaxError, Client
-from buildmax.testing import free_port, pg_create_database, pg_drop_database
+from buildmax.config import Config
+from buildmax.testing import (
+    ServerProcess,
+    free_port,
+    pg_create_database,
+    pg_drop_database,
+    start_server,
+)
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.timeout(600)]
 
@@ -54,31 +60,12 @@ ACCESS = re.compile(r'^(\S+) (\S+) (\S+) (\d{3}) "([^"]*)" "([^"]*)" "([^"]*)"$'
 
 
 @dataclass
-class Replica:
-    """One `buildmax serve` of the topology."""
-
-    name: str
-    port: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        """Its own address (nginx's upstream)."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        """What it printed."""
-        return self.log_path.read_text(errors="replace")
-
-
-@dataclass
 class Topology:
     """The running processes and where their logs are."""
 
     root: Path
     env: dict[str, str]
-    replicas: list[Replica]
+    replicas: list[ServerProcess]
     nginx: subprocess.Popen[bytes]
     url: str
     tls_url: str
@@ -110,6 +97,11 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     raise TimeoutError(f"{url} did not become ready:\n{log.read_text()}")
 
 
+def _port(server: ServerProcess) -> int:
+    """The port a server listens on (nginx's upstream)."""
+    return int(server.url.rsplit(":", 1)[1])
+
+
 def _command(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "buildmax", *args],
@@ -138,59 +130,42 @@ def _server_config(
     return path
 
 
-def _start_replica(topology_env: dict[str, str], root: Path, name: str) -> Replica:
-    port = free_port()
-    log_path = root / f"{name}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "buildmax",
-                "serve",
-                "--port",
-                str(port),
-                "--data-dir",
-                str(root / name),
-            ],
-            env=topology_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    replica = Replica(name, port, process, log_path)
-    _wait_ready(replica.url, process, log_path)
-    return replica
-
-
 @pytest.fixture
 def topology(
     tmp_path: Path,
     s3_server: S3Server,
     nginx_config: Callable[[Path, list[int], int, int], Path],
     shipped_text: Callable[[str, str, str], str],
+    nginx_binary: str,
 ) -> Iterator[Topology]:
     """compose.yaml's services as processes on this machine, in its order:
     the database and the bucket, the migration, the first admin, two
     servers, nginx."""
-    nginx_binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    assert Path(nginx_binary).exists(), "nginx is not installed (Debian's nginx-light)"
     database = f"bmx_rehearsal_{uuid.uuid4().hex[:12]}"
     database_url = pg_create_database(PG_SERVER, database)
     bucket = f"buildmax-{uuid.uuid4().hex[:12]}"
     s3_server.client().create_bucket(Bucket=bucket)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")}
-    env |= CREDENTIALS | {
+    # What compose gives every BuildMax container.
+    server_env = CREDENTIALS | {
         "BUILDMAX_CONFIG": str(_server_config(tmp_path, bucket, s3_server, shipped_text)),
         "BUILDMAX_DATABASE_URL": database_url,
     }
-    replicas: list[Replica] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUILDMAX_")} | server_env
+    replicas: list[ServerProcess] = []
     nginx: subprocess.Popen[bytes] | None = None
     try:
         _command(env, "db", "migrate")
         token = _command(env, "admin", "bootstrap").strip().splitlines()[-1]
-        replicas = [_start_replica(env, tmp_path, name) for name in ("buildmax-1", "buildmax-2")]
+        replicas = [
+            start_server(
+                Config(data_dir=str(tmp_path / name)),
+                tmp_path / f"{name}.log",
+                extra_env=server_env,
+            )
+            for name in ("buildmax-1", "buildmax-2")
+        ]
         http_port, https_port = free_port(), free_port()
-        config = nginx_config(tmp_path, [r.port for r in replicas], http_port, https_port)
+        config = nginx_config(tmp_path, [_port(r) for r in replicas], http_port, https_port)
         with open(tmp_path / "nginx" / "stderr.log", "wb") as output:
             nginx = subprocess.Popen(
                 [
@@ -215,13 +190,7 @@ def topology(
             nginx.terminate()
             nginx.wait(10)
         for replica in replicas:
-            if replica.process.poll() is None:
-                replica.process.terminate()
-                try:
-                    replica.process.wait(30)
-                except subprocess.TimeoutExpired:
-                    replica.process.kill()
-                    replica.process.wait()
+            replica.stop()
         pg_drop_database(PG_SERVER, database)
 
 
@@ -464,7 +433,7 @@ def rehearse(topology: Topology, stop: signal.Signals) -> Observed:
     for stream in streams:
         stream.close()
 
-    stopped_address = f"127.0.0.1:{stopped.port}"
+    stopped_address = f"127.0.0.1:{_port(stopped)}"
     access = topology.access_log
     keys = [line[6] for line in access if line[6] not in ("", "-")]
     failures = [
