@@ -133,6 +133,7 @@ def create_app(
             settings.sqlite_wal_hard_limit_bytes,
         ),
         pg_pool=(settings.pg_pool_min, settings.pg_pool_max),
+        pg_read_pool=settings.pg_read_pool,
     )
     app.db.observe_write = app.metrics.observe_write
     app.services = Services()

@@ -67,9 +67,12 @@ class Config:
     #: Past this size of SQLite write-ahead log, writes are refused (503) until
     #: the reader that holds an old snapshot lets go.
     sqlite_wal_hard_limit_bytes: int = 1024 * 1024 * 1024
-    #: Pool bounds of the PostgreSQL engine.
+    #: Pool bounds of the PostgreSQL engine (write transactions and long reads).
     pg_pool_min: int = 2
     pg_pool_max: int = 10
+    #: PostgreSQL connections kept open for short reads, apart from that pool:
+    #: a read never waits while writers hold every connection of the pool.
+    pg_read_pool: int = 3
     #: Seconds in-flight requests get to finish after SIGTERM.
     shutdown_grace_seconds: int = 10
     #: Free bytes kept on the disks of the data directory and a file blob
@@ -241,6 +244,10 @@ def _validate(config: Config) -> None:
     _check_trusted_proxies(config.trusted_proxies)
     if config.events_keepalive_seconds < 1:
         raise ConfigError("events_keepalive_seconds must be at least 1")
+    if not 1 <= config.pg_pool_min <= config.pg_pool_max:
+        raise ConfigError("pg_pool_min must be at least 1 and at most pg_pool_max")
+    if config.pg_read_pool < 1:
+        raise ConfigError("pg_read_pool must be at least 1")
     if config.sqlite_readers < 1:
         raise ConfigError("sqlite_readers must be at least 1")
     if config.sqlite_wal_soft_limit_bytes < 0:

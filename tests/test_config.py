@@ -222,6 +222,9 @@ def test_a_plugin_entry_that_is_not_a_table_is_refused(tmp_path):
         ({"page_size_default": "300"}, "page_size_default"),
         ({"page_size_default": "0"}, "page_size_default"),
         ({"sqlite_readers": "0"}, "sqlite_readers"),
+        ({"pg_read_pool": "0"}, "pg_read_pool"),
+        ({"pg_pool_min": "0"}, "pg_pool_min"),
+        ({"pg_pool_min": "11"}, "at most pg_pool_max"),
         ({"sqlite_wal_soft_limit_bytes": "-1"}, "sqlite_wal_soft_limit_bytes"),
         ({"sqlite_wal_hard_limit_bytes": str(100 * 2**20)}, "sqlite_wal_hard_limit_bytes"),
         (

@@ -84,42 +84,59 @@ async def _reset_on_release(conn: Any) -> None:
 
 
 class PostgresDatabase:
-    """PostgreSQL with a connection pool."""
+    """PostgreSQL with two connection pools: one for write transactions and
+    long reads, and a small one kept for short reads, so that a read never
+    waits for a connection while writers hold them all (queued behind a row
+    lock, say)."""
 
     dialect = "postgresql"
     #: Told each write transaction's wait for a pooled connection and its length.
     observe_write: WriteObserver = staticmethod(ignore_write)
 
-    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10) -> None:
+    def __init__(
+        self, url: str, *, min_size: int = 2, max_size: int = 10, read_size: int = 3
+    ) -> None:
         self.url = url.replace("postgres://", "postgresql://", 1)
         self._database = databases.Database(
             self.url, min_size=min_size, max_size=max_size, reset=_reset_on_release
         )
+        # Opened whole at connect: a short read never waits for one to open.
+        self._reads = databases.Database(
+            self.url, min_size=read_size, max_size=read_size, reset=_reset_on_release
+        )
         self._compiler = StatementCompiler(_postgres_dialect())
 
+    @property
+    def pools(self) -> tuple[databases.Database, databases.Database]:
+        """The pool of writes and long reads, and the pool of short reads."""
+        return self._database, self._reads
+
     async def connect(self) -> None:
-        """Open the pool; fails with a one-line reason when no server answers."""
-        if self._database.is_connected:
-            return
+        """Open the pools; fails with a one-line reason when no server answers."""
         try:
-            await self._database.connect()
+            for pool in self.pools:
+                if not pool.is_connected:
+                    await pool.connect()
         except (OSError, Exception) as exc:
+            await self.close()
             raise DatabaseError(f"cannot connect to PostgreSQL at {self.url}: {exc}") from exc
 
     async def close(self) -> None:
-        """Close the pool."""
-        if self._database.is_connected:
-            await self._database.disconnect()
+        """Close the pools."""
+        for pool in self.pools:
+            if pool.is_connected:
+                await pool.disconnect()
 
-    def _connection(self) -> Connection:
-        if not self._database.is_connected:
+    @staticmethod
+    def _connection(pool: databases.Database) -> Connection:
+        if not pool.is_connected:
             raise DatabaseError("database is not connected")
-        return Connection(self._database, self._database._backend)
+        return Connection(pool, pool._backend)
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Tx]:
         """A transaction on a pooled connection (READ COMMITTED + row locks)."""
-        conn = self._connection()
+        conn = self._connection(self._database)
         tx = Tx(self.dialect, _Executor(conn, self._compiler))
         asked = time.perf_counter()
         granted = None
@@ -148,8 +165,10 @@ class PostgresDatabase:
 
     @asynccontextmanager
     async def read(self, *, background: bool = False) -> AsyncIterator[Tx]:
-        """A pooled connection in autocommit mode (``background`` changes nothing here)."""
-        conn = self._connection()
+        """A pooled connection in autocommit mode: one kept for short reads,
+        or with ``background`` (a long read) one of the writes' pool, so that
+        a long read never holds up the short ones."""
+        conn = self._connection(self._database if background else self._reads)
         async with conn:
             reader = Tx(self.dialect, _Executor(conn, self._compiler))
             try:
@@ -162,7 +181,7 @@ class PostgresDatabase:
         """A ``REPEATABLE READ READ ONLY`` transaction on a pooled connection,
         its snapshot exported (``pg_export_snapshot()``) so that ``pg_dump
         --snapshot`` dumps exactly what ``conn`` reads."""
-        conn = self._connection()
+        conn = self._connection(self._database)
         async with conn:
             raw = conn.raw_connection
             await raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")

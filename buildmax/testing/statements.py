@@ -84,8 +84,7 @@ def _watching_sqlite(db: SQLiteDatabase, log: StatementLog) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _watching_postgres(db: PostgresDatabase, log: StatementLog) -> Iterator[None]:
-    pool = db._database._backend._pool
-    conns = [holder._con for holder in pool._holders]
+    conns = [holder._con for pool in db.pools for holder in pool._backend._pool._holders]
     if any(conn is None for conn in conns):
         raise RuntimeError(
             "a pooled connection is not open yet: give the test app pg_pool_min = pg_pool_max"

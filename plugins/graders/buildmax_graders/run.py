@@ -112,7 +112,9 @@ class JourneyRun:
         """The journey's database, opened from outside the server the way
         the ``buildmax`` CLI opens it (graders read it; ``tamper`` writes it)."""
         if self._database is None:
-            database = open_database(self.deployment.database_url, sqlite_readers=1, pg_pool=(1, 2))
+            database = open_database(
+                self.deployment.database_url, sqlite_readers=1, pg_pool=(1, 2), pg_read_pool=1
+            )
             await database.connect()
             self._database = database
         return self._database
