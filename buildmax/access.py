@@ -8,16 +8,19 @@ space. The ``buildmax_permission`` hook can allow or deny on top.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import ResourceRef, Transaction
 
-from .auth import Caller
+from .auth import Caller, authenticate, authenticate_reading
 from .current import current_buildmax
 from .problems import Forbidden, NotFound
 from .roles import SPACE_ROLES
-from .tables import space_members, spaces
+from .tables import principals, space_members, spaces
+from .tokens import LOOKUP
 
 _RANK = {role: rank for rank, role in enumerate(SPACE_ROLES)}
 
@@ -40,17 +43,21 @@ class SpaceAccess:
     admin_override: bool
 
 
+#: The columns a space is found by, labelled as :func:`_found` reads them.
+_SPACE_COLUMNS = (
+    spaces.c.id.label("space_pk"),
+    spaces.c.public_id.label("space_id"),
+    spaces.c.slug.label("space_slug"),
+    spaces.c.name.label("space_name"),
+    spaces.c.created_at.label("space_created_at"),
+    space_members.c.role.label("space_role"),
+)
+_NAMED = sa.or_(spaces.c.public_id == sa.bindparam("ref"), spaces.c.slug == sa.bindparam("ref"))
+
 #: The space by public id or slug, with the caller's membership role.
 #: Built once, so it is compiled once.
 _SPACE_ACCESS = (
-    sa.select(
-        spaces.c.id,
-        spaces.c.public_id,
-        spaces.c.slug,
-        spaces.c.name,
-        spaces.c.created_at,
-        space_members.c.role,
-    )
+    sa.select(*_SPACE_COLUMNS)
     .select_from(
         spaces.outerjoin(
             space_members,
@@ -60,9 +67,63 @@ _SPACE_ACCESS = (
             ),
         )
     )
-    .where(sa.or_(spaces.c.public_id == sa.bindparam("ref"), spaces.c.slug == sa.bindparam("ref")))
+    .where(_NAMED)
     .limit(1)
 )
+
+#: The token lookup and, in the same statement, the space by public id or
+#: slug with the token's principal's membership role (``NULL`` columns when
+#: there is no such space).
+_TOKEN_AND_SPACE = (
+    LOOKUP.add_columns(*_SPACE_COLUMNS)
+    .outerjoin(spaces, _NAMED)
+    .outerjoin(
+        space_members,
+        sa.and_(
+            space_members.c.space_id == spaces.c.id,
+            space_members.c.principal_id == principals.c.id,
+        ),
+    )
+    .limit(1)
+)
+
+
+def _found(row: Mapping[str, Any] | None) -> SpaceAccess | None:
+    if row is None or row["space_pk"] is None:
+        return None
+    return SpaceAccess(
+        pk=row["space_pk"],
+        public_id=row["space_id"],
+        slug=row["space_slug"],
+        name=row["space_name"],
+        created_at=row["space_created_at"],
+        role=row["space_role"],
+        admin_override=False,
+    )
+
+
+async def find_space(ref: str, caller: Caller) -> SpaceAccess | None:
+    """The space named ``ref`` (public id or slug) with the caller's
+    membership role, judged by no one yet; ``None`` if there is none."""
+    if len(ref) > 200:
+        return None
+    async with current_buildmax().db.read() as conn:
+        row = await conn.fetch_one(_SPACE_ACCESS, {"ref": ref, "principal_pk": caller.principal_pk})
+    return _found(row)
+
+
+async def caller_and_space(
+    ref: str, accept_scopes: Iterable[str] = ()
+) -> tuple[Caller, SpaceAccess | None]:
+    """The caller (as :func:`buildmax.auth.authenticate` answers, refusals
+    first) and :func:`find_space`'s answer for ``ref``, read in the same
+    statement as the token when the caller is not known yet."""
+    if len(ref) > 200:
+        return await authenticate(accept_scopes), None
+    caller, row = await authenticate_reading(_TOKEN_AND_SPACE, {"ref": ref}, accept_scopes)
+    if row is None:
+        return caller, await find_space(ref, caller)
+    return caller, _found(row)
 
 
 async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> SpaceAccess:
@@ -74,22 +135,16 @@ async def require_space(ref: str, minimum: str, caller: Caller, action: str) -> 
     answer; it calls :func:`require_role` when the role it needs depends on
     what the request names.
     """
-    app = current_buildmax()
-    if len(ref) > 200:
+    return require_found(await find_space(ref, caller), minimum, caller, action)
+
+
+def require_found(
+    found: SpaceAccess | None, minimum: str, caller: Caller, action: str
+) -> SpaceAccess:
+    """:func:`require_role` for a space :func:`find_space` looked for: 404
+    when there was none."""
+    if found is None:
         raise NotFound("no such space")
-    async with app.db.read() as conn:
-        row = await conn.fetch_one(_SPACE_ACCESS, {"ref": ref, "principal_pk": caller.principal_pk})
-    if row is None:
-        raise NotFound("no such space")
-    found = SpaceAccess(
-        pk=row["id"],
-        public_id=row["public_id"],
-        slug=row["slug"],
-        name=row["name"],
-        created_at=row["created_at"],
-        role=row["role"],
-        admin_override=False,
-    )
     return require_role(found, minimum, caller, action)
 
 

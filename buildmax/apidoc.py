@@ -22,7 +22,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from marshmallow import Schema, fields
 from quart import Response, request
 
-from .access import require_space
+from .access import caller_and_space, require_found
 from .auth import authenticate
 from .bodies import load_body, validate
 from .current import current_buildmax
@@ -180,14 +180,19 @@ async def _apply(doc: RouteDoc, path: dict[str, Any]) -> dict[str, Any]:
         if doc.body is not None:
             given["data"] = await load_body(doc.body())
         return given
-    caller = given["caller"] = await authenticate(accept_scopes=doc.scopes)
+    if doc.role is None:
+        caller = given["caller"] = await authenticate(accept_scopes=doc.scopes)
+        found = None
+    else:
+        if "space" not in path:
+            raise RuntimeError(f"{request.endpoint} declares a space role but has no <space>")
+        caller, found = await caller_and_space(path["space"], doc.scopes)
+        given["caller"] = caller
     if doc.system_roles and caller.actor.system_role not in doc.system_roles:
         raise Forbidden(f"this needs the {' or '.join(doc.system_roles)} system role")
     if doc.role is not None:
         assert doc.action is not None
-        if "space" not in path:
-            raise RuntimeError(f"{request.endpoint} declares a space role but has no <space>")
-        given["access"] = await require_space(path["space"], doc.role, caller, doc.action)
+        given["access"] = require_found(found, doc.role, caller, doc.action)
     if doc.body is not None:
         given["data"] = await load_body(doc.body())
     return given

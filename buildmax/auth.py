@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Actor, App
@@ -20,12 +20,14 @@ from quart import g, request
 from .current import current_buildmax
 from .problems import TokenScopeRefused, Unauthenticated
 from .tables import tokens
-from .tokens import SECRET_PREFIX, lookup_token, lookup_token_pk
+from .tokens import LOOKUP, SECRET_PREFIX, lookup_token, lookup_token_pk, verifier_of
 
 if TYPE_CHECKING:
     from .app import BuildMax
 
 log = logging.getLogger("buildmax.auth")
+
+T = TypeVar("T")
 
 #: The ASGI scope key of an in-process request's caller (set by
 #: :mod:`buildmax.internal` only: a request from the network never has it).
@@ -57,21 +59,11 @@ async def authenticate(accept_scopes: Iterable[str] = ()) -> Caller:
     ``accept_scopes`` names the scope types this route accepts in addition
     to unscoped tokens.
     """
-    cached: Caller | None = g.get("buildmax_caller")
-    if cached is None:
-        try:
-            cached = await _load_caller()
-        except Unauthenticated:
-            current_buildmax().metrics.authentication_failures.labels("token").inc()
-            raise
-        g.buildmax_caller = cached
-    scope = cached.actor.scope_type
-    if scope is not None and scope not in set(accept_scopes):
-        raise TokenScopeRefused(
-            f"this token is scoped to {scope} {cached.actor.scope_id} and this route does not "
-            "accept that scope"
-        )
-    return cached
+    caller: Caller | None = g.get("buildmax_caller")
+    if caller is None:
+        caller = await _counting_failures(_load_caller())
+        g.buildmax_caller = caller
+    return _in_scope(caller, accept_scopes)
 
 
 async def _load_caller() -> Caller:
@@ -79,20 +71,65 @@ async def _load_caller() -> Caller:
     acting = request.scope.get(ACTING_CALLER)
     if isinstance(acting, Caller):
         return await _reload(app, acting)
+    caller, _ = await _look_up(app, LOOKUP, {})
+    return caller
+
+
+async def authenticate_reading(
+    statement: Any, params: dict[str, Any], accept_scopes: Iterable[str] = ()
+) -> tuple[Caller, dict[str, Any] | None]:
+    """:func:`authenticate`, reading the token with ``statement`` (the token
+    lookup, :data:`buildmax.tokens.LOOKUP`, with more columns joined and
+    their ``params``): the route's first read comes in the same statement.
+    The row is ``None`` when the caller was known already (authenticated
+    earlier in this request, or an in-process request): read what you need
+    then."""
+    app = current_buildmax()
+    if g.get("buildmax_caller") is not None or isinstance(request.scope.get(ACTING_CALLER), Caller):
+        return await authenticate(accept_scopes), None
+    caller, row = await _counting_failures(_look_up(app, statement, params))
+    g.buildmax_caller = caller
+    return _in_scope(caller, accept_scopes), row
+
+
+async def _counting_failures(loading: Awaitable[T]) -> T:
+    try:
+        return await loading
+    except Unauthenticated:
+        current_buildmax().metrics.authentication_failures.labels("token").inc()
+        raise
+
+
+def _in_scope(caller: Caller, accept_scopes: Iterable[str]) -> Caller:
+    scope = caller.actor.scope_type
+    if scope is not None and scope not in set(accept_scopes):
+        raise TokenScopeRefused(
+            f"this token is scoped to {scope} {caller.actor.scope_id} and this route does not "
+            "accept that scope"
+        )
+    return caller
+
+
+async def _look_up(
+    app: BuildMax, statement: Any, params: dict[str, Any]
+) -> tuple[Caller, dict[str, Any]]:
+    """The caller the request's bearer token names, and the row ``statement``
+    read for it (by the token's verifier and ``params``)."""
     secret = bearer_secret()
     if not secret:
         raise Unauthenticated("send an API token as 'Authorization: Bearer <token>'")
     if not secret.startswith(SECRET_PREFIX) or len(secret) > 100:
         raise Unauthenticated("the token is not valid")
     async with app.db.read() as conn:
-        row = await lookup_token(conn, secret)
+        found = await conn.fetch_one(statement, {"verifier": verifier_of(secret), **params})
+    row = dict(found) if found is not None else None
     now = app.clock.now_ms()
     refusal = token_refusal(row, now)
     if refusal is not None:
         raise Unauthenticated(refusal)
     assert row is not None
     app.token_toucher.touch(row["token_pk"], row["last_used_at"], now)
-    return _caller_of(row)
+    return _caller_of(row), row
 
 
 async def _reload(app: BuildMax, acting: Caller) -> Caller:

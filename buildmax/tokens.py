@@ -220,9 +220,10 @@ _TOKEN_AND_PRINCIPAL = sa.select(
     principals.c.system_role,
     principals.c.disabled_at,
 ).select_from(tokens.join(principals, principals.c.id == tokens.c.principal_id))
-#: One indexed read per request: the token, its principal, nothing cached.
-#: Built once, so it is compiled once.
-_LOOKUP = _TOKEN_AND_PRINCIPAL.where(tokens.c.verifier == sa.bindparam("verifier"))
+#: One indexed read per request: the token, its principal, nothing cached
+#: (bindparam ``verifier``). Built once, so it is compiled once; a route's
+#: first read may be joined to it (:func:`buildmax.auth.authenticate_reading`).
+LOOKUP = _TOKEN_AND_PRINCIPAL.where(tokens.c.verifier == sa.bindparam("verifier"))
 
 
 _LOOKUP_BY_PK = _TOKEN_AND_PRINCIPAL.where(tokens.c.id == sa.bindparam("token_pk"))
@@ -230,7 +231,7 @@ _LOOKUP_BY_PK = _TOKEN_AND_PRINCIPAL.where(tokens.c.id == sa.bindparam("token_pk
 
 async def lookup_token(conn: Transaction, secret: str) -> dict[str, Any] | None:
     """The token row joined with its principal, whatever its state, or ``None``."""
-    row = await conn.fetch_one(_LOOKUP, {"verifier": verifier_of(secret)})
+    row = await conn.fetch_one(LOOKUP, {"verifier": verifier_of(secret)})
     return dict(row) if row is not None else None
 
 

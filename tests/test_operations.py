@@ -95,6 +95,8 @@ async def test_a_scrape_after_a_claim_cycle_shows_requests_leases_and_the_queue(
         expect=201,
     )
     await call(client, "GET", "/v1/principals/me", "bmx_not-a-real-token-at-all", expect=401)
+    # A space's route reads the token and the space in one statement: counted the same.
+    await call(client, "GET", "/v1/spaces/ops", "bmx_not-a-real-token-at-all", expect=401)
     token = await _metrics_token(client, owner)
 
     response = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
@@ -123,7 +125,7 @@ async def test_a_scrape_after_a_claim_cycle_shows_requests_leases_and_the_queue(
         )
         == 1
     )
-    assert _value(samples, "buildmax_authentication_failures_total", kind="token") == 1
+    assert _value(samples, "buildmax_authentication_failures_total", kind="token") == 2
     assert _value(samples, "buildmax_leases", state="active") == 1
     assert _value(samples, "buildmax_ready_tasks", space="ops") == 1
     assert _value(samples, "buildmax_claims_total") == 1

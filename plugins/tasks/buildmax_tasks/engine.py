@@ -379,20 +379,33 @@ DEFAULT_POLICY = {
 }
 
 
+#: A project's current policy revision, ``NULL`` columns before the first
+#: (``project_pk``: its key; ``project_id``: its public id).
+_POLICY = sa.select(
+    policies.c.revision,
+    policies.c.approvals_required,
+    policies.c.human_review_required,
+    policies.c.integration,
+    policies.c.created_at,
+).select_from(projects.outerjoin(policies, policies.c.id == projects.c.policy_id))
+_POLICY_BY_PK = _POLICY.where(projects.c.id == sa.bindparam("project_pk"))
+_POLICY_BY_ID = _POLICY.where(projects.c.public_id == sa.bindparam("project_id"))
+
+
 async def current_policy(conn: Any, project_pk: int) -> dict[str, Any]:
     """The project's current workflow policy (the defaults before any revision)."""
-    row = await conn.fetch_one(
-        sa.select(
-            policies.c.revision,
-            policies.c.approvals_required,
-            policies.c.human_review_required,
-            policies.c.integration,
-            policies.c.created_at,
-        )
-        .select_from(projects.join(policies, policies.c.id == projects.c.policy_id))
-        .where(projects.c.id == project_pk)
-    )
-    if row is None:
+    return _policy_of(await conn.fetch_one(_POLICY_BY_PK, {"project_pk": project_pk}))
+
+
+async def policy_of_project(conn: Any, project_id: str) -> dict[str, Any] | None:
+    """:func:`current_policy` by the project's public id, in one statement;
+    ``None`` when there is no such project."""
+    row = await conn.fetch_one(_POLICY_BY_ID, {"project_id": project_id})
+    return None if row is None else _policy_of(row)
+
+
+def _policy_of(row: Any) -> dict[str, Any]:
+    if row is None or row["revision"] is None:
         return dict(DEFAULT_POLICY)
     policy = dict(row)
     policy["human_review_required"] = bool(policy["human_review_required"])

@@ -25,7 +25,7 @@ from .authority import authority
 from .change import Change
 from .claims import claim_named
 from .decisions import open_decision
-from .engine import current_policy, stage_engine
+from .engine import policy_of_project, stage_engine
 from .problems import NotAttemptOwner, TaskNotClaimable
 from .records import (
     AGENT_REVISION_SELECT,
@@ -40,7 +40,7 @@ from .records import (
 )
 from .rows import AgentRevisionRow, AttemptRow, SubmissionRow, TaskRow
 from .settings import task_settings
-from .tables import agent_plugins, agent_revisions, agents, attempts, projects, submissions, tasks
+from .tables import agent_plugins, agent_revisions, agents, attempts, submissions, tasks
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -73,12 +73,10 @@ class SqlTaskQueue:
         return [submission_ref(SubmissionRow.of(r)) for r in rows]
 
     async def policy(self, conn: Transaction, project_id: str) -> Mapping[str, Any]:
-        pk = await conn.fetch_val(
-            sa.select(projects.c.id).where(projects.c.public_id == project_id)
-        )
-        if pk is None:
+        policy = await policy_of_project(conn, project_id)
+        if policy is None:
             raise LookupError(f"no project {project_id!r}")
-        return await current_policy(conn, pk)
+        return policy
 
     async def agent_revision(self, conn: Transaction, revision_id: str) -> AgentRevisionRef | None:
         row = await conn.fetch_one(
