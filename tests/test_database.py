@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 
 import pytest
 import sqlalchemy as sa
@@ -312,3 +313,73 @@ async def test_an_operation_failing_while_cancelled_reports_its_own_failure():
     task.cancel()
     with pytest.raises(RuntimeError, match="commit failed"):
         await task
+
+
+@pytest.mark.parametrize("start_here", [False, True])
+async def test_a_cancelled_caller_waits_for_the_operation_and_then_is_cancelled(start_here):
+    """Catches: an operation started in the caller's task (``start_here``)
+    being cut short by the caller's cancellation, or its result lost."""
+    from buildmax.database.base import uncancellable
+
+    started = asyncio.Event()
+    finished: list[str] = []
+    release = asyncio.get_running_loop().create_future()
+
+    async def operation() -> str:
+        started.set()
+        woken = await release  # waits: the rest runs in a task of its own
+        await asyncio.sleep(0)
+        finished.append(woken)
+        return woken
+
+    async def caller() -> str:
+        return await uncancellable(operation(), start_here=start_here)
+
+    task = asyncio.create_task(caller())
+    await started.wait()
+    task.cancel()
+    await asyncio.sleep(0.01)
+    assert not task.done()  # still waiting for the operation, not cancelled yet
+    release.set_result("committed")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished == ["committed"]
+
+
+async def test_an_operation_started_here_finishes_inline_and_keeps_its_context():
+    """Catches: a finished-at-once operation still costing a task, and
+    context set by an operation leaking into its caller."""
+    from buildmax.database.base import uncancellable
+
+    seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="caller")
+    tasks_before = len(asyncio.all_tasks())
+    tasks_during: list[int] = []
+
+    async def at_once() -> str:
+        tasks_during.append(len(asyncio.all_tasks()))
+        seen.set("operation")
+        return "done"
+
+    assert await uncancellable(at_once(), start_here=True) == "done"
+    assert tasks_during == [tasks_before]
+    assert seen.get() == "caller"
+
+
+async def test_an_operation_started_here_gets_the_failure_of_what_it_waits_on():
+    """Catches: an exception meant for the operation (a failed wait)
+    escaping it instead of being handed to it, as a task would."""
+    from buildmax.database.base import uncancellable
+
+    waited = asyncio.get_running_loop().create_future()
+
+    async def operation() -> str:
+        try:
+            await waited
+        except ConnectionError:
+            return "recovered"
+        return "not reached"
+
+    running = asyncio.create_task(uncancellable(operation(), start_here=True))
+    await asyncio.sleep(0)
+    waited.set_exception(ConnectionError("lost"))
+    assert await running == "recovered"

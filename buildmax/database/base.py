@@ -6,9 +6,17 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from buildmax_hookspecs import Row
 
@@ -43,15 +51,35 @@ class NestedTransactionError(RuntimeError):
     """A task opened a write transaction inside its own write transaction."""
 
 
-async def uncancellable(awaitable: Awaitable[T]) -> T:
+async def uncancellable(awaitable: Awaitable[T], *, start_here: bool = False) -> T:
     """Await ``awaitable`` to completion even if the caller is cancelled.
 
     A transaction's BEGIN, COMMIT and ROLLBACK must never be cut half-way
     (Hypercorn cancels a handler whose client disconnects). The operation's
     own failure always wins, so the caller can still roll back; otherwise a
     cancellation that arrived meanwhile is re-raised once it has finished.
+
+    With ``start_here`` a coroutine is started right here, in a copy of the
+    caller's context (as a task would run it): one that finishes without
+    waiting for anything (SQLite's BEGIN and COMMIT on the event loop's
+    connection) costs no task and no turn of the event loop; one that waits
+    is finished by a task of its own, which a cancellation of the caller
+    cannot reach. Only for a coroutine that does not tie anything to the
+    task running it before it first waits (``asyncio.timeout()`` would
+    cancel the caller): the engines' BEGIN, COMMIT and ROLLBACK.
     """
-    task = asyncio.ensure_future(awaitable)
+    task: asyncio.Future[T]
+    if start_here and asyncio.iscoroutine(awaitable):
+        context = contextvars.copy_context()
+        try:
+            waiting_on = context.run(awaitable.send, None)
+        except StopIteration as finished:
+            return cast(T, finished.value)
+        task = asyncio.get_running_loop().create_task(
+            _resumed(awaitable, waiting_on), context=context
+        )
+    else:
+        task = asyncio.ensure_future(awaitable)
     cancelled = False
     while not task.done():
         try:
@@ -64,6 +92,41 @@ async def uncancellable(awaitable: Awaitable[T]) -> T:
     if cancelled:
         raise asyncio.CancelledError()
     return result
+
+
+async def _resumed(coro: Coroutine[Any, Any, T], waiting_on: Any) -> T:
+    """The rest of ``coro``, started elsewhere, which yielded ``waiting_on``."""
+    return await _Resumed(coro, waiting_on)
+
+
+class _Resumed(Awaitable[T]):
+    """Drives a started coroutine on: yields what it waits on to the task
+    awaiting this, and sends (or throws) back what that task is woken with."""
+
+    __slots__ = ("_coro", "_waiting_on")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], waiting_on: Any) -> None:
+        self._coro = coro
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro, waiting_on = self._coro, self._waiting_on
+        while True:
+            try:
+                woken_with = yield waiting_on
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # handed to the coroutine, as a task would
+                try:
+                    waiting_on = coro.throw(exc)
+                except StopIteration as finished:
+                    return cast(T, finished.value)
+                continue
+            try:
+                waiting_on = coro.send(woken_with)
+            except StopIteration as finished:
+                return cast(T, finished.value)
 
 
 Params = Mapping[str, Any] | None
@@ -249,25 +312,25 @@ async def transaction(
     token = enter_write()
     try:
         try:
-            await uncancellable(begin())
+            await uncancellable(begin(), start_here=True)
         except asyncio.CancelledError:
-            await uncancellable(rollback())
+            await uncancellable(rollback(), start_here=True)
             raise
         try:
             yield tx
             await tx.run_before_commit()
         except BaseException:
-            await uncancellable(rollback())
+            await uncancellable(rollback(), start_here=True)
             raise
         try:
-            await uncancellable(commit())
+            await uncancellable(commit(), start_here=True)
             tx.committed = True
         except asyncio.CancelledError:
             # COMMIT finished (uncancellable); only the caller is gone.
             tx.committed = True
             raise
         except BaseException:
-            await uncancellable(rollback())
+            await uncancellable(rollback(), start_here=True)
             raise
     finally:
         tx.closed = True
