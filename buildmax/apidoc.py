@@ -178,7 +178,7 @@ async def _apply(doc: RouteDoc, path: dict[str, Any]) -> dict[str, Any]:
     given = dict(path)
     if not doc.auth:
         if doc.body is not None:
-            given["data"] = await load_body(doc.body())
+            given["data"] = await load_body(schema_of(doc.body))
         return given
     if doc.role is None:
         caller = given["caller"] = await authenticate(accept_scopes=doc.scopes)
@@ -194,8 +194,15 @@ async def _apply(doc: RouteDoc, path: dict[str, Any]) -> dict[str, Any]:
         assert doc.action is not None
         given["access"] = require_found(found, doc.role, caller, doc.action)
     if doc.body is not None:
-        given["data"] = await load_body(doc.body())
+        given["data"] = await load_body(schema_of(doc.body))
     return given
+
+
+@functools.cache
+def schema_of(declared: type[Schema]) -> Schema:
+    """The one instance of a declared schema: marshmallow's schemas keep
+    nothing between loads, and building one deep-copies every field."""
+    return declared()
 
 
 def query_args() -> dict[str, Any]:
@@ -204,7 +211,7 @@ def query_args() -> dict[str, Any]:
     doc = current_route_doc()
     if doc is None or doc.query is None:
         raise RuntimeError(f"{request.endpoint} declares no query schema")
-    return validate(doc.query(), dict(request.args))
+    return validate(schema_of(doc.query), dict(request.args))
 
 
 def header_args() -> dict[str, Any]:
@@ -213,7 +220,7 @@ def header_args() -> dict[str, Any]:
     doc = current_route_doc()
     if doc is None or doc.headers is None:
         raise RuntimeError(f"{request.endpoint} declares no header schema")
-    schema = doc.headers()
+    schema = schema_of(doc.headers)
     wanted = {field.data_key or name for name, field in schema.fields.items()}
     return validate(schema, {key: request.headers[key] for key in wanted if key in request.headers})
 

@@ -53,6 +53,15 @@ def keyed_insert(table: sa.Table) -> sa.Insert:
     )
 
 
+def bound_insert(table: sa.Table, *columns: str) -> sa.Insert:
+    """``INSERT`` of ``columns`` of ``table``, each value bound by the
+    column's own name. Built once (at import), it is compiled once; an
+    insert built per call pays for its construction and cache key each time."""
+    return table.insert().values(
+        {name: sa.bindparam(name, type_=table.c[name].type) for name in columns}
+    )
+
+
 def one_of(column: str, values: tuple[str, ...]) -> str:
     """A CHECK condition: ``column`` holds one of ``values`` (``state IN ('a', 'b')``)."""
     return f"{column} IN ({', '.join(repr(v) for v in values)})"

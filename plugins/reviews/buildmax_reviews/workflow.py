@@ -27,6 +27,7 @@ from buildmax_hookspecs import (
 
 from buildmax.ids import new_id
 from buildmax.spaces import space_pk
+from buildmax.tables import bound_insert
 
 from .candidates import IntegrationIn, ReviewIn, parse
 from .problems import HumanReviewRefused, NotIndependent, ReviewStale
@@ -57,6 +58,24 @@ INTEGRATE = StageSpec(
 )
 STAGES = (REVIEW, INTEGRATE)
 KIND_OF_STAGE = {REVIEW.name: "review", INTEGRATE.name: "integration"}
+
+
+_INSERT_ACTIVITY = bound_insert(
+    activities,
+    "space_id",
+    "kind",
+    "subject_task_id",
+    "submission_id",
+    "work_task_id",
+    "slot",
+    "human_only",
+    "task_revision",
+    "criteria_sha256",
+    "target",
+    "decision_id",
+    "created_at",
+).returning(activities.c.id)
+_INSERT_WAITING = bound_insert(waiting, "activity_id", "space_id", "created_at")
 
 
 async def stage_entered(
@@ -97,26 +116,25 @@ async def stage_entered(
                 actor=SYSTEM_ACTOR,
             )
         activity_pk = await tx.fetch_val(
-            activities.insert()
-            .values(
-                space_id=pk,
-                kind=kind,
-                subject_task_id=subject.id,
-                submission_id=submission_id,
-                work_task_id=item.id,
-                slot=item.slot or 0,
-                human_only=int(item.human_only),
-                task_revision=submission.task_revision,
-                criteria_sha256=subject.criteria_sha256,
-                target=target,
-                decision_id=decision_id,
-                created_at=now,
-            )
-            .returning(activities.c.id)
+            _INSERT_ACTIVITY,
+            {
+                "space_id": pk,
+                "kind": kind,
+                "subject_task_id": subject.id,
+                "submission_id": submission_id,
+                "work_task_id": item.id,
+                "slot": item.slot or 0,
+                "human_only": int(item.human_only),
+                "task_revision": submission.task_revision,
+                "criteria_sha256": subject.criteria_sha256,
+                "target": target,
+                "decision_id": decision_id,
+                "created_at": now,
+            },
         )
         if kind == "review":
             await tx.execute(
-                waiting.insert().values(activity_id=activity_pk, space_id=pk, created_at=now)
+                _INSERT_WAITING, {"activity_id": activity_pk, "space_id": pk, "created_at": now}
             )
 
 

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import StageSpec, Verdict
 
 from buildmax.ids import new_id
+from buildmax.tables import bound_insert
 
 from .change import Change
 from .lifecycle import TERMINAL, cancel_linked_work, complete, finish, reopen, set_task
@@ -293,6 +294,33 @@ async def _loaded(ch: Change, public_ids: list[str]) -> list[TaskRow]:
     return rows
 
 
+_INSERT_WORK = bound_insert(
+    tasks,
+    "public_id",
+    "space_id",
+    "project_id",
+    "kind",
+    "title",
+    "priority",
+    "labels",
+    "resources",
+    "state",
+    "stage",
+    "subject_task_id",
+    "subject_submission_id",
+    "slot",
+    "human_only",
+    "max_attempts",
+    "ready_at",
+    "created_at",
+    "created_by",
+    "updated_at",
+).returning(tasks.c.id)
+_INSERT_WORK_REVISION = bound_insert(
+    task_revisions, "task_id", "number", "title", "body", "criteria", "created_at", "created_by"
+)
+
+
 async def _create_linked_work(
     ch: Change,
     subject: TaskRow,
@@ -309,40 +337,40 @@ async def _create_linked_work(
         public_id = new_id("ta")
         title = f"{spec.name} {slot + 1}/{slots}: {subject.title}"[:500]
         pk = await ch.tx.fetch_val(
-            tasks.insert()
-            .values(
-                public_id=public_id,
-                space_id=subject.space_pk,
-                project_id=subject.project_pk,
-                kind=spec.work_kind,
-                title=title,
-                priority=subject.priority,
-                labels="[]",
-                resources=json.dumps(resources),
-                state="ready",
-                stage=spec.name,
-                subject_task_id=subject.pk,
-                subject_submission_id=submission_pk,
-                slot=slot,
-                human_only=int(human_first and slot == 0),
-                max_attempts=subject.max_attempts,
-                ready_at=ch.now,
-                created_at=ch.now,
-                created_by=None,
-                updated_at=ch.now,
-            )
-            .returning(tasks.c.id)
+            _INSERT_WORK,
+            {
+                "public_id": public_id,
+                "space_id": subject.space_pk,
+                "project_id": subject.project_pk,
+                "kind": spec.work_kind,
+                "title": title,
+                "priority": subject.priority,
+                "labels": "[]",
+                "resources": json.dumps(resources),
+                "state": "ready",
+                "stage": spec.name,
+                "subject_task_id": subject.pk,
+                "subject_submission_id": submission_pk,
+                "slot": slot,
+                "human_only": int(human_first and slot == 0),
+                "max_attempts": subject.max_attempts,
+                "ready_at": ch.now,
+                "created_at": ch.now,
+                "created_by": None,
+                "updated_at": ch.now,
+            },
         )
         await ch.tx.execute(
-            task_revisions.insert().values(
-                task_id=pk,
-                number=1,
-                title=title,
-                body=spec.description,
-                criteria="",
-                created_at=ch.now,
-                created_by=None,
-            )
+            _INSERT_WORK_REVISION,
+            {
+                "task_id": pk,
+                "number": 1,
+                "title": title,
+                "body": spec.description,
+                "criteria": "",
+                "created_at": ch.now,
+                "created_by": None,
+            },
         )
         await ch.event("task.created", task_id=public_id, stage=spec.name, slot=slot)
         created.append(public_id)

@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
 
+_CHECKPOINT_OUT = CheckpointOut()
+
 
 def _claim_body(claim: Claim | None, skipped: int, engine: StageEngine) -> dict[str, Any]:
     """A claim's answer: the task, the attempt and its run token (or no task)."""
@@ -244,7 +246,7 @@ async def checkpoint(
         made = await ops.checkpoint(ch, row, data["data"])
         return Reply(
             201,
-            CheckpointOut().dump(
+            _CHECKPOINT_OUT.dump(
                 {"attempt_id": row.id, "number": made["number"], "created_at": ch.now}
             ),
         )
