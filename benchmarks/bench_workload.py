@@ -285,8 +285,9 @@ class Recorder:
         if self.inside(t):
             self.ticks += 1
 
-    def sent(self, t: float) -> None:
-        if self.inside(t):
+    def sent(self, op: str, t: float) -> None:
+        """A scheduled request leaves now (the burst's are not scheduled)."""
+        if self.inside(t) and op in ORDINARY:
             delay = time.perf_counter() - t
             self.worst_delay = max(self.worst_delay, delay)
             if delay > LATE_S:
@@ -341,7 +342,7 @@ class Traffic:
         data: bytes | None,
         expect: tuple[int, ...],
     ) -> Answer:
-        self.recorder.sent(t)
+        self.recorder.sent(op, t)
         answer = await exchange(conn, method, path, token, data, self.limit_s)
         answer.ok = answer.status in expect
         self.recorder.record(op, t, answer)
@@ -1161,7 +1162,8 @@ def consistency(counts: dict[str, Any], active: dict[str, str], ledger: Ledger) 
     said, an attempt no client knows of, a held attempt since ended. Fewer
     rows than answered, an attempt held by someone else than the clients
     know, a claimed task without its active attempt are not."""
-    explained, unexplained = [], []
+    explained: list[str] = []
+    unexplained: list[str] = []
     told = {
         "attempts": ledger.claims,
         "submissions": ledger.submissions,
@@ -1461,9 +1463,13 @@ def worst_p95(rec: Recorder, keep: Callable[[float], bool]) -> dict[str, Any]:
 def during(rec: Recorder, specials: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ordinary operations' worst p95 while each special ran, and outside them all."""
     spans = {name: (r["_start"], r["_end"]) for name, r in specials.items() if "_start" in r}
-    out = {name: worst_p95(rec, lambda t, a=a, b=b: a <= t <= b) for name, (a, b) in spans.items()}
-    out["outside"] = worst_p95(rec, lambda t: not any(a <= t <= b for a, b in spans.values()))
+    out = {name: worst_p95(rec, within(*span)) for name, span in spans.items()}
+    out["outside"] = worst_p95(rec, lambda t: not any(within(*span)(t) for span in spans.values()))
     return out
+
+
+def within(start: float, end: float) -> Callable[[float], bool]:
+    return lambda t: start <= t <= end
 
 
 def soak_summary(series: list[dict[str, Any]], rec: Recorder, w0: float) -> dict[str, Any]:
@@ -1521,9 +1527,10 @@ def planned_factors(opts: argparse.Namespace) -> list[float]:
 
 
 def ready_needed(opts: argparse.Namespace) -> int:
-    """Enough ready tasks that the planned run cannot drain the queue: every
-    window's writes could be claims (READY_MARGIN x a ninth of them), at least MIN_READY."""
-    seconds = opts.warmup + (opts.soak or opts.duration)
+    """Enough ready tasks that the planned run cannot drain the queue:
+    READY_MARGIN times the code claims of its work loops (a ninth of the
+    writes), at least MIN_READY."""
+    seconds: float = opts.warmup + (opts.soak or opts.duration)
     writes = sum(planned_factors(opts)) * WRITES_PER_UNIT * seconds
     return max(MIN_READY, math.ceil(READY_MARGIN * writes / len(WRITE_OPS)))
 
