@@ -16,6 +16,7 @@ from buildmax_hookspecs import (
     Transaction,
     hookimpl,
 )
+from sqlalchemy.schema import CreateIndex
 
 from buildmax.background import start_background, stop_background
 from buildmax.migrations import create_tables
@@ -26,7 +27,7 @@ from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
 from .settings import task_settings
-from .tables import TABLES, TABLES_2
+from .tables import TABLES, TABLES_2, TASKS_BY_SPACE
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -45,7 +46,13 @@ def buildmax_migrations() -> list[Migration]:
             create_tables(*TABLES),
         ),
         Migration("tasks", 2, "the artifacts a submission names", create_tables(*TABLES_2)),
+        Migration("tasks", 3, "a space's tasks newest first", _index_tasks_by_space),
     ]
+
+
+async def _index_tasks_by_space(tx: Transaction) -> None:
+    # A database created at version 1 since the index was declared has it.
+    await tx.execute(CreateIndex(TASKS_BY_SPACE, if_not_exists=True))
 
 
 @hookimpl

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import AgentRevisionRef, AttemptRef, SubmissionRef, TaskRef, Transaction
 
+from buildmax.pagination import older_than
 from buildmax.problems import NotFound, ValidationFailed
 from buildmax.tables import keyed, principals, spaces
 
@@ -71,6 +73,21 @@ TASK_SELECT = sa.select(
     .outerjoin(_current_attempt, _current_attempt.c.id == tasks.c.current_attempt_id)
     .outerjoin(_current_submission, _current_submission.c.id == tasks.c.current_submission_id)
 )
+
+
+def task_list_statement(
+    space_pk: int, conditions: Sequence[Any], limit: int, after: str | None
+) -> Any:
+    """A page of the space's tasks matching ``conditions``, newest first
+    (``after``: the public id of the last task of the page before), read
+    from the index ``task_tasks_space`` (or the state's or the project's)
+    without sorting the space's history."""
+    query = (
+        TASK_SELECT.where(tasks.c.space_id == space_pk, *conditions)
+        .order_by(tasks.c.id.desc())
+        .limit(limit)
+    )
+    return query if after is None else query.where(older_than(tasks, after))
 
 
 def _task_lookup(key: Any, *, in_space: bool, for_update: bool) -> Any:

@@ -152,6 +152,8 @@ sa.Index(
 )
 sa.Index("task_tasks_project", tasks.c.project_id, tasks.c.id)
 sa.Index("task_tasks_space_state", tasks.c.space_id, tasks.c.state, tasks.c.id)
+#: A space's tasks newest first (the task list) without sorting them all.
+TASKS_BY_SPACE = sa.Index("task_tasks_space", tasks.c.space_id, tasks.c.id)
 _LINKED = sa.text("subject_submission_id IS NOT NULL")
 #: Stage work is created exactly once per submission, stage and slot.
 sa.Index(

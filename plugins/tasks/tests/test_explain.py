@@ -21,18 +21,22 @@ from typing import Any
 
 import sqlalchemy as sa
 from buildmax_tasks.claims import ClaimFilters, ready_params, ready_statement
-from buildmax_tasks.tables import projects, tasks
+from buildmax_tasks.records import task_list_statement
+from buildmax_tasks.tables import projects, task_revisions, tasks
 from sqlalchemy.dialects import postgresql, sqlite
 
 from buildmax.ids import new_id
+from buildmax.migrations import migrate
+from buildmax.tables import schema_migrations
 
 HISTORY = 20_000
 READY = 2_000
 
 
 async def seed(work: Any) -> int:
-    """20,000 done tasks and a few ready ones in the work space (bulk SQL),
-    a few ready ones in another project; the tables analysed. The project's key."""
+    """20,000 done tasks and a few ready ones in the work space, each with its
+    first revision (bulk SQL), a few ready ones in another project; the
+    tables analysed. The project's key."""
     now = work.app.clock.now_ms()
     async with work.app.db.write() as tx:
         project_pk = await tx.fetch_val(
@@ -62,6 +66,20 @@ async def seed(work: Any) -> int:
                         [row(i, state) for i in range(start, min(start + 1000, count))]
                     )
                 )
+        # Each task's first revision, as every task has one.
+        await tx.execute(
+            task_revisions.insert().from_select(
+                ["task_id", "number", "title", "body", "criteria", "created_at"],
+                sa.select(
+                    tasks.c.id,
+                    tasks.c.revision,
+                    tasks.c.title,
+                    sa.literal(""),
+                    sa.literal(""),
+                    tasks.c.created_at,
+                ).where(tasks.c.space_id == work.space.pk, tasks.c.title.like("task %")),
+            )
+        )
         if tx.dialect == "sqlite":
             await tx.execute(sa.text("ANALYZE"))
     if work.app.db.dialect == "postgresql":
@@ -190,3 +208,38 @@ async def test_the_queries_as_sent_with_parameters_use_the_ready_index(work):
             raw = json.loads(raw) if isinstance(raw, str) else raw
             plan = [describe(node) for node in pg_nodes(raw[0]["Plan"])]
         assert_served_by_the_ready_index(dialect, name + " (parameters)", plan)
+
+
+async def test_the_task_list_reads_newest_first_from_an_index(work):
+    """The task list (``GET /tasks``, unfiltered and by state) is served by
+    an index in its order: no sort of the space's history, which took about
+    100 ms at 100,000 tasks and failed the read's 250 ms bound under load."""
+    await seed(work)
+    dialect = work.app.db.dialect
+    for name, conditions in (("all", []), ("done", [tasks.c.state == "done"])):
+        query = task_list_statement(work.space.pk, conditions, 21, None)
+        plan = await plan_of(work, literal_sql(query, dialect))
+        print(f"\n{dialect} task list ({name}):\n  " + "\n  ".join(plan))
+        if dialect == "sqlite":
+            assert not any("TEMP B-TREE" in line for line in plan), plan
+            assert any("USING INDEX task_tasks_space" in line for line in plan), plan
+        else:
+            assert not any(line.startswith("Sort") for line in plan), plan
+
+
+async def test_migration_3_indexes_a_database_made_before_it(work):
+    """A database migrated before the index existed gets it from migration 3;
+    the list then reads from it again."""
+    app = work.app
+    async with app.db.write() as tx:
+        await tx.execute(sa.text("DROP INDEX task_tasks_space"))
+        await tx.execute(
+            sa.delete(schema_migrations).where(
+                schema_migrations.c.plugin == "tasks", schema_migrations.c.version == 3
+            )
+        )
+    applied = await migrate(app.db, app.migrations(), app.clock)
+    assert [(m.plugin, m.version) for m in applied] == [("tasks", 3)]
+    query = task_list_statement(work.space.pk, [], 21, None)
+    plan = await plan_of(work, literal_sql(query, app.db.dialect))
+    assert any("task_tasks_space" in line for line in plan), plan

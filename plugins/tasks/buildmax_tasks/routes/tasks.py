@@ -16,7 +16,7 @@ from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
-from buildmax.pagination import older_than, page_body, page_request
+from buildmax.pagination import page_body, page_request
 from buildmax.problems import (
     BadCursor,
     TokenScopeRefused,
@@ -30,7 +30,7 @@ from ..graph import (
     dependent_ids_query,
     prerequisite_ids_query,
 )
-from ..records import TASK_SELECT, agent_pk, find_project, task_or_404
+from ..records import TASK_SELECT, agent_pk, find_project, task_list_statement, task_or_404
 from ..rows import TaskRow
 from ..schemas import (
     DependenciesOut,
@@ -135,6 +135,10 @@ def _list_conditions(filters: ClaimFilters) -> list[Any]:
     return conditions
 
 
+#: Task list filters no index serves in the list's order.
+_SCANNING_FILTERS = ("q", "label", "kind", "agent")
+
+
 @blueprint.get("/v1/spaces/<space>/tasks")
 @api(
     "List and search tasks (viewers)",
@@ -148,15 +152,14 @@ async def list_tasks(access: SpaceAccess) -> Response:
     (title contains); newest first."""
     app = current_buildmax()
     page = page_request()
-    async with app.db.read() as conn:
+    # The space's, a state's and a project's tasks are read newest first
+    # from an index; any other filter may scan the space's whole history,
+    # which is no read for the event loop.
+    scanning = any(request.args.get(name) is not None for name in _SCANNING_FILTERS)
+    async with app.db.read(background=scanning) as conn:
         conditions = _list_conditions(await _queue_filters(conn, access))
-        query = (
-            TASK_SELECT.where(tasks.c.space_id == access.pk, *conditions)
-            .order_by(tasks.c.id.desc())
-            .limit(page.limit + 1)
-        )
-        if page.after is not None:
-            query = query.where(older_than(tasks, page.after[0]))
+        after = page.after[0] if page.after is not None else None
+        query = task_list_statement(access.pk, conditions, page.limit + 1, after)
         rows = [TaskRow.of(r) for r in await conn.fetch_all(query)]
         items = await render_tasks(
             conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
