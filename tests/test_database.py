@@ -383,3 +383,22 @@ async def test_an_operation_started_here_gets_the_failure_of_what_it_waits_on():
     await asyncio.sleep(0)
     waited.set_exception(ConnectionError("lost"))
     assert await running == "recovered"
+
+
+async def test_a_write_transaction_lets_others_run_after_begin_and_before_commit(counter_db):
+    """Catches: a write transaction holding the event loop from BEGIN to
+    COMMIT (on SQLite its statements never wait), so that a read or an
+    answer ready meanwhile waits for the whole transaction."""
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+
+    async def writer() -> None:
+        async with counter_db.write() as tx:
+            order.append("body")
+            loop.call_soon(lambda: order.append(f"other, committed={tx.committed}"))
+
+    async def reader() -> None:
+        order.append("read")
+
+    await asyncio.gather(writer(), reader())
+    assert order == ["read", "body", "other, committed=False"]
