@@ -76,17 +76,25 @@ TASK_SELECT = sa.select(
 
 
 def task_list_statement(
-    space_pk: int, conditions: Sequence[Any], limit: int, after: str | None
+    space_pk: int,
+    conditions: Sequence[Any],
+    limit: int,
+    after: str | None,
+    *,
+    project_pk: int | None = None,
 ) -> Any:
     """A page of the space's tasks matching ``conditions``, newest first
     (``after``: the public id of the last task of the page before), read
-    from the index ``task_tasks_space`` (or the state's or the project's)
-    without sorting the space's history."""
-    query = (
-        TASK_SELECT.where(tasks.c.space_id == space_pk, *conditions)
-        .order_by(tasks.c.id.desc())
-        .limit(limit)
-    )
+    from an index in that order without sorting the space's history:
+    ``task_tasks_space`` (or the state's), or with ``project_pk`` the
+    project's. A project's tasks are kept to the space by the project's own
+    space, not the task's, so that no engine walks the whole space (SQLite,
+    which keeps no statistics, did) to find a small project's tasks."""
+    if project_pk is None:
+        where = [tasks.c.space_id == space_pk]
+    else:
+        where = [tasks.c.project_id == project_pk, projects.c.space_id == space_pk]
+    query = TASK_SELECT.where(*where, *conditions).order_by(tasks.c.id.desc()).limit(limit)
     return query if after is None else query.where(older_than(tasks, after))
 
 

@@ -16,7 +16,9 @@ the query's three ``NOT IN`` hold and decision filters to drop half of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from typing import Any
 
 import sqlalchemy as sa
@@ -223,6 +225,38 @@ async def test_the_task_list_reads_newest_first_from_an_index(work):
         if dialect == "sqlite":
             assert not any("TEMP B-TREE" in line for line in plan), plan
             assert any("USING INDEX task_tasks_space" in line for line in plan), plan
+        else:
+            assert not any(line.startswith("Sort") for line in plan), plan
+
+
+async def test_the_task_list_of_one_project_reads_the_project_index(work):
+    """A project's page is read from ``task_tasks_project``, never by walking
+    the whole space newest first (SQLite, unanalysed, preferred
+    ``task_tasks_space``: a small project of a big space was a scan of every
+    task)."""
+    await seed(work)
+    dialect = work.app.db.dialect
+    async with work.app.db.read() as conn:
+        project_pk = await conn.fetch_val(
+            sa.select(projects.c.id).where(projects.c.space_id == work.space.pk)
+        )
+    if dialect == "sqlite":
+        # As the server leaves it: never analysed (a fresh connection reads the plan).
+        async with work.app.db.write() as tx:
+            await tx.execute(sa.text("DROP TABLE IF EXISTS sqlite_stat1"))
+    for after in (None, "ta_x"):
+        query = task_list_statement(work.space.pk, [], 21, after, project_pk=project_pk)
+        if dialect == "sqlite":
+            with contextlib.closing(sqlite3.connect(work.app.db.path)) as fresh:
+                sql = "EXPLAIN QUERY PLAN " + literal_sql(query, dialect)
+                plan = [row[3] for row in fresh.execute(sql)]
+        else:
+            plan = await plan_of(work, literal_sql(query, dialect))
+        print(f"\n{dialect} task list (project, after={after}):\n  " + "\n  ".join(plan))
+        if dialect == "sqlite":
+            on_tasks = [line for line in plan if "task_tasks " in line + " "]
+            assert any("task_tasks_project" in line for line in on_tasks), plan
+            assert not any("TEMP B-TREE" in line for line in plan), plan
         else:
             assert not any(line.startswith("Sort") for line in plan), plan
 

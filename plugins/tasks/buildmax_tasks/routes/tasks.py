@@ -113,9 +113,8 @@ async def _queue_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters
 
 
 def _list_conditions(filters: ClaimFilters) -> list[Any]:
+    """The list's conditions but the project's (:func:`task_list_statement` takes that)."""
     conditions: list[Any] = []
-    if filters.project_pk is not None:
-        conditions.append(tasks.c.project_id == filters.project_pk)
     if filters.kind is not None:
         conditions.append(tasks.c.kind == filters.kind)
     if filters.label is not None:
@@ -157,9 +156,15 @@ async def list_tasks(access: SpaceAccess) -> Response:
     # which is no read for the event loop.
     scanning = any(request.args.get(name) is not None for name in _SCANNING_FILTERS)
     async with app.db.read(background=scanning) as conn:
-        conditions = _list_conditions(await _queue_filters(conn, access))
+        filters = await _queue_filters(conn, access)
         after = page.after[0] if page.after is not None else None
-        query = task_list_statement(access.pk, conditions, page.limit + 1, after)
+        query = task_list_statement(
+            access.pk,
+            _list_conditions(filters),
+            page.limit + 1,
+            after,
+            project_pk=filters.project_pk,
+        )
         rows = [TaskRow.of(r) for r in await conn.fetch_all(query)]
         items = await render_tasks(
             conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
