@@ -402,3 +402,99 @@ async def test_a_write_transaction_lets_others_run_after_begin_and_before_commit
 
     await asyncio.gather(writer(), reader())
     assert order == ["read", "body", "other, committed=False"]
+
+
+async def test_an_operation_started_here_keeps_its_context_across_its_wait():
+    """Catches: the task that finishes an operation started inline running in
+    another context than its start (what it set before waiting is lost)."""
+    from buildmax.database.base import uncancellable
+
+    seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="caller")
+    waited = asyncio.get_running_loop().create_future()
+
+    async def operation() -> str:
+        seen.set("operation")
+        await waited
+        return seen.get()
+
+    running = asyncio.create_task(uncancellable(operation(), start_here=True))
+    await asyncio.sleep(0)
+    waited.set_result(None)
+    assert await running == "operation"
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize("fail_begin", [False, True])
+async def test_a_begin_that_ends_after_its_caller_was_cancelled_is_rolled_back(fail_begin):
+    """Catches: a transaction whose caller was cancelled while BEGIN ran
+    (waiting for SQLite's lock held by another process, or for PostgreSQL's
+    answer) left open on its connection, which every later write on it
+    would then find in a transaction; and a body run after all."""
+    from buildmax.database.base import Tx, transaction
+
+    calls: list[str] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def begin() -> None:
+        started.set()
+        await release.wait()
+        calls.append("BEGIN")
+        if fail_begin:
+            raise RuntimeError("begin failed")
+
+    async def commit() -> None:
+        calls.append("COMMIT")
+
+    async def rollback() -> None:
+        calls.append("ROLLBACK")
+
+    async def writer() -> None:
+        async with transaction(begin, commit, rollback, Tx("sqlite", object())):  # type: ignore[arg-type]
+            calls.append("body")
+
+    task = asyncio.create_task(writer())
+    await started.wait()
+    task.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(RuntimeError if fail_begin else asyncio.CancelledError):
+        await task
+    assert calls == (["BEGIN"] if fail_begin else ["BEGIN", "ROLLBACK"])
+
+
+@pytest.mark.engine_independent
+async def test_a_commit_runs_to_its_end_when_its_caller_is_cancelled():
+    """Catches: COMMIT cut short by a cancellation (a client gone while
+    PostgreSQL answers it), which leaves the caller not knowing whether its
+    change was made and the connection mid-protocol."""
+    from buildmax.database.base import Tx, transaction
+
+    calls: list[str] = []
+    committing, release = asyncio.Event(), asyncio.Event()
+    tx = Tx("postgresql", object())  # type: ignore[arg-type]
+
+    async def begin() -> None:
+        calls.append("BEGIN")
+
+    async def commit() -> None:
+        committing.set()
+        await release.wait()
+        calls.append("COMMIT")
+
+    async def rollback() -> None:
+        calls.append("ROLLBACK")
+
+    async def writer() -> None:
+        async with transaction(begin, commit, rollback, tx):
+            calls.append("body")
+
+    task = asyncio.create_task(writer())
+    await committing.wait()
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not task.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert calls == ["BEGIN", "body", "COMMIT"]
+    assert tx.committed

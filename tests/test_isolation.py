@@ -168,6 +168,19 @@ async def test_an_admin_acts_in_any_space_and_is_audited_as_an_override(
     assert (event.action, event.admin_override, event.actor_id) == ("space.updated", True, admin.id)
 
 
+async def test_an_admin_or_operator_asking_for_a_space_that_does_not_exist_gets_404(
+    client, admin, make_principal
+):
+    """Catches: the space read with the token (one statement) taken for a
+    space when no space matched, which an admin's override would then let in."""
+    operator = await make_principal("human", system_role="operator")
+    for who in (admin, operator):
+        for path in ("/v1/spaces/sp_doesnotexist", "/v1/spaces/no-such-slug/tasks"):
+            answer = await client.get(path, headers=who.headers)
+            assert answer.status_code == 404, (path, answer.status_code)
+            assert (await answer.get_json())["type"].endswith(":not-found")
+
+
 async def test_an_operator_reads_any_space_but_cannot_write(client, make_principal, make_space):
     owner = await make_principal("human")
     operator = await make_principal("human", system_role="operator")

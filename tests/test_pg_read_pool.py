@@ -62,3 +62,22 @@ async def test_a_read_answers_while_writers_hold_every_write_connection(
         release.set()
         await asyncio.gather(*holders)
     assert await asyncio.wait_for(waiting_write, 10) == 1
+
+
+async def test_a_long_read_and_a_backup_snapshot_leave_the_short_reads_alone(
+    app: Any,
+    client: Any,
+    make_principal: Callable[..., Awaitable[PrincipalHandle]],
+    make_space: Callable[..., Awaitable[SpaceHandle]],
+) -> None:
+    """Catches: a long read (``background=True``) or the backup's snapshot
+    taking the one connection kept for short reads."""
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    async with app.db.read(background=True) as long_read, app.db.snapshot() as snap:
+        assert await long_read.fetch_val(sa.text("SELECT 1")) == 1
+        assert await snap.conn.fetch_val(sa.text("SELECT 1")) == 1
+        answer = await asyncio.wait_for(
+            call(client, "GET", f"/v1/spaces/{space.id}", owner, expect=200), 10
+        )
+    assert answer["id"] == space.id

@@ -27,7 +27,7 @@ from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
 from .settings import task_settings
-from .tables import TABLES, TABLES_2, TASKS_BY_SPACE
+from .tables import TABLES, TABLES_2, TASKS_BY_PROJECT_STATE, TASKS_BY_SPACE
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -46,13 +46,14 @@ def buildmax_migrations() -> list[Migration]:
             create_tables(*TABLES),
         ),
         Migration("tasks", 2, "the artifacts a submission names", create_tables(*TABLES_2)),
-        Migration("tasks", 3, "a space's tasks newest first", _index_tasks_by_space),
+        Migration("tasks", 3, "the task list's indexes", _index_task_lists),
     ]
 
 
-async def _index_tasks_by_space(tx: Transaction) -> None:
-    # A database created at version 1 since the index was declared has it.
-    await tx.execute(CreateIndex(TASKS_BY_SPACE, if_not_exists=True))
+async def _index_task_lists(tx: Transaction) -> None:
+    # A database created at version 1 since they were declared has them.
+    for index in (TASKS_BY_SPACE, TASKS_BY_PROJECT_STATE):
+        await tx.execute(CreateIndex(index, if_not_exists=True))
 
 
 @hookimpl

@@ -87,9 +87,10 @@ def task_list_statement(
     (``after``: the public id of the last task of the page before), read
     from an index in that order without sorting the space's history:
     ``task_tasks_space`` (or the state's), or with ``project_pk`` the
-    project's. A project's tasks are kept to the space by the project's own
-    space, not the task's, so that no engine walks the whole space (SQLite,
-    which keeps no statistics, did) to find a small project's tasks."""
+    project's (or the project's in a state). A project's tasks are kept to
+    the space by the project's own space, not the task's, so that no engine
+    walks the whole space (SQLite, which keeps no statistics, did) to find
+    a small project's tasks."""
     if project_pk is None:
         where = [tasks.c.space_id == space_pk]
     else:

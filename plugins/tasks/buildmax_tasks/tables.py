@@ -152,8 +152,12 @@ sa.Index(
 )
 sa.Index("task_tasks_project", tasks.c.project_id, tasks.c.id)
 sa.Index("task_tasks_space_state", tasks.c.space_id, tasks.c.state, tasks.c.id)
-#: A space's tasks newest first (the task list) without sorting them all.
+#: A space's tasks newest first (the task list) without sorting them all,
+#: and a project's in one state (the task list by project and state).
 TASKS_BY_SPACE = sa.Index("task_tasks_space", tasks.c.space_id, tasks.c.id)
+TASKS_BY_PROJECT_STATE = sa.Index(
+    "task_tasks_project_state", tasks.c.project_id, tasks.c.state, tasks.c.id
+)
 _LINKED = sa.text("subject_submission_id IS NOT NULL")
 #: Stage work is created exactly once per submission, stage and slot.
 sa.Index(

@@ -798,3 +798,19 @@ async def test_a_stage_plugin_hears_of_the_work_it_gets_and_can_refuse_it(
     after = await work.snapshot()
     assert after == before
     assert len(stage_plugin.entered) == 1
+
+
+async def test_the_queue_answers_a_projects_policy_by_its_public_id(work):
+    """The policy the seam hands other plugins: the defaults before any
+    revision, the latest revision after one, LookupError for no project."""
+    queue = work.app.services.get(TaskQueue)
+    project = await work.call("GET", "/projects/main", work.viewer, expect=200)
+    async with work.app.db.read() as conn:
+        before = dict(await queue.policy(conn, project["id"]))
+    assert (before["revision"], before["approvals_required"]) == (0, 1)
+    await work.call("POST", "/projects/main/policy", json={"approvals_required": 2}, expect=201)
+    async with work.app.db.read() as conn:
+        after = dict(await queue.policy(conn, project["id"]))
+        with pytest.raises(LookupError):
+            await queue.policy(conn, "pj_nosuchproject")
+    assert (after["revision"], after["approvals_required"]) == (1, 2)
