@@ -20,10 +20,13 @@ row (number 1 = ``tasks.revision``). No attempt rows are seeded for history.
 The agents are principals of kind ``agent``, members of the space, each with
 its own API token and one keep-alive HTTP/1.1 connection (a small asyncio
 client on uvloop in this process, so the load generator stays cheap; its CPU
-is measured and printed). Each loops: ``POST /v1/spaces/{s}/claims {}`` with
-its token; then with the attempt token from the answer ``POST .../attempts/
-{id}/renew {generation}`` and ``POST .../attempts/{id}/submit {generation,
-summary}``. A probe reads ``GET /v1/spaces/{s}/ready?limit=20`` every 0.1 s
+is measured and printed). Each loops: ``POST /v1/spaces/{s}/claims
+{"kind": "code"}`` with its token (every submission makes a review work item,
+which inherits its subject's priority: a claim of any kind would reach the
+priority-2 reviews after the seeded priority-2 tasks, and a review needs a
+decision this loop does not send); then with the attempt token from the
+answer ``POST .../attempts/{id}/renew {generation}`` and ``POST .../attempts/
+{id}/submit {generation, summary}``. A probe reads ``GET /v1/spaces/{s}/ready?limit=20`` every 0.1 s
 during the run, and ``--probe-alone`` times sequentially with no other load.
 
 On SQLite a write ceiling is measured in the same run (``ceiling_write_app.py``:
@@ -76,6 +79,8 @@ from bench_read import (
 )
 
 HERE = Path(__file__).resolve().parent
+#: What the agents claim: code work (the loop cannot hand in a review).
+CLAIM_BODY = {"kind": "code"}
 CEILING_WRITE_APP = HERE / "ceiling_write_app.py"
 PQ_WORKERS = HERE / "pq_workers.py"
 SERVE_CENSUS = HERE / "serve_census.py"
@@ -282,7 +287,7 @@ class Load:
             while not self.stop:
                 start = time.perf_counter()
                 status, answer = await self._call(
-                    conn, "claim", "POST", f"{base}/claims", agent.token, {}
+                    conn, "claim", "POST", f"{base}/claims", agent.token, CLAIM_BODY
                 )
                 if status == 200:  # nothing claimable: count it, do not spin
                     if self._in_window(time.perf_counter()):
@@ -654,7 +659,7 @@ async def sequential_agent(port: int, setup: Setup, cycles: int) -> dict[str, An
 
     try:
         for _ in range(cycles):
-            status, answer = await timed("claim", "POST", f"{base}/claims", token, {})
+            status, answer = await timed("claim", "POST", f"{base}/claims", token, CLAIM_BODY)
             if status != 201:
                 raise BenchError(f"census claim answered {status}: {answer}")
             attempt, secret = answer["attempt"], answer["token"]
