@@ -248,12 +248,14 @@ class PullingHTTPConnection(ASGIHTTPConnection):
             await body.prefetch()
         except ClientGone:
             return
-        finished = asyncio.ensure_future(body.finished.wait())
-        gone = asyncio.ensure_future(body.disconnected.wait())
-        try:
-            await asyncio.wait([finished, gone], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel_tasks({finished, gone})
+        if not (body.finished.is_set() or body.disconnected.is_set()):
+            # A body still coming (most are read whole by the prefetch).
+            finished = asyncio.ensure_future(body.finished.wait())
+            gone = asyncio.ensure_future(body.disconnected.wait())
+            try:
+                await asyncio.wait([finished, gone], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await cancel_tasks({finished, gone})
         if body.disconnected.is_set():
             return
         while True:
