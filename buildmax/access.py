@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import ResourceRef, Transaction
 
-from .auth import Caller, authenticate, authenticate_reading
+from .auth import Caller, authenticate_reading
 from .current import current_buildmax
 from .problems import Forbidden, NotFound
 from .roles import SPACE_ROLES
@@ -118,8 +118,6 @@ async def caller_and_space(
     """The caller (as :func:`buildmax.auth.authenticate` answers, refusals
     first) and :func:`find_space`'s answer for ``ref``, read in the same
     statement as the token when the caller is not known yet."""
-    if len(ref) > 200:
-        return await authenticate(accept_scopes), None
     caller, row = await authenticate_reading(_TOKEN_AND_SPACE, {"ref": ref}, accept_scopes)
     if row is None:
         return caller, await find_space(ref, caller)
