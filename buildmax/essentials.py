@@ -17,7 +17,7 @@ from buildmax_hookspecs import App, AuditAction, Migration, hookimpl
 from .background import start_background, stop_background
 from .blobstore import FileBlobStore
 from .migrations import KERNEL, create_tables
-from .tables import KERNEL_TABLES, backup_runs, sign_in_failures
+from .tables import KERNEL_TABLES, backup_runs, event_outbox, sign_in_failures
 
 if TYPE_CHECKING:
     from .app import BuildMax
@@ -45,6 +45,7 @@ def buildmax_migrations() -> list[Migration]:
             create_tables(*KERNEL_TABLES),
         ),
         Migration(KERNEL, 2, "backup runs", create_tables(backup_runs)),
+        Migration(KERNEL, 3, "event outbox", create_tables(event_outbox)),
     ]
 
 

@@ -1,12 +1,28 @@
 """The per-space event stream: a durable outbox and its fan-out.
 
-A mutation publishes events inside its own transaction: each takes the next
-sequence number of its space (the space row's lock orders concurrent
-publishers, so a space's events commit in sequence order with no gaps) and
-lands in the ``events`` table. After commit, subscribers are woken: on
-SQLite in-process, on PostgreSQL through ``LISTEN/NOTIFY`` on every server
-process. Subscribers read from the table, so a missed wake-up costs latency,
-never an event.
+A mutation publishes events inside its own transaction, and a space's
+events get sequence numbers that commit in order with no gaps, so a reader
+of ``seq > last`` never misses one.
+
+- On SQLite the publisher numbers them: it takes the next numbers from the
+  space row (the database's single writer orders publishers) and inserts
+  them into ``events``.
+- On PostgreSQL a publisher only inserts them into ``event_outbox``, which
+  takes no lock, so the writes of a space do not queue on one row. After
+  its commit, the *sequencer* (:data:`_SEQUENCE_PG`, one statement, its own
+  transaction) moves every committed outbox row to ``events``, numbered from
+  the space row it updates. Concurrent sequencer statements queue on that
+  row lock and re-read it (and skip the outbox rows the other one moved),
+  so each commits the numbers after the previous one's. The publisher's
+  transaction returns once a sequencer statement begun after its commit
+  has committed: a request's events are in the stream before it answers.
+  Rows a crashed process left behind are moved by the next statement of
+  any process (each process runs one every :data:`SEQUENCE_EVERY` seconds).
+
+After the numbers commit, subscribers are woken: on SQLite in-process, on
+PostgreSQL through ``LISTEN/NOTIFY`` on every server process, once per
+space per sequencer statement. Subscribers read from the table, so a
+missed wake-up costs latency, never an event.
 """
 
 from __future__ import annotations
@@ -41,22 +57,43 @@ _BUMP_SEQ = (
 _INSERT_EVENT = events.insert().values(
     {name: sa.bindparam(name) for name in ("space_id", "seq", "type", "data", "created_at")}
 )
-#: PostgreSQL: the same three steps (bump the space's sequence under its row
-#: lock, insert the batch, notify the listening processes on commit) in one
-#: statement, one round trip. A data-modifying CTE runs to completion
-#: whether or not the outer query reads it.
-_PUBLISH_PG = sa.text(
-    "WITH bumped AS ("
-    "UPDATE spaces SET event_seq = event_seq + :count WHERE id = :space_pk "
-    "RETURNING event_seq), "
+#: PostgreSQL: a transaction's events, added to the outbox in one statement.
+_ADD_TO_OUTBOX_PG = sa.text(
+    "INSERT INTO event_outbox (space_id, type, data, created_at) "
+    "SELECT :space_pk, batch.type, batch.data, :now "
+    "FROM unnest(CAST(:types AS TEXT[]), CAST(:datas AS TEXT[])) "
+    "WITH ORDINALITY AS batch(type, data, n) ORDER BY batch.n"
+)
+#: Outbox rows one sequencer statement moves at most.
+SEQUENCE_BATCH = 1000
+#: PostgreSQL, the sequencer: move up to :data:`SEQUENCE_BATCH` committed
+#: outbox rows (oldest first) to ``events``, each space's after its last
+#: number, and notify each space's listeners on commit. The DELETE waits
+#: for, then skips, rows another sequencer statement is moving; the UPDATE
+#: of ``spaces`` waits for its commit and re-reads ``event_seq``. Returns
+#: how many rows moved.
+_SEQUENCE_PG = sa.text(
+    "WITH moved AS ("
+    "DELETE FROM event_outbox WHERE id IN "
+    "(SELECT id FROM event_outbox ORDER BY id LIMIT :batch) "
+    "RETURNING id, space_id, type, data, created_at), "
+    "counts AS (SELECT space_id, count(*) AS n FROM moved GROUP BY space_id), "
+    "bumped AS ("
+    "UPDATE spaces SET event_seq = spaces.event_seq + counts.n FROM counts "
+    "WHERE spaces.id = counts.space_id "
+    "RETURNING spaces.id AS space_id, spaces.event_seq - counts.n AS base), "
     "added AS ("
     "INSERT INTO events (space_id, seq, type, data, created_at) "
-    "SELECT :space_pk, bumped.event_seq - :count + batch.n, batch.type, batch.data, :now "
-    "FROM bumped, unnest(CAST(:types AS TEXT[]), CAST(:datas AS TEXT[])) "
-    "WITH ORDINALITY AS batch(type, data, n)) "
-    "SELECT (SELECT event_seq FROM bumped) AS last, "
-    "pg_notify(:channel, CAST(:space_pk AS TEXT)) AS notified"
+    "SELECT moved.space_id, "
+    "bumped.base + row_number() OVER (PARTITION BY moved.space_id ORDER BY moved.id), "
+    "moved.type, moved.data, moved.created_at "
+    "FROM moved JOIN bumped ON bumped.space_id = moved.space_id) "
+    "SELECT (SELECT count(*) FROM moved) AS moved, "
+    "(SELECT count(pg_notify(:channel, CAST(space_id AS TEXT))) FROM bumped) AS notified"
 )
+#: Seconds between a process's sequencer statements when nothing asks for
+#: one (rows left by a process that died between its commit and its own).
+SEQUENCE_EVERY = 2.0
 
 
 class EventHub:
@@ -66,26 +103,31 @@ class EventHub:
         self._app = app
         self._waiters: defaultdict[int, set[asyncio.Event]] = defaultdict(set)
         self._listener_task: asyncio.Task[None] | None = None
+        self._sweeper_task: asyncio.Task[None] | None = None
+        #: PostgreSQL: the sequencer task, and what the callers waiting for
+        #: its next statement wait on.
+        self._sequencer: asyncio.Task[None] | None = None
+        self._next_pass: asyncio.Future[None] | None = None
         #: Set when the server drains: every stream ends, none starts.
         self.closing = False
 
     async def publish(
         self, tx: Transaction, space_pk: int, type: str, data: Mapping[str, Any]
-    ) -> int:
-        """Append an event to the space's stream in ``tx``; returns its sequence number.
+    ) -> None:
+        """Append an event to the space's stream in ``tx``.
 
-        Call it late in the transaction: it locks the space row until commit.
-        """
-        return (await self.publish_many(tx, space_pk, [(type, data)]))[0]
+        Call it late in the transaction: on SQLite it takes the space row's
+        next sequence number."""
+        await self.publish_many(tx, space_pk, [(type, data)])
 
     async def publish_many(
         self, tx: Transaction, space_pk: int, batch: Sequence[tuple[str, Mapping[str, Any]]]
-    ) -> list[int]:
-        """Append several events to the space's stream in ``tx``, in order;
-        their sequence numbers. Locks the space row
-        until commit (call it as late as possible: see ``tx.before_commit``)."""
+    ) -> None:
+        """Append several events to the space's stream in ``tx``, in order
+        (as late as possible: see ``tx.before_commit``). They are numbered
+        and in the stream by the time ``tx`` has ended."""
         if not batch:
-            return []
+            return
         payloads = []
         for type, data in batch:
             payload = json.dumps(dict(data), separators=(",", ":"), sort_keys=True)
@@ -94,23 +136,17 @@ class EventHub:
             payloads.append((type, payload))
         now = self._app.clock.now_ms()
         if tx.dialect == "postgresql":
-            # The notification is delivered by PostgreSQL on commit, to
-            # every listening process.
-            last = await tx.fetch_val(
-                _PUBLISH_PG,
+            await tx.execute(
+                _ADD_TO_OUTBOX_PG,
                 {
                     "space_pk": space_pk,
-                    "count": len(batch),
                     "now": now,
                     "types": [type for type, _ in payloads],
                     "datas": [payload for _, payload in payloads],
-                    "channel": CHANNEL,
                 },
             )
-            if last is None:
-                raise LookupError(f"no space with key {space_pk}")
-            first = int(last) - len(batch) + 1
-            return list(range(first, first + len(batch)))
+            tx.after_commit(self.sequenced)
+            return
         last = await tx.fetch_val(_BUMP_SEQ, {"space_pk": space_pk, "count": len(batch)})
         if last is None:
             raise LookupError(f"no space with key {space_pk}")
@@ -127,7 +163,47 @@ class EventHub:
                 },
             )
         tx.after_commit(lambda: self.wake(space_pk))
-        return list(range(first, first + len(batch)))
+
+    async def sequenced(self) -> None:
+        """PostgreSQL: return once a sequencer statement begun after this
+        call has committed, so every outbox row committed before the call
+        is numbered. Callers that arrive while a statement runs share the
+        next one."""
+        if self._next_pass is None:
+            self._next_pass = asyncio.get_running_loop().create_future()
+            if self._sequencer is None:
+                self._sequencer = asyncio.create_task(self._sequence(), name="buildmax-sequencer")
+        # Shielded: a caller that gives up leaves the statement to the others.
+        await asyncio.shield(self._next_pass)
+
+    async def _sequence(self) -> None:
+        """Run sequencer statements back to back while callers wait."""
+        try:
+            while self._next_pass is not None:
+                done, self._next_pass = self._next_pass, None
+                try:
+                    await self.sequence_once()
+                except Exception as exc:
+                    # The rows stay in the outbox for the next statement.
+                    log.warning("numbering events failed: %s", exc)
+                done.set_result(None)
+        finally:
+            self._sequencer = None
+
+    async def sequence_once(self) -> int:
+        """PostgreSQL: number every outbox row committed so far; how many moved."""
+        moved = 0
+        while True:
+            # An autocommit connection of the writers' pool: the statement
+            # is its own transaction.
+            async with self._app.db.read(background=True) as conn:
+                row = await conn.fetch_one(
+                    _SEQUENCE_PG, {"batch": SEQUENCE_BATCH, "channel": CHANNEL}
+                )
+            count = int(row["moved"]) if row else 0
+            moved += count
+            if count < SEQUENCE_BATCH:
+                return moved
 
     def wake(self, space_pk: int) -> None:
         """Wake every subscriber of a space in this process."""
@@ -169,17 +245,28 @@ class EventHub:
         return [dict(row) for row in rows]
 
     async def start(self) -> None:
-        """On PostgreSQL, listen for notifications from every server process."""
+        """On PostgreSQL, listen for notifications from every server process,
+        and number what the outbox holds now and every :data:`SEQUENCE_EVERY`
+        seconds."""
         if self._app.db.dialect == "postgresql":
             self._listener_task = asyncio.create_task(self._listen(), name="buildmax-events")
+            self._sweeper_task = asyncio.create_task(self._sweep(), name="buildmax-sequence")
 
     async def stop(self) -> None:
-        """Stop listening."""
-        if self._listener_task is not None:
-            self._listener_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener_task
-            self._listener_task = None
+        """Stop listening and numbering (after the statement under way)."""
+        for task in (self._listener_task, self._sweeper_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._listener_task = self._sweeper_task = None
+        if self._sequencer is not None:
+            await asyncio.shield(self._sequencer)
+
+    async def _sweep(self) -> None:
+        while True:
+            await self.sequenced()
+            await asyncio.sleep(SEQUENCE_EVERY)
 
     async def _listen(self) -> None:
         import asyncpg

@@ -215,7 +215,7 @@ async def _member_changed(
 ) -> None:
     """Tell the plugins that ``target``'s membership changed
     (``buildmax_member_changed``), in the change's transaction and before
-    its event is published, which locks the space row until commit."""
+    its event is published."""
     await app.hooks.member_changed(
         tx,
         space_id=access.public_id,

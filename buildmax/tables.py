@@ -123,7 +123,9 @@ spaces = sa.Table(
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("created_at", Millis, nullable=False),
     sa.Column("created_by", Id, sa.ForeignKey("principals.id"), nullable=True),
-    # Last event sequence number; its row lock orders a space's events.
+    # Last event sequence number. On SQLite a publisher takes it (the write
+    # lock orders them); on PostgreSQL only the event sequencer does (see
+    # events.py), under this row's lock.
     sa.Column("event_seq", sa.BigInteger, nullable=False, server_default="0"),
 )
 
@@ -166,6 +168,19 @@ events = sa.Table(
     sa.Column("data", sa.Text, nullable=False),
     sa.Column("created_at", Millis, nullable=False),
     sa.UniqueConstraint("space_id", "seq", name="event_space_seq"),
+)
+
+#: PostgreSQL: events committed but not yet numbered. A transaction adds
+#: its events here without a lock; the sequencer (events.py) moves them to
+#: ``events`` with the space's next sequence numbers, in one statement.
+event_outbox = sa.Table(
+    "event_outbox",
+    metadata,
+    sa.Column("id", Id, primary_key=True, autoincrement=True),
+    sa.Column("space_id", Id, sa.ForeignKey("spaces.id"), nullable=False),
+    sa.Column("type", sa.Text, nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", Millis, nullable=False),
 )
 
 sign_in_failures = sa.Table(

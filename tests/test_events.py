@@ -197,3 +197,101 @@ async def test_concurrent_publishers_in_one_space_get_gap_free_sequences(
     assert [r for r in results if isinstance(r, BaseException)] == []
     rows = await app.events.read_after(space.pk, 0, limit=100)
     assert [r["seq"] for r in rows] == list(range(1, 31))
+
+
+async def test_a_reader_of_seq_after_last_never_misses_an_event_under_concurrent_writers(
+    app, make_principal, make_space
+):
+    """The guarantee the stream's resuming rests on: a reader that reads
+    ``seq > last`` while transactions commit in any order (and, on
+    PostgreSQL, several sequencer statements run at once, as with several
+    server processes) sees every event once, numbered 1..n without gaps.
+
+    Catches: numbers taken from a snapshot instead of the locked space row
+    (duplicates, or a later number visible before an earlier one)."""
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    writers, per_writer = 12, 5
+    published = writers * per_writer * 2
+    done = asyncio.Event()
+
+    async def write(w: int) -> None:
+        for i in range(per_writer):
+            async with app.db.write() as tx:
+                await app.events.publish_many(
+                    tx,
+                    space.pk,
+                    [("test.race", {"w": w, "i": i, "part": part}) for part in range(2)],
+                )
+                # Commits interleave: some transactions outlive later ones.
+                await asyncio.sleep(0.001 * ((w * 7 + i * 3) % 5))
+
+    async def sequence() -> None:
+        while not done.is_set():
+            await app.events.sequence_once()
+            await asyncio.sleep(0)
+
+    seen: list[int] = []
+    payloads: list[tuple[int, int, int]] = []
+
+    async def read() -> None:
+        last = 0
+        while len(seen) < published:
+            for row in await app.events.read_after(space.pk, last, limit=7):
+                assert row["seq"] == last + 1, f"after {last} the reader got {row['seq']}"
+                last = row["seq"]
+                seen.append(last)
+                data = json.loads(row["data"])
+                payloads.append((data["w"], data["i"], data["part"]))
+            await asyncio.sleep(0)
+
+    sequencers = (
+        [asyncio.create_task(sequence()) for _ in range(3)]
+        if app.db.dialect == "postgresql"
+        else []
+    )
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(read(), *(write(w) for w in range(writers))), timeout=60
+        )
+    finally:
+        done.set()
+        await asyncio.gather(*sequencers)
+    assert seen == list(range(1, published + 1))
+    expected = [(i, part) for i in range(per_writer) for part in range(2)]
+    assert sorted(payloads) == [(w, *each) for w in range(writers) for each in expected]
+    # Each writer's events keep its order, within a transaction too.
+    for w in range(writers):
+        assert [(i, part) for ww, i, part in payloads if ww == w] == expected
+
+
+@pytest.mark.postgres_only
+async def test_events_a_process_left_unnumbered_are_numbered_by_the_next_sequencer(
+    app, make_principal, make_space
+):
+    """A process that committed its events and died before numbering them
+    leaves them in the outbox; the next sequencer statement of any process
+    numbers them, after what was numbered before, and notifies."""
+    import sqlalchemy as sa
+
+    from buildmax.events import SEQUENCE_EVERY
+    from buildmax.tables import event_outbox
+
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    async with app.db.write() as tx:
+        await app.events.publish(tx, space.pk, "test.first", {})
+    with app.events.subscription(space.pk) as woken:
+        async with app.db.write() as tx:
+            await tx.execute(
+                event_outbox.insert().values(
+                    space_id=space.pk, type="test.left", data="{}", created_at=0
+                )
+            )
+        # Nobody publishes again: the process's periodic statement finds it.
+        await asyncio.wait_for(woken.wait(), timeout=SEQUENCE_EVERY + 5)
+    rows = await app.events.read_after(space.pk, 0)
+    assert [(r["seq"], r["type"]) for r in rows] == [(1, "test.first"), (2, "test.left")]
+    async with app.db.read() as conn:
+        assert await conn.fetch_val(sa.select(sa.func.count()).select_from(event_outbox)) == 0
+    assert await app.events.sequence_once() == 0

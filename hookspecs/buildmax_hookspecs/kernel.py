@@ -79,10 +79,11 @@ class EventStream(Protocol):
 
     async def publish_many(
         self, tx: Transaction, space_pk: int, batch: Sequence[tuple[str, Mapping[str, Any]]]
-    ) -> list[int]:
+    ) -> None:
         """Append ``(type, data)`` events to the space's stream inside ``tx``,
-        in order; their sequence numbers. It locks the space's stream until
-        commit: call it last (``tx.before_commit``)."""
+        in order. They get their sequence numbers as the transaction commits
+        and are in the stream by the time it has ended. Call it late
+        (``tx.before_commit``): on SQLite it takes the space's next numbers."""
 
 
 class Settings(Protocol):

@@ -56,9 +56,8 @@ class Change:
     async def event(self, type: str, **data: Any) -> None:
         """Append an event to the space's stream in this transaction.
 
-        Events are published together just before COMMIT: publishing locks
-        the space row until commit, so the lock is held for as short a time
-        as possible."""
+        Events are published together just before COMMIT (on SQLite,
+        publishing takes the space's next sequence numbers)."""
         if not self._events:
             self.tx.before_commit(self._publish)
         self._events.append((type, data))
