@@ -75,7 +75,13 @@ seconds at factors 1, 2, 3, 5, 7, 10, 15, 20, 30, 40, 60, 80, 100 (up to
 ``--max-factor``), stopping at the first window not sustained. Sustained:
 p95 under 50 ms for every ordinary operation (the reads and the 9 loop
 writes above; not the burst, the big upload, the backup or the event
-streams), no unexpected error, nothing not sent. Printed per configuration:
+streams) scheduled outside the burst, the upload and the backup, no
+unexpected error, nothing not sent. (A window runs those three once in
+seconds, the seed once in 30 minutes; what they do to the ordinary
+requests meanwhile is printed beside, and the seed's bar counts every
+ordinary request.) A p95 needs samples: each loop write gets about one
+request per second at factor 1, so judge a factor with ``--duration 60``
+or more; the 10-second default is for a quick look. Printed per configuration:
 the highest factor sustained, the seed's bar (factor 1, p95 under 500 ms,
 no unexpected error) and the 20x goal as PASS/MISS. ``--factor F`` runs one
 window at F instead. ``--soak SECONDS`` runs one long window at
@@ -1442,7 +1448,12 @@ def window_report(
     report["machine_busy_cores"] = round(marks["machine_busy_s"] / duration, 2)
     clean = not rec.unexpected and not rec.unsent and not unfinished
     p95 = worst[1]["p95"]
-    report["sustained"] = clean and p95 is not None and p95 < TARGET_P95_MS
+    # The rate is judged on what the load does between the specials: a
+    # window runs the burst, the upload and the backup once in seconds,
+    # the seed once in 30 minutes. Their effect is reported beside it, and
+    # the seed's bar counts every ordinary request.
+    steady = report["during"]["outside"]["worst_p95_ms"]
+    report["sustained"] = clean and steady is not None and steady < TARGET_P95_MS
     report["seed_bar_met"] = clean and p95 is not None and p95 < SEED_P95_MS
     return report
 
@@ -1834,8 +1845,10 @@ def print_summary(report: dict[str, Any]) -> None:
         )
     print(
         f"  seed bar: factor 1 (50 requests/s), p95 < {SEED_P95_MS:g} ms for every ordinary "
-        f"operation, no unexpected error. 20x goal: factor {GOAL_FACTOR} "
-        f"({GOAL_FACTOR * 50} requests/s) sustained, p95 < {TARGET_P95_MS:g} ms."
+        f"operation, no unexpected error. Sustained: p95 < {TARGET_P95_MS:g} ms for every "
+        "ordinary operation scheduled outside the burst, the upload and the backup, no "
+        f"unexpected error. 20x goal: factor {GOAL_FACTOR} ({GOAL_FACTOR * 50} requests/s) "
+        "sustained."
     )
 
 

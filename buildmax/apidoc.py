@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 _PARAM = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 #: The request body of a route that takes a JSON body.
 JSON = "application/json"
+#: Methods that change nothing: their handlers need no write admission.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 #: What a handler returns: its answer, or (an idempotent route) the work
@@ -131,6 +133,14 @@ def api(
         @functools.wraps(view)
         async def serve(**path: Any) -> Response:
             given = await _apply(doc, path)
+            if request.method in SAFE_METHODS or doc.body_type != JSON:
+                return await handle(given)
+            # A mutating request's handler (not its authentication or its
+            # body, read at the client's pace) waits for write admission.
+            async with current_buildmax().admission.admitted():
+                return await handle(given)
+
+        async def handle(given: dict[str, Any]) -> Response:
             # Per request, not per task: a request the view makes meanwhile
             # (in process, or from a task it started) has a scope of its own.
             scope = cast(dict[str, Any], request.scope)

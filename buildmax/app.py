@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from . import essentials
 from .addresses import client_address, parse_networks
+from .admission import WriteAdmission, for_engine
 from .audit import AuditLog
 from .auth import TokenToucher
 from .bodies import json_response
@@ -70,6 +71,7 @@ class BuildMax(Quart):
     services: Services
     audit: AuditLog
     events: EventHub
+    admission: WriteAdmission
     idempotency: Idempotency
     token_toucher: TokenToucher
     auto_migrate: bool
@@ -136,6 +138,7 @@ def create_app(
         pg_read_pool=settings.pg_read_pool,
     )
     app.db.observe_write = app.metrics.observe_write
+    app.admission = for_engine(app.db.dialect)
     app.services = Services()
     app.events = EventHub(app)
     app.idempotency = Idempotency(app)

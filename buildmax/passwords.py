@@ -12,6 +12,8 @@ import functools
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from .admission import stepped_out
+
 _hasher = PasswordHasher()
 
 MIN_LENGTH = 12
@@ -43,7 +45,8 @@ def check_password_rules(password: str) -> str | None:
 
 async def hash_password(password: str) -> str:
     """An Argon2id hash, computed off the event loop."""
-    return await asyncio.to_thread(_hasher.hash, password)
+    async with stepped_out():
+        return await asyncio.to_thread(_hasher.hash, password)
 
 
 async def verify_password(stored_hash: str | None, password: str) -> bool:
@@ -56,4 +59,5 @@ async def verify_password(stored_hash: str | None, password: str) -> bool:
         except (VerificationError, InvalidHashError):
             return False
 
-    return await asyncio.to_thread(verify)
+    async with stepped_out():
+        return await asyncio.to_thread(verify)

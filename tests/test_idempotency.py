@@ -128,8 +128,20 @@ async def _hold_counter_row(app, space_pk: int):
     return ctx
 
 
-async def test_a_concurrent_duplicate_is_a_409(app, client, make_principal, make_space):
-    """Catches: the in-flight check removed (the duplicate would wait and replay)."""
+async def test_a_concurrent_duplicate_is_a_409_or_on_sqlite_waits_and_replays(
+    app, client, make_principal, make_space
+):
+    """A repeat while the first request runs: on PostgreSQL a 409 at once;
+    on SQLite, where mutating handlers are admitted one at a time, it waits
+    for the first and gets its answer replayed. Either way the change is
+    made once.
+
+    Catches: the in-flight check removed (on PostgreSQL the duplicate would
+    wait and replay); on SQLite, the duplicate's handler let in beside the
+    first."""
+    import sqlalchemy as sa
+    from buildmax_testplugin import counters
+
     owner = await make_principal("human")
     space = await make_space(owner)
     url = f"/v1/spaces/{space.id}/testplugin/increment"
@@ -137,11 +149,26 @@ async def test_a_concurrent_duplicate_is_a_409(app, client, make_principal, make
     holder = await _hold_counter_row(app, space.pk)
     first = asyncio.create_task(client.post(url, headers=headers))
     await asyncio.sleep(0.2)
-    duplicate = await client.post(url, headers=headers)
+    duplicate = asyncio.create_task(client.post(url, headers=headers))
+    done, _ = await asyncio.wait({duplicate}, timeout=1)
+    if app.db.dialect == "postgresql":
+        assert done, "the duplicate waited for the first"
+        answer = duplicate.result()
+        assert answer.status_code == 409
+        assert (await answer.get_json())["type"] == "urn:buildmax:problem:idempotency-in-progress"
+    else:
+        assert not done, "the duplicate's handler ran beside the first's"
     await holder.__aexit__(None, None, None)
-    assert duplicate.status_code == 409
-    assert (await duplicate.get_json())["type"] == "urn:buildmax:problem:idempotency-in-progress"
-    assert (await first).status_code == 200
+    answer, original = await duplicate, await first
+    assert original.status_code == 200
+    if app.db.dialect == "sqlite":
+        assert answer.status_code == 200
+        assert answer.headers["Idempotent-Replayed"] == "true"
+        assert await answer.get_json() == await original.get_json()
+    assert (await original.get_json())["value"] == 3  # after the holder's two bumps
+    async with app.db.read() as conn:
+        value = sa.select(counters.c.value).where(counters.c.space_id == space.pk)
+        assert await conn.fetch_val(value) == 3
 
 
 @pytest.mark.postgres_only
