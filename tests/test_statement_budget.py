@@ -38,8 +38,8 @@ BUDGET: dict[str, dict[str, int]] = {
         "renew": 12,
         "checkpoint": 12,
         "artifact upload": 18,
-        "submit": 30,
-        "review submit": 50,
+        "submit": 29,
+        "review submit": 49,
     },
     "postgresql": {
         "authenticated read": 4,
@@ -49,8 +49,8 @@ BUDGET: dict[str, dict[str, int]] = {
         "renew": 10,
         "checkpoint": 10,
         "artifact upload": 16,
-        "submit": 27,
-        "review submit": 46,
+        "submit": 26,
+        "review submit": 45,
     },
 }
 

@@ -12,6 +12,7 @@ verdict's finding ids, ``reject`` fails it. Only the engine writes task state.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -410,6 +411,8 @@ DEFAULT_POLICY = {
 #: A project's current policy revision, ``NULL`` columns before the first
 #: (``project_pk``: its key; ``project_id``: its public id).
 _POLICY = sa.select(
+    projects.c.id.label("project_pk"),
+    projects.c.public_id.label("project_id"),
     policies.c.revision,
     policies.c.approvals_required,
     policies.c.human_review_required,
@@ -420,21 +423,47 @@ _POLICY_BY_PK = _POLICY.where(projects.c.id == sa.bindparam("project_pk"))
 _POLICY_BY_ID = _POLICY.where(projects.c.public_id == sa.bindparam("project_id"))
 
 
+#: The policies a transaction has read, by project key and public id: a
+#: hand-in reads its project's policy, then the reviews plugin asks for it
+#: through the queue seam in the same transaction. Revising a policy forgets
+#: them (:func:`forget_policies`).
+_READ: weakref.WeakKeyDictionary[Any, dict[Any, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
 async def current_policy(conn: Any, project_pk: int) -> dict[str, Any]:
     """The project's current workflow policy (the defaults before any revision)."""
-    return _policy_of(await conn.fetch_one(_POLICY_BY_PK, {"project_pk": project_pk}))
+    found = await _policy(conn, ("pk", project_pk), _POLICY_BY_PK, {"project_pk": project_pk})
+    return dict(DEFAULT_POLICY) if found is None else found
 
 
 async def policy_of_project(conn: Any, project_id: str) -> dict[str, Any] | None:
     """:func:`current_policy` by the project's public id, in one statement;
     ``None`` when there is no such project."""
-    row = await conn.fetch_one(_POLICY_BY_ID, {"project_id": project_id})
-    return None if row is None else _policy_of(row)
+    return await _policy(conn, ("id", project_id), _POLICY_BY_ID, {"project_id": project_id})
+
+
+async def _policy(
+    conn: Any, key: tuple[str, Any], query: Any, params: dict[str, Any]
+) -> dict[str, Any] | None:
+    read = _READ.setdefault(conn, {})
+    if key not in read:
+        row = await conn.fetch_one(query, params)
+        if row is None:
+            return None
+        policy = _policy_of(row)
+        read[("pk", row["project_pk"])] = read[("id", row["project_id"])] = policy
+    return dict(read[key])
+
+
+def forget_policies(conn: Any) -> None:
+    """Forget the policies ``conn`` has read (it has just revised one)."""
+    _READ.pop(conn, None)
 
 
 def _policy_of(row: Any) -> dict[str, Any]:
-    if row is None or row["revision"] is None:
+    if row["revision"] is None:
         return dict(DEFAULT_POLICY)
-    policy = dict(row)
+    policy = {name: row[name] for name in DEFAULT_POLICY}
+    policy["created_at"] = row["created_at"]
     policy["human_review_required"] = bool(policy["human_review_required"])
     return policy

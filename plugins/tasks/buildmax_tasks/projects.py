@@ -13,7 +13,7 @@ from buildmax.problems import NameTaken
 from buildmax.tables import keyed
 
 from .change import Change
-from .engine import current_policy
+from .engine import current_policy, forget_policies
 from .problems import RevisionConflict
 from .records import find_project
 from .rows import ProjectRow
@@ -109,6 +109,7 @@ async def revise_policy(
         .returning(policies.c.id)
     )
     await ch.tx.execute(sa.update(projects).where(projects.c.id == row.pk).values(policy_id=pk))
+    forget_policies(ch.tx)
     await ch.audit("policy.revised", "project", row.id, revision=revision, **policy)
     await ch.event("policy.revised", project_id=row.id, revision=revision)
     return revision

@@ -32,6 +32,7 @@ from buildmax_tasks.tables import (
     agent_revisions,
     agents,
     attempts,
+    projects,
     reservations,
     submissions,
     tasks,
@@ -814,3 +815,33 @@ async def test_the_queue_answers_a_projects_policy_by_its_public_id(work):
         with pytest.raises(LookupError):
             await queue.policy(conn, "pj_nosuchproject")
     assert (after["revision"], after["approvals_required"]) == (1, 2)
+
+
+async def test_a_policy_read_again_after_its_revision_in_one_transaction_is_the_new_one(work):
+    """A transaction remembers the policies it read (a hand-in and the
+    reviews plugin read the same one), and forgets them when it revises one.
+
+    Catches: the remembered policy kept after the revision."""
+    from buildmax_hookspecs import Actor
+    from buildmax_tasks.change import Change
+    from buildmax_tasks.engine import current_policy, policy_of_project
+    from buildmax_tasks.projects import revise_policy
+
+    project = await work.call("GET", "/projects/main", work.viewer, expect=200)
+    owner = Actor(principal_id=work.owner.id, kind="human", name="owner")
+    async with work.app.db.write() as tx:
+        ch = Change(work.app, tx, owner, work.space.pk, work.space.id, work.app.clock.now_ms())
+        by_id = await policy_of_project(tx, project["id"])
+        assert by_id is not None and by_id["revision"] == 0
+        pk = await tx.fetch_val(
+            sa.select(projects.c.id).where(projects.c.public_id == project["id"])
+        )
+        assert (await current_policy(tx, pk))["revision"] == 0
+        revised = {"approvals_required": 3, "human_review_required": False}
+        await revise_policy(
+            ch, work.owner.pk, "main", 0, {**revised, "integration": by_id["integration"]}
+        )
+        again = await policy_of_project(tx, project["id"])
+        assert again is not None
+        assert (again["revision"], again["approvals_required"]) == (1, 3)
+        assert (await current_policy(tx, pk))["approvals_required"] == 3
