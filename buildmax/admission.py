@@ -32,14 +32,18 @@ from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from .database.base import in_write_transaction
+
 
 @dataclass
 class _Admitted:
-    """The admission the current request holds (``held`` is false while it
-    has stepped out)."""
+    """One request's admission: ``held`` while it holds its slot (not while
+    it has stepped out), ``active`` until its admitted block has ended (a
+    task it started may outlive it)."""
 
     admission: WriteAdmission
     held: bool = True
+    active: bool = True
 
 
 _CURRENT: ContextVar[_Admitted | None] = ContextVar("buildmax_write_admission", default=None)
@@ -55,10 +59,13 @@ class WriteAdmission:
 
     @contextlib.asynccontextmanager
     async def admitted(self) -> AsyncIterator[None]:
-        """Hold one slot for the block (at once when there is no limit, or
-        when this request or its in-process caller holds one already)."""
+        """Hold one slot for the block: at once when there is no limit, or
+        within the admission of the request (still running) that made this
+        one in process."""
         current = _CURRENT.get()
-        if self._slots is None or (current is not None and current.admission is self):
+        if self._slots is None or (
+            current is not None and current.admission is self and current.active
+        ):
             yield
             return
         await self._slots.acquire()
@@ -68,7 +75,9 @@ class WriteAdmission:
             yield
         finally:
             _CURRENT.reset(token)
+            mine.active = False
             if mine.held:
+                mine.held = False
                 self._slots.release()
 
 
@@ -77,19 +86,28 @@ async def stepped_out() -> AsyncIterator[None]:
     """Give the current request's slot, if it holds one, to the next request
     for the block (a slow wait that is neither CPU nor database work), and
     queue for it again after (a request cancelled while it queues ends
-    without one, and gives none back)."""
+    without one, and gives none back).
+
+    Inside a write transaction it keeps the slot: on SQLite the transaction
+    holds the single writer, so the next request could only wait for it,
+    and this one for its slot back."""
     current = _CURRENT.get()
-    slots = current.admission._slots if current is not None and current.held else None
-    if current is None or slots is None:  # not admitted, or stepped out already
+    if current is None or not (current.held and current.active) or in_write_transaction():
         yield
         return
+    slots = current.admission._slots
+    assert slots is not None
     current.held = False
     slots.release()
     try:
         yield
     finally:
-        await slots.acquire()
-        current.held = True
+        if current.active:
+            await slots.acquire()
+            if current.active:
+                current.held = True
+            else:  # the request ended while this (a task of its) queued
+                slots.release()
 
 
 def for_engine(dialect: str) -> WriteAdmission:

@@ -24,7 +24,7 @@ from quart import Response, request
 
 from .access import caller_and_space, require_found
 from .auth import authenticate
-from .bodies import load_body, validate
+from .bodies import load_body, raw_body, validate
 from .current import current_buildmax
 from .declaration import RouteDoc, current_route_doc, route_doc
 from .idempotency import VIEW_RUNNING, Work
@@ -135,8 +135,11 @@ def api(
             given = await _apply(doc, path)
             if request.method in SAFE_METHODS or doc.body_type != JSON:
                 return await handle(given)
-            # A mutating request's handler (not its authentication or its
-            # body, read at the client's pace) waits for write admission.
+            # A mutating request's handler waits for write admission, after
+            # its authentication and its body (declared or not: an
+            # idempotency key's fingerprint reads it), which arrives at the
+            # client's pace and must not hold the slot.
+            await raw_body()
             async with current_buildmax().admission.admitted():
                 return await handle(given)
 

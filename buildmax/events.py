@@ -57,25 +57,38 @@ _BUMP_SEQ = (
 _INSERT_EVENT = events.insert().values(
     {name: sa.bindparam(name) for name in ("space_id", "seq", "type", "data", "created_at")}
 )
-#: PostgreSQL: a transaction's events, added to the outbox in one statement.
+#: PostgreSQL: a transaction's events, added to the outbox in one statement;
+#: the highest outbox id given.
 _ADD_TO_OUTBOX_PG = sa.text(
+    "WITH added AS ("
     "INSERT INTO event_outbox (space_id, type, data, created_at) "
     "SELECT :space_pk, batch.type, batch.data, :now "
     "FROM unnest(CAST(:types AS TEXT[]), CAST(:datas AS TEXT[])) "
-    "WITH ORDINALITY AS batch(type, data, n) ORDER BY batch.n"
+    "WITH ORDINALITY AS batch(type, data, n) ORDER BY batch.n "
+    "RETURNING id) "
+    "SELECT max(id) FROM added"
 )
-#: Outbox rows one sequencer statement moves at most.
+#: Outbox rows one sequencer statement looks at, at most.
 SEQUENCE_BATCH = 1000
-#: PostgreSQL, the sequencer: move up to :data:`SEQUENCE_BATCH` committed
-#: outbox rows (oldest first) to ``events``, each space's after its last
-#: number, and notify each space's listeners on commit. The DELETE waits
-#: for, then skips, rows another sequencer statement is moving; the UPDATE
-#: of ``spaces`` waits for its commit and re-reads ``event_seq``. Returns
-#: how many rows moved.
+#: PostgreSQL, the sequencer: of the oldest :data:`SEQUENCE_BATCH` outbox
+#: rows, move those of the spaces whose row it can lock now to ``events``,
+#: each space's after its last number, and notify those spaces' listeners
+#: on commit. Space rows are locked in key order and skipped when another
+#: statement (or a change to the space) holds one, so concurrent statements
+#: never wait for each other and never number one space at once; an outbox
+#: row another statement moved meanwhile is skipped by the DELETE. Returns
+#: how many rows moved and how many of the rows callers wait for (each
+#: space's, up to an id: ``spaces``, ``uptos``) it saw but did not move
+#: (another statement has them, or will).
 _SEQUENCE_PG = sa.text(
-    "WITH moved AS ("
+    "WITH candidates AS ("
+    "SELECT id, space_id FROM event_outbox ORDER BY id LIMIT :batch), "
+    "locked AS ("
+    "SELECT id FROM spaces WHERE id IN (SELECT space_id FROM candidates) "
+    "ORDER BY id FOR NO KEY UPDATE SKIP LOCKED), "
+    "moved AS ("
     "DELETE FROM event_outbox WHERE id IN "
-    "(SELECT id FROM event_outbox ORDER BY id LIMIT :batch) "
+    "(SELECT id FROM candidates WHERE space_id IN (SELECT id FROM locked)) "
     "RETURNING id, space_id, type, data, created_at), "
     "counts AS (SELECT space_id, count(*) AS n FROM moved GROUP BY space_id), "
     "bumped AS ("
@@ -88,9 +101,19 @@ _SEQUENCE_PG = sa.text(
     "bumped.base + row_number() OVER (PARTITION BY moved.space_id ORDER BY moved.id), "
     "moved.type, moved.data, moved.created_at "
     "FROM moved JOIN bumped ON bumped.space_id = moved.space_id) "
+    ", waited AS ("
+    "SELECT w.space_id, w.upto FROM unnest(CAST(:spaces AS BIGINT[]), CAST(:uptos AS BIGINT[])) "
+    "AS w(space_id, upto)) "
     "SELECT (SELECT count(*) FROM moved) AS moved, "
+    "(SELECT count(*) FROM event_outbox o JOIN waited w "
+    "ON o.space_id = w.space_id AND o.id <= w.upto) "
+    "- (SELECT count(*) FROM moved m JOIN waited w "
+    "ON m.space_id = w.space_id AND m.id <= w.upto) AS waiting, "
     "(SELECT count(pg_notify(:channel, CAST(space_id AS TEXT))) FROM bumped) AS notified"
 )
+#: Seconds a sequencer waits before it looks again at rows another
+#: statement holds (doubling, up to the last).
+SEQUENCE_BACKOFF = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
 #: Seconds between a process's sequencer statements when nothing asks for
 #: one (rows left by a process that died between its commit and its own).
 SEQUENCE_EVERY = 2.0
@@ -108,6 +131,9 @@ class EventHub:
         #: its next statement wait on.
         self._sequencer: asyncio.Task[None] | None = None
         self._next_pass: asyncio.Future[None] | None = None
+        #: The outbox rows the callers of the next statement wait for: each
+        #: space's, up to an id.
+        self._upto: dict[int, int] = {}
         #: Set when the server drains: every stream ends, none starts.
         self.closing = False
 
@@ -136,7 +162,7 @@ class EventHub:
             payloads.append((type, payload))
         now = self._app.clock.now_ms()
         if tx.dialect == "postgresql":
-            await tx.execute(
+            upto = await tx.fetch_val(
                 _ADD_TO_OUTBOX_PG,
                 {
                     "space_pk": space_pk,
@@ -145,7 +171,7 @@ class EventHub:
                     "datas": [payload for _, payload in payloads],
                 },
             )
-            tx.after_commit(self.sequenced)
+            tx.after_commit(lambda: self.sequenced({space_pk: int(upto)}))
             return
         last = await tx.fetch_val(_BUMP_SEQ, {"space_pk": space_pk, "count": len(batch)})
         if last is None:
@@ -164,11 +190,13 @@ class EventHub:
             )
         tx.after_commit(lambda: self.wake(space_pk))
 
-    async def sequenced(self) -> None:
+    async def sequenced(self, upto: Mapping[int, int] | None = None) -> None:
         """PostgreSQL: return once a sequencer statement begun after this
-        call has committed, so every outbox row committed before the call
-        is numbered. Callers that arrive while a statement runs share the
-        next one."""
+        call has committed, and every outbox row ``upto`` names (a space's,
+        up to an id: committed before the call) is numbered. Callers that
+        arrive while a statement runs share the next one."""
+        for space_pk, last in (upto or {}).items():
+            self._upto[space_pk] = max(self._upto.get(space_pk, 0), last)
         if self._next_pass is None:
             self._next_pass = asyncio.get_running_loop().create_future()
             if self._sequencer is None:
@@ -177,33 +205,46 @@ class EventHub:
         await asyncio.shield(self._next_pass)
 
     async def _sequence(self) -> None:
-        """Run sequencer statements back to back while callers wait."""
+        """Run sequencer passes back to back while callers wait."""
         try:
             while self._next_pass is not None:
                 done, self._next_pass = self._next_pass, None
+                upto, self._upto = self._upto, {}
                 try:
-                    await self.sequence_once()
+                    await self.sequence_once(upto)
                 except Exception as exc:
-                    # The rows stay in the outbox for the next statement.
+                    # The rows stay in the outbox, for the next statement of
+                    # any process; the callers' changes have committed.
                     log.warning("numbering events failed: %s", exc)
                 done.set_result(None)
         finally:
             self._sequencer = None
 
-    async def sequence_once(self) -> int:
-        """PostgreSQL: number every outbox row committed so far; how many moved."""
-        moved = 0
+    async def sequence_once(self, upto: Mapping[int, int] | None = None) -> int:
+        """PostgreSQL: number the outbox rows committed so far, and wait for
+        other statements that hold some of those ``upto`` names (a space's,
+        up to an id); how many this process moved."""
+        spaces = sorted(upto or {})
+        params = {
+            "batch": SEQUENCE_BATCH,
+            "channel": CHANNEL,
+            "spaces": spaces,
+            "uptos": [(upto or {})[space_pk] for space_pk in spaces],
+        }
+        moved = attempt = 0
         while True:
             # An autocommit connection of the writers' pool: the statement
             # is its own transaction.
             async with self._app.db.read(background=True) as conn:
-                row = await conn.fetch_one(
-                    _SEQUENCE_PG, {"batch": SEQUENCE_BATCH, "channel": CHANNEL}
-                )
-            count = int(row["moved"]) if row else 0
+                row = await conn.fetch_one(_SEQUENCE_PG, params)
+            assert row is not None
+            count, waiting = int(row["moved"]), int(row["waiting"])
             moved += count
-            if count < SEQUENCE_BATCH:
+            if count < SEQUENCE_BATCH and waiting <= 0:
                 return moved
+            if count == 0:
+                await asyncio.sleep(SEQUENCE_BACKOFF[min(attempt, len(SEQUENCE_BACKOFF) - 1)])
+                attempt += 1
 
     def wake(self, space_pk: int) -> None:
         """Wake every subscriber of a space in this process."""

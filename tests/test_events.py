@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -295,3 +296,97 @@ async def test_events_a_process_left_unnumbered_are_numbered_by_the_next_sequenc
     async with app.db.read() as conn:
         assert await conn.fetch_val(sa.select(sa.func.count()).select_from(event_outbox)) == 0
     assert await app.events.sequence_once() == 0
+
+
+async def _open_transaction_locking(app: Any, sql: str, *args: Any) -> Any:
+    """Another session (another process, say) with ``sql`` run in a
+    transaction it keeps open; ``.rollback()`` or ``.commit()`` it."""
+    import asyncpg
+
+    conn = await asyncpg.connect(app.settings.database_url)
+    transaction = conn.transaction()
+    await transaction.start()
+    await conn.fetch(sql, *args)
+
+    class Open:
+        async def end(self, commit: bool) -> None:
+            await (transaction.commit() if commit else transaction.rollback())
+            await conn.close()
+
+    return Open()
+
+
+@pytest.mark.postgres_only
+async def test_a_locked_space_row_holds_up_no_other_spaces_answers(
+    app, client, make_principal, make_space
+):
+    """A change to space A holds A's row, while A has committed events
+    waiting; a write in space B answers at once, its event numbered.
+
+    Catches: one sequencer statement for every space waiting on A's row."""
+    from buildmax.tables import event_outbox
+
+    owner = await make_principal("human")
+    a, b = await make_space(owner), await make_space(owner)
+    holding = await _open_transaction_locking(
+        app, "UPDATE spaces SET name = name WHERE id = $1", a.pk
+    )
+    try:
+        async with app.db.write() as tx:
+            await tx.execute(
+                event_outbox.insert().values(space_id=a.pk, type="a.waits", data="{}", created_at=0)
+            )
+        answer = await asyncio.wait_for(
+            client.post(f"/v1/spaces/{b.id}/testplugin/increment", headers=owner.headers), 2
+        )
+        assert answer.status_code == 200
+        assert [r["type"] for r in await app.events.read_after(b.pk, 0)] == [
+            "testplugin.incremented"
+        ]
+        assert await app.events.read_after(a.pk, 0) == []
+    finally:
+        await holding.end(commit=False)
+    await app.events.sequence_once()
+    assert [r["type"] for r in await app.events.read_after(a.pk, 0)] == ["a.waits"]
+
+
+@pytest.mark.postgres_only
+async def test_a_request_waits_for_its_events_behind_another_statements_backlog(
+    app, client, make_principal, make_space
+):
+    """Another process's sequencer statement holds a whole batch of another
+    space's backlog; a request whose event lies beyond that batch answers
+    only once its event is numbered.
+
+    Catches: a statement that moved nothing taken for "all done"."""
+    from buildmax.events import _SEQUENCE_PG, CHANNEL, SEQUENCE_BATCH
+    from buildmax.tables import event_outbox
+
+    owner = await make_principal("human")
+    space, busy = await make_space(owner), await make_space(owner)
+    async with app.db.write() as tx:
+        await tx.execute(
+            event_outbox.insert().values(
+                [
+                    {"space_id": busy.pk, "type": "backlog", "data": "{}", "created_at": 0}
+                    for _ in range(SEQUENCE_BATCH + 10)
+                ]
+            )
+        )
+    sql, params = _SEQUENCE_PG.text, {"batch": SEQUENCE_BATCH, "channel": CHANNEL}
+    for n, name in enumerate(("batch", "channel", "spaces", "uptos"), start=1):
+        sql = sql.replace(f":{name}", f"${n}")
+    other = await _open_transaction_locking(app, sql, params["batch"], params["channel"], [], [])
+    try:
+        request = asyncio.create_task(
+            client.post(f"/v1/spaces/{space.id}/testplugin/increment", headers=owner.headers)
+        )
+        done, _ = await asyncio.wait({request}, timeout=0.5)
+        assert not done, "the request answered while its event waited"
+    finally:
+        await other.end(commit=True)
+    answer = await asyncio.wait_for(request, 10)
+    assert answer.status_code == 200
+    assert [r["type"] for r in await app.events.read_after(space.pk, 0)] == [
+        "testplugin.incremented"
+    ]

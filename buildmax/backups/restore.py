@@ -15,7 +15,10 @@ new epoch:
   revoked, unless ``keep_tokens`` keeps the unscoped API tokens;
 - every space's event sequence jumps by :data:`EVENT_ID_STRIDE`, so an id
   handed out between the backup and the restore is never handed out again
-  and a subscriber resuming from one receives every new event;
+  and a subscriber resuming from one receives every new event (on
+  PostgreSQL, events committed just before the snapshot but numbered just
+  after it are still in the restored outbox: they are numbered again past
+  the jump, so such a subscriber may receive them twice, never lose them);
 - every plugin brings its rows into the epoch (``buildmax_restored``): the
   tasks plugin ends active attempts (uncharged; the task is claimable again)
   and raises generations by :data:`GENERATION_STRIDE`; the artifacts and

@@ -278,11 +278,16 @@ class Database(Protocol):
 def refuse_nested() -> None:
     """Raise if the current task is already inside a write transaction (on
     SQLite it would wait for its own lock forever)."""
-    owner = _in_write.get()
-    if owner is not None and owner is asyncio.current_task():
+    if in_write_transaction():
         raise NestedTransactionError(
             "a write transaction is already open in this task; pass its tx down instead"
         )
+
+
+def in_write_transaction() -> bool:
+    """Whether the current task is inside a write transaction."""
+    owner = _in_write.get()
+    return owner is not None and owner is asyncio.current_task()
 
 
 def enter_write() -> contextvars.Token[asyncio.Task[Any] | None]:
