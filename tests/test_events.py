@@ -390,3 +390,39 @@ async def test_a_request_waits_for_its_events_behind_another_statements_backlog(
     assert [r["type"] for r in await app.events.read_after(space.pk, 0)] == [
         "testplugin.incremented"
     ]
+
+
+@pytest.mark.postgres_only
+async def test_a_backlog_larger_than_a_batch_is_numbered_by_one_call(
+    app, make_principal, make_space
+):
+    """What a dead process left can exceed one statement's batch: the
+    periodic call numbers all of it, not one batch every two seconds.
+
+    Catches: the sequencer stopping after a full batch."""
+    import sqlalchemy as sa
+
+    from buildmax.events import SEQUENCE_BATCH
+    from buildmax.tables import event_outbox
+    from buildmax.tables import events as events_table
+
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    await app.events.stop()  # no periodic statement racing this one
+    left = SEQUENCE_BATCH + 5
+    async with app.db.write() as tx:
+        await tx.execute(
+            event_outbox.insert().values(
+                [
+                    {"space_id": space.pk, "type": "left", "data": "{}", "created_at": 0}
+                    for _ in range(left)
+                ]
+            )
+        )
+    assert await app.events.sequence_once() == left
+    async with app.db.read() as conn:
+        assert await conn.fetch_val(sa.select(sa.func.count()).select_from(event_outbox)) == 0
+        numbered = sa.select(sa.func.max(events_table.c.seq)).where(
+            events_table.c.space_id == space.pk
+        )
+        assert await conn.fetch_val(numbered) == left
