@@ -10,14 +10,14 @@ of ``seq > last`` never misses one.
 - On PostgreSQL a publisher only inserts them into ``event_outbox``, which
   takes no lock, so the writes of a space do not queue on one row. After
   its commit, the *sequencer* (:data:`_SEQUENCE_PG`, one statement, its own
-  transaction) moves every committed outbox row to ``events``, numbered from
-  the space row it updates. Concurrent sequencer statements queue on that
-  row lock and re-read it (and skip the outbox rows the other one moved),
-  so each commits the numbers after the previous one's. The publisher's
-  transaction returns once a sequencer statement begun after its commit
-  has committed: a request's events are in the stream before it answers.
-  Rows a crashed process left behind are moved by the next statement of
-  any process (each process runs one every :data:`SEQUENCE_EVERY` seconds).
+  transaction) moves committed outbox rows to ``events``, numbered from
+  each space's row, which it holds until it commits: a space is numbered
+  by one statement at a time, each after the last, and a statement skips
+  the spaces another one (or a change to the space) holds. The publisher's
+  transaction returns once its own rows are numbered and committed: a
+  request's events are in the stream before it answers. Rows a crashed
+  process left behind are moved by the next statement of any process
+  (each process runs one every :data:`SEQUENCE_EVERY` seconds).
 
 After the numbers commit, subscribers are woken: on SQLite in-process, on
 PostgreSQL through ``LISTEN/NOTIFY`` on every server process, once per
@@ -70,25 +70,24 @@ _ADD_TO_OUTBOX_PG = sa.text(
 )
 #: Outbox rows one sequencer statement looks at, at most.
 SEQUENCE_BATCH = 1000
-#: PostgreSQL, the sequencer: of the oldest :data:`SEQUENCE_BATCH` outbox
-#: rows, move those of the spaces whose row it can lock now to ``events``,
-#: each space's after its last number, and notify those spaces' listeners
-#: on commit. Space rows are locked in key order and skipped when another
-#: statement (or a change to the space) holds one, so concurrent statements
-#: never wait for each other and never number one space at once; an outbox
-#: row another statement moved meanwhile is skipped by the DELETE. Returns
-#: how many rows moved and how many of the rows callers wait for (each
-#: space's, up to an id: ``spaces``, ``uptos``) it saw but did not move
-#: (another statement has them, or will).
+#: PostgreSQL, the sequencer: lock the rows of the spaces with outbox rows
+#: that no other statement (or change to the space) holds, in key order
+#: and skipping the others, so concurrent statements never wait for each
+#: other and never number one space at once; move the oldest
+#: :data:`SEQUENCE_BATCH` outbox rows of those spaces to ``events``, each
+#: space's after its last number; notify those spaces' listeners on commit.
+#: An outbox row another statement moved meanwhile is skipped by the
+#: DELETE. Returns how many rows moved and how many of the rows callers wait
+#: for (each space's, up to an id: ``spaces``, ``uptos``) it saw but did not
+#: move (another statement has them, or will).
 _SEQUENCE_PG = sa.text(
-    "WITH candidates AS ("
-    "SELECT id, space_id FROM event_outbox ORDER BY id LIMIT :batch), "
-    "locked AS ("
-    "SELECT id FROM spaces WHERE id IN (SELECT space_id FROM candidates) "
+    "WITH locked AS ("
+    "SELECT id FROM spaces WHERE id IN (SELECT space_id FROM event_outbox) "
     "ORDER BY id FOR NO KEY UPDATE SKIP LOCKED), "
     "moved AS ("
-    "DELETE FROM event_outbox WHERE id IN "
-    "(SELECT id FROM candidates WHERE space_id IN (SELECT id FROM locked)) "
+    "DELETE FROM event_outbox WHERE id IN ("
+    "SELECT id FROM event_outbox WHERE space_id IN (SELECT id FROM locked) "
+    "ORDER BY id LIMIT :batch) "
     "RETURNING id, space_id, type, data, created_at), "
     "counts AS (SELECT space_id, count(*) AS n FROM moved GROUP BY space_id), "
     "bumped AS ("

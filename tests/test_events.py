@@ -323,7 +323,9 @@ async def test_a_locked_space_row_holds_up_no_other_spaces_answers(
     """A change to space A holds A's row, while A has committed events
     waiting; a write in space B answers at once, its event numbered.
 
-    Catches: one sequencer statement for every space waiting on A's row."""
+    Catches: one sequencer statement for every space waiting on A's row, or
+    a statement that takes its batch before it knows which spaces it holds."""
+    from buildmax.events import SEQUENCE_BATCH
     from buildmax.tables import event_outbox
 
     owner = await make_principal("human")
@@ -332,9 +334,15 @@ async def test_a_locked_space_row_holds_up_no_other_spaces_answers(
         app, "UPDATE spaces SET name = name WHERE id = $1", a.pk
     )
     try:
+        # More than one statement's batch: none of it may stand in B's way.
         async with app.db.write() as tx:
             await tx.execute(
-                event_outbox.insert().values(space_id=a.pk, type="a.waits", data="{}", created_at=0)
+                event_outbox.insert().values(
+                    [
+                        {"space_id": a.pk, "type": "a.waits", "data": "{}", "created_at": 0}
+                        for _ in range(SEQUENCE_BATCH + 1)
+                    ]
+                )
             )
         answer = await asyncio.wait_for(
             client.post(f"/v1/spaces/{b.id}/testplugin/increment", headers=owner.headers), 2
@@ -347,49 +355,46 @@ async def test_a_locked_space_row_holds_up_no_other_spaces_answers(
     finally:
         await holding.end(commit=False)
     await app.events.sequence_once()
-    assert [r["type"] for r in await app.events.read_after(a.pk, 0)] == ["a.waits"]
+    numbered = await app.events.read_after(a.pk, SEQUENCE_BATCH - 1)
+    assert [(r["seq"], r["type"]) for r in numbered] == [
+        (SEQUENCE_BATCH, "a.waits"),
+        (SEQUENCE_BATCH + 1, "a.waits"),
+    ]
 
 
 @pytest.mark.postgres_only
-async def test_a_request_waits_for_its_events_behind_another_statements_backlog(
-    app, client, make_principal, make_space
+async def test_a_caller_waits_for_its_rows_while_another_statement_moves_them(
+    app, make_principal, make_space
 ):
-    """Another process's sequencer statement holds a whole batch of another
-    space's backlog; a request whose event lies beyond that batch answers
-    only once its event is numbered.
+    """Another process's sequencer statement has moved a caller's outbox
+    row and not yet committed: the caller's own statement skips that space
+    and moves nothing, and the caller must wait until the row's number is
+    committed, not answer before its event is in the stream.
 
     Catches: a statement that moved nothing taken for "all done"."""
     from buildmax.events import _SEQUENCE_PG, CHANNEL, SEQUENCE_BATCH
     from buildmax.tables import event_outbox
 
     owner = await make_principal("human")
-    space, busy = await make_space(owner), await make_space(owner)
+    space = await make_space(owner)
     async with app.db.write() as tx:
-        await tx.execute(
-            event_outbox.insert().values(
-                [
-                    {"space_id": busy.pk, "type": "backlog", "data": "{}", "created_at": 0}
-                    for _ in range(SEQUENCE_BATCH + 10)
-                ]
-            )
+        mine = await tx.fetch_val(
+            event_outbox.insert()
+            .values(space_id=space.pk, type="mine", data="{}", created_at=0)
+            .returning(event_outbox.c.id)
         )
-    sql, params = _SEQUENCE_PG.text, {"batch": SEQUENCE_BATCH, "channel": CHANNEL}
+    sql = _SEQUENCE_PG.text
     for n, name in enumerate(("batch", "channel", "spaces", "uptos"), start=1):
         sql = sql.replace(f":{name}", f"${n}")
-    other = await _open_transaction_locking(app, sql, params["batch"], params["channel"], [], [])
+    other = await _open_transaction_locking(app, sql, SEQUENCE_BATCH, CHANNEL, [], [])
     try:
-        request = asyncio.create_task(
-            client.post(f"/v1/spaces/{space.id}/testplugin/increment", headers=owner.headers)
-        )
-        done, _ = await asyncio.wait({request}, timeout=0.5)
-        assert not done, "the request answered while its event waited"
+        waiting = asyncio.create_task(app.events.sequence_once({space.pk: int(mine)}))
+        done, _ = await asyncio.wait({waiting}, timeout=0.5)
+        assert not done, "the caller returned while its row's number was not committed"
     finally:
         await other.end(commit=True)
-    answer = await asyncio.wait_for(request, 10)
-    assert answer.status_code == 200
-    assert [r["type"] for r in await app.events.read_after(space.pk, 0)] == [
-        "testplugin.incremented"
-    ]
+    await asyncio.wait_for(waiting, 10)
+    assert [r["type"] for r in await app.events.read_after(space.pk, 0)] == ["mine"]
 
 
 @pytest.mark.postgres_only
