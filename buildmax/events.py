@@ -99,8 +99,8 @@ _SEQUENCE_PG = sa.text(
     "SELECT moved.space_id, "
     "bumped.base + row_number() OVER (PARTITION BY moved.space_id ORDER BY moved.id), "
     "moved.type, moved.data, moved.created_at "
-    "FROM moved JOIN bumped ON bumped.space_id = moved.space_id) "
-    ", waited AS ("
+    "FROM moved JOIN bumped ON bumped.space_id = moved.space_id), "
+    "waited AS ("
     "SELECT w.space_id, w.upto FROM unnest(CAST(:spaces AS BIGINT[]), CAST(:uptos AS BIGINT[])) "
     "AS w(space_id, upto)) "
     "SELECT (SELECT count(*) FROM moved) AS moved, "
@@ -223,12 +223,12 @@ class EventHub:
         """PostgreSQL: number the outbox rows committed so far, and wait for
         other statements that hold some of those ``upto`` names (a space's,
         up to an id); how many this process moved."""
-        spaces = sorted(upto or {})
+        waited = dict(upto or {})
         params = {
             "batch": SEQUENCE_BATCH,
             "channel": CHANNEL,
-            "spaces": spaces,
-            "uptos": [(upto or {})[space_pk] for space_pk in spaces],
+            "spaces": list(waited),
+            "uptos": list(waited.values()),
         }
         moved = attempt = 0
         while True:
