@@ -84,6 +84,7 @@ COPY plugins/s3/ plugins/s3/
 COPY plugins/reviews/ plugins/reviews/
 COPY plugins/marketplace/ plugins/marketplace/
 COPY plugins/graders/ plugins/graders/
+COPY plugins/mcp/ plugins/mcp/
 
 RUN pip install --no-cache-dir -r requirements-server.txt
 

@@ -70,6 +70,7 @@ def api(
     query: type[Schema] | None = None,
     headers: type[Schema] | None = None,
     also: Mapping[int, str] | None = None,
+    relays: bool = False,
 ) -> Callable[[View], Callable[..., Awaitable[Response]]]:
     """Declare a view; the kernel applies the declaration before the view
     runs and hands it what that produced.
@@ -102,7 +103,9 @@ def api(
     answer. A route that reads raw bytes names their media type in
     ``body_type``. ``query`` and ``headers`` are schemas of the query
     parameters and request headers it reads (:func:`query_args`,
-    :func:`header_args`).
+    :func:`header_args`). A route that ``relays`` writes nothing itself:
+    it calls other routes in-process (:class:`buildmax.internal.InternalApi`),
+    each admitted on its own, so its handler takes no write admission.
     """
     doc = RouteDoc(
         summary,
@@ -133,7 +136,7 @@ def api(
         @functools.wraps(view)
         async def serve(**path: Any) -> Response:
             given = await _apply(doc, path)
-            if request.method in SAFE_METHODS or doc.body_type != JSON:
+            if request.method in SAFE_METHODS or doc.body_type != JSON or relays:
                 return await handle(given)
             # A mutating request's handler waits for write admission, after
             # its authentication and its body (declared or not: an
@@ -258,10 +261,16 @@ def _any_but_null(
     return {}
 
 
-def build_openapi(app: BuildMax, title: str, version: str) -> dict[str, Any]:
-    """The OpenAPI 3 document of every declared route of ``app``."""
+def build_openapi(
+    app: BuildMax, title: str, version: str, openapi_version: str = "3.0.3"
+) -> dict[str, Any]:
+    """The OpenAPI 3 document of every declared route of ``app``. With
+    ``openapi_version`` 3.1 its schemas are JSON Schema (a nullable field is
+    ``type: [..., "null"]``), as tool schemas need."""
     marshmallow = MarshmallowPlugin()
-    spec = APISpec(title=title, version=version, openapi_version="3.0.3", plugins=[marshmallow])
+    spec = APISpec(
+        title=title, version=version, openapi_version=openapi_version, plugins=[marshmallow]
+    )
     marshmallow.map_to_openapi_type(Timestamp, "string", "date-time")  # type: ignore[no-untyped-call]
     marshmallow.converter.add_attribute_function(_any_but_null)  # type: ignore[union-attr]
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})

@@ -29,6 +29,7 @@ from .hooks import Hooks
 from .idempotency import Idempotency
 from .ids import new_id
 from .inputs import unsafe_text
+from .internal import REQUEST_ID_SCOPE
 from .logs import FIELDS
 from .metrics import UNMATCHED_ROUTE, Metrics
 from .migrations import MigrationError, migrate, migration_status, refuse_if_ahead
@@ -193,8 +194,15 @@ def _install_conventions(app: BuildMax) -> None:
     @app.before_request
     async def assign_request_id() -> None:
         g.started = time.perf_counter()
+        marked = request.scope.get(REQUEST_ID_SCOPE)
         incoming = request.headers.get("X-Request-Id", "")
-        g.request_id = incoming if _REQUEST_ID.match(incoming) else new_id("rq")
+        if isinstance(marked, str):  # an in-process request, marked by its caller
+            # (with a "/", which an X-Request-Id from the network cannot hold)
+            g.request_id = marked
+        elif _REQUEST_ID.match(incoming):
+            g.request_id = incoming
+        else:
+            g.request_id = new_id("rq")
         g.client_address = client_address(
             request.remote_addr,
             request.headers.getlist("X-Forwarded-For"),

@@ -24,6 +24,7 @@ import pluggy
 from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
+    AgentTool,
     App,
     AttemptRef,
     Attention,
@@ -156,6 +157,10 @@ class Hooks:
     def services(self, app: App) -> list[tuple[str, Mapping[type, Any]]]:
         """``buildmax_services``: ``(plugin, {Protocol: implementation})``."""
         return self.each("buildmax_services", app=app)
+
+    def agent_tools(self) -> list[tuple[str, Iterable[AgentTool]]]:
+        """``buildmax_agent_tools``: ``(plugin, its tools)``."""
+        return self.each("buildmax_agent_tools")
 
     # -- audit ---------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Mutable
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
+from quart.globals import _cv_app
 
 from .auth import ACTING_CALLER, Caller
 from .database.base import refuse_nested
@@ -43,12 +44,25 @@ INTERNAL_URL = "http://buildmax.internal"
 _PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "request_id"})
 
 
-class InternalApi:
-    """The HTTP API of ``app``, called in-process as ``caller``."""
+#: The ASGI scope key giving an in-process request its request id.
+REQUEST_ID_SCOPE = "buildmax.request_id"
 
-    def __init__(self, app: BuildMax, caller: Caller) -> None:
+
+class InternalApi:
+    """The HTTP API of ``app``, called in-process as ``caller``.
+
+    ``request_id`` is the request id its requests carry (in their answers,
+    logs and audit events) instead of a fresh one: a plugin that serves
+    another protocol marks the calls made through it (``mcp/...``). Like the
+    caller, it rides in the ASGI scope, where a network request cannot put
+    it; give it a ``/``, which an ``X-Request-Id`` from the network cannot
+    hold, so that the mark cannot be forged.
+    """
+
+    def __init__(self, app: BuildMax, caller: Caller, *, request_id: str | None = None) -> None:
         self._app = app
         self.caller = caller
+        self.request_id = request_id
 
     async def _asgi(
         self,
@@ -56,8 +70,17 @@ class InternalApi:
         receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
         send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
     ) -> None:
-        acting = cast("HTTPScope", {**scope, ACTING_CALLER: self.caller})
-        await self._app(acting, receive, send)  # type: ignore[arg-type]
+        acting = cast(
+            "HTTPScope",
+            {**scope, ACTING_CALLER: self.caller, REQUEST_ID_SCOPE: self.request_id},
+        )
+        # An app context of its own, so a ``g`` of its own: the request that
+        # makes this one keeps its request id, timing and caller.
+        outer = _cv_app.set(None)  # type: ignore[arg-type]
+        try:
+            await self._app(acting, receive, send)  # type: ignore[arg-type]
+        finally:
+            _cv_app.reset(outer)
 
     async def request(
         self,
@@ -67,11 +90,17 @@ class InternalApi:
         json: Any = None,
         params: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        content: bytes | None = None,
+        content_type: str = "application/octet-stream",
     ) -> Any:
         """The decoded answer of a 2xx (``None`` when empty); the answer's
-        :class:`~buildmax.problems.Problem` for any other status."""
+        :class:`~buildmax.problems.Problem` for any other status. ``content``
+        is the body of a route that takes raw bytes (an upload), sent as
+        ``content_type``; ``json`` that of every other route."""
         refuse_nested()
         headers: dict[bytes, bytes] = {}
+        if content is not None:
+            headers[b"content-type"] = content_type.encode("latin-1")
         if idempotency_key:
             try:  # as a header from the network arrives: latin-1, checked by the route
                 headers[HEADER.encode()] = idempotency_key.encode("latin-1")
@@ -79,7 +108,9 @@ class InternalApi:
                 raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters") from None
         transport = httpx.ASGITransport(app=self._asgi)
         async with httpx.AsyncClient(transport=transport, base_url=INTERNAL_URL) as client:
-            response = await client.request(method, path, json=json, params=params, headers=headers)
+            response = await client.request(
+                method, path, json=json, content=content, params=params, headers=headers
+            )
         if not response.is_success:
             raise _problem_of(response)
         if not response.content:

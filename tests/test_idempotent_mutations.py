@@ -54,6 +54,7 @@ def test_every_mutating_route_honours_the_key_or_says_why_not(app) -> None:
     assert {(m, path.replace("<", "{").replace(">", "}")) for m, path in shipped} == {
         ("POST", "/v1/sessions"),
         ("DELETE", "/v1/sessions/current"),
+        ("POST", "/mcp"),
     }
     for m, path in shipped:
         assert f"`{m} {path.replace('<', '{').replace('>', '}')}`" in guide, (m, path)

@@ -5,7 +5,7 @@ the pluggy markers, the hookspec modules, the records hooks pass and the
 Protocols services implement. This package imports nothing of BuildMax.
 """
 
-from . import app, audit, auth, backup, graders, operations, storage, workflow
+from . import app, audit, auth, backup, graders, operations, storage, tools, workflow
 from .kernel import App, AuditTrail, Clock, Database, EventStream, ServiceRegistry, Settings
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
@@ -29,6 +29,7 @@ from .records import (
     SYSTEM_ACTOR,
     Actor,
     AgentRevisionRef,
+    AgentTool,
     AttemptRef,
     Attention,
     AuditAction,
@@ -48,7 +49,7 @@ from .records import (
 from .workflow import RunEnvironmentRefused
 
 #: The modules holding hookspecs, in the order the kernel registers them.
-HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders, backup, operations)
+HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders, backup, operations, tools)
 
 __all__ = [
     "ATTENTION_ROLES",
@@ -58,6 +59,7 @@ __all__ = [
     "SYSTEM_ACTOR",
     "Actor",
     "AgentRevisionRef",
+    "AgentTool",
     "App",
     "AttemptRef",
     "Attention",

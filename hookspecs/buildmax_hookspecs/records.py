@@ -333,3 +333,44 @@ class Attention:
     role: str = "viewer"
     severity: str = "warning"
     target: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class AgentTool:
+    """One operation of the HTTP API offered to agents as a tool
+    (``buildmax_agent_tools``; the MCP plugin serves them).
+
+    A tool is a route, never a second implementation: calling it makes the
+    request ``method path`` in-process as the caller, so the route's role
+    and scope checks, validation, idempotency, fencing and audit apply
+    unchanged. ``path`` is the route in OpenAPI form
+    (``/v1/spaces/{space}/claims``); the tool's arguments are the path's
+    parameters, then the route's query parameters (a read) or the fields of
+    its JSON body (a change), with the schemas the route declares, plus
+    ``idempotency_key`` where the route honours one. ``fixed`` sets
+    arguments the tool does not take (``{"kind": "review"}`` makes "claim
+    the next review" of "claim the next task").
+
+    ``body = "bytes"`` is for a route whose body is raw bytes (an upload):
+    the tool takes ``content`` (text) or ``content_base64`` (up to the
+    serving plugin's limit, decoded) and ``media_type``, plus the route's
+    query parameters.
+
+    ``name`` is short snake case, unique across plugins; ``description`` is
+    written for a model choosing among tools: when to use it, what it
+    returns and which of its values later calls need. ``arguments``
+    describes the path's parameters (and any argument whose schema says
+    nothing), by name. A read whose arguments are all in its path may also
+    be offered as a resource: ``resource`` is its URI template, with those
+    parameters (``buildmax://spaces/{space}/tasks/{task}``).
+    """
+
+    name: str
+    description: str
+    method: str
+    path: str
+    title: str | None = None
+    arguments: Mapping[str, str] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    body: Literal["json", "bytes"] = "json"
+    resource: str | None = None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from buildmax_hookspecs import (
+    AgentTool,
     App,
     AttemptRef,
     AuditAction,
@@ -147,3 +148,10 @@ async def buildmax_restored(app: App, tx: Transaction, restoration: Restoration)
     from .backup import restored
 
     return await restored(app, tx, restoration)
+
+
+@hookimpl
+def buildmax_agent_tools() -> tuple[AgentTool, ...]:
+    from .tools import TOOLS
+
+    return TOOLS

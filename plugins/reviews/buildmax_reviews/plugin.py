@@ -9,6 +9,7 @@ import click
 import sqlalchemy as sa
 from buildmax_hookspecs import (
     Actor,
+    AgentTool,
     App,
     AttemptRef,
     Attention,
@@ -167,3 +168,10 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "finding",
         ),
     ]
+
+
+@hookimpl
+def buildmax_agent_tools() -> tuple[AgentTool, ...]:
+    from .tools import TOOLS
+
+    return TOOLS

@@ -15,18 +15,18 @@ from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import TaskQueue, TaskRef, Transaction
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
-from quart import Blueprint, Response, request
+from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
+from quart import Blueprint, Response
 
 from buildmax.access import SpaceAccess
-from buildmax.apidoc import api
+from buildmax.apidoc import api, query_args
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.problems import NotFound, ValidationFailed
+from buildmax.problems import NotFound
 from buildmax.schemas import Pattern, StrictBoolean, revision_number
 
 from .candidates import FindingIn
@@ -139,27 +139,37 @@ _ITEM_SELECT = (
 )
 
 
-def _arg(name: str) -> str | None:
-    value = request.args.get(name)
-    if value is None:
-        return None
-    try:
-        _ID_CHARS(value)
-    except ValidationError:
-        raise ValidationFailed(
-            f"{name} is not a valid id", errors={name: ["Not a valid id."]}
-        ) from None
-    return value
+class ReviewListQuery(Schema):
+    """The filters of the review and integration work list."""
+
+    class Meta:
+        unknown = EXCLUDE  # the page's limit and cursor are read on their own
+
+    kind = fields.String(
+        validate=validate.OneOf(KINDS), metadata={"description": "review or integration"}
+    )
+    subject = fields.String(validate=_ID_CHARS, metadata={"description": "Only work on this task"})
+    pending = fields.String(
+        validate=validate.OneOf(("true", "false")),
+        metadata={"description": "true: nothing recorded yet and the work item still open"},
+    )
 
 
-def _choice(name: str, allowed: tuple[str, ...]) -> str | None:
-    value = request.args.get(name)
-    if value is not None and value not in allowed:
-        raise ValidationFailed(
-            f"{name} must be one of {', '.join(allowed)}",
-            errors={name: [f"Must be one of: {', '.join(allowed)}."]},
-        )
-    return value
+class FindingListQuery(Schema):
+    """The filters of the finding list."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    subject = fields.String(
+        validate=_ID_CHARS, metadata={"description": "Only findings on this task's work"}
+    )
+    review = fields.String(
+        validate=_ID_CHARS, metadata={"description": "Only this review's findings"}
+    )
+    state = fields.String(
+        validate=validate.OneOf(("open", "resolved")), metadata={"description": "open or resolved"}
+    )
 
 
 def _finding_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +254,7 @@ async def _render(conn: Transaction, rows: list[dict[str, Any]]) -> list[dict[st
 @api(
     "List the review and integration work of a space, newest first (viewers)",
     response=ReviewPage,
+    query=ReviewListQuery,
     role="viewer",
     action="reviews.read",
     tags=["reviews"],
@@ -254,13 +265,14 @@ async def list_reviews(access: SpaceAccess) -> Response:
     app = current_buildmax()
     page = page_request()
     query = _ITEM_SELECT.where(activities.c.space_id == access.pk).limit(page.limit + 1)
-    kind = _choice("kind", KINDS)
+    filters = query_args()
+    kind = filters.get("kind")
     if kind is not None:
         query = query.where(activities.c.kind == kind)
-    subject = _arg("subject")
+    subject = filters.get("subject")
     if subject is not None:
         query = query.where(activities.c.subject_task_id == subject)
-    pending = _choice("pending", ("true", "false")) == "true"
+    pending = filters.get("pending") == "true"
     if pending:
         query = query.where(reviews.c.id.is_(None), integrations.c.id.is_(None))
     if page.after is not None:
@@ -371,6 +383,7 @@ def _present(finding: dict[str, Any]) -> dict[str, Any]:
 @api(
     "List review findings, newest first (viewers)",
     response=FindingPage,
+    query=FindingListQuery,
     scopes=ATTEMPT_SCOPE,
     tags=["reviews"],
     role="viewer",
@@ -386,13 +399,14 @@ async def list_findings(access: SpaceAccess) -> Response:
         .order_by(findings.c.id.desc())
         .limit(page.limit + 1)
     )
-    subject = _arg("subject")
+    filters = query_args()
+    subject = filters.get("subject")
     if subject is not None:
         query = query.where(findings.c.subject_task_id == subject)
-    review = _arg("review")
+    review = filters.get("review")
     if review is not None:
         query = query.where(reviews.c.public_id == review)
-    state = _choice("state", ("open", "resolved"))
+    state = filters.get("state")
     if state is not None:
         resolved = findings.c.resolved_at.is_not(None)
         query = query.where(resolved if state == "resolved" else sa.not_(resolved))

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from buildmax_hookspecs import (
     Actor,
+    AgentTool,
     Attention,
     AuditAction,
     Gauge,
@@ -236,3 +237,10 @@ async def buildmax_restored(app: BuildMax, tx: Transaction, restoration: Restora
     from .restore import enter_epoch
 
     return await enter_epoch(app, tx, restoration)
+
+
+@hookimpl
+def buildmax_agent_tools() -> tuple[AgentTool, ...]:
+    from .tools import TOOLS
+
+    return TOOLS

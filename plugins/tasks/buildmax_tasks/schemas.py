@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from buildmax_hookspecs import App
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from buildmax.schemas import (
     NAME_PATTERN,
@@ -470,3 +470,40 @@ class AgentPage(Schema):
 class AgentRevisionPage(Schema):
     items = fields.List(fields.Nested(AgentRevisionOut))
     next_cursor = fields.String(allow_none=True)
+
+
+class QueueQuery(Schema):
+    """The filters of the ready queue."""
+
+    class Meta:
+        unknown = EXCLUDE  # the page's limit and cursor are read on their own
+
+    project = fields.String(metadata={"description": "Only this project's tasks (id or name)"})
+    kind = fields.String(
+        validate=validate.OneOf(TASK_KINDS), metadata={"description": "Only tasks of this kind"}
+    )
+    label = fields.String(metadata={"description": "Only tasks carrying this label"})
+    agent = fields.String(metadata={"description": "Only tasks for this agent (id or name)"})
+
+
+class TaskListQuery(QueueQuery):
+    """The filters of the task list."""
+
+    state = fields.String(
+        validate=validate.OneOf(TASK_STATES), metadata={"description": "Only tasks in this state"}
+    )
+    q = fields.String(validate=validate.Length(max=200), metadata={"description": "Title contains"})
+
+
+class DecisionListQuery(Schema):
+    """The filters of the decision list."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    state = fields.String(
+        load_default="pending",
+        validate=validate.OneOf(("pending", "answered", "all")),
+        metadata={"description": "pending (the default), answered or all"},
+    )
+    task = fields.String(metadata={"description": "Only this task's decisions"})

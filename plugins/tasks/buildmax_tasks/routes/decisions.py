@@ -7,10 +7,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from buildmax.access import SpaceAccess
-from buildmax.apidoc import api
+from buildmax.apidoc import api, query_args
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
@@ -24,7 +24,13 @@ from ..lifecycle import TERMINAL
 from ..problems import InvalidState
 from ..records import DECISION_SELECT, task_or_404
 from ..rows import DecisionRow
-from ..schemas import DecisionAnswer, DecisionCreate, DecisionOut, DecisionPage
+from ..schemas import (
+    DecisionAnswer,
+    DecisionCreate,
+    DecisionListQuery,
+    DecisionOut,
+    DecisionPage,
+)
 from ..tables import decisions
 
 blueprint = Blueprint("tasks_decisions", __name__)
@@ -97,6 +103,7 @@ async def create(task: str, caller: Caller, access: SpaceAccess, data: dict[str,
 @api(
     "List decisions, pending ones unless state=all|answered (viewers)",
     response=DecisionPage,
+    query=DecisionListQuery,
     role="viewer",
     action="tasks.read",
     tags=["decisions"],
@@ -111,7 +118,8 @@ async def list_decisions(access: SpaceAccess) -> Response:
         .order_by(decisions.c.id.desc())
         .limit(page.limit + 1)
     )
-    state = request.args.get("state", "pending")
+    filters = query_args()
+    state = filters["state"]
     if state == "pending":
         query = query.where(
             decisions.c.state == "pending",
@@ -119,12 +127,10 @@ async def list_decisions(access: SpaceAccess) -> Response:
         )
     elif state == "answered":
         query = query.where(decisions.c.state == "answered")
-    elif state != "all":
-        raise ValidationFailed("state must be pending, answered or all")
     if page.after is not None:
         query = query.where(older_than(decisions, page.after[0]))
     async with app.db.read() as conn:
-        task = request.args.get("task")
+        task = filters.get("task")
         if task is not None:
             query = query.where(
                 decisions.c.task_id == (await task_or_404(conn, access.pk, task)).pk

@@ -8,10 +8,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from buildmax.access import SpaceAccess
-from buildmax.apidoc import api
+from buildmax.apidoc import api, query_args
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
@@ -20,7 +20,6 @@ from buildmax.pagination import page_body, page_request
 from buildmax.problems import (
     BadCursor,
     TokenScopeRefused,
-    ValidationFailed,
 )
 
 from .. import tasks as tasks_domain
@@ -35,17 +34,17 @@ from ..rows import TaskRow
 from ..schemas import (
     DependenciesOut,
     DependencyBody,
+    QueueQuery,
     Reason,
     RevisionOut,
     RevisionPage,
     TaskCreate,
+    TaskListQuery,
     TaskOut,
     TaskPage,
     TaskUpdate,
 )
 from ..tables import (
-    TASK_KINDS,
-    TASK_STATES,
     attempts,
     task_revisions,
     tasks,
@@ -93,26 +92,20 @@ async def create(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> W
     return work
 
 
-def _kind() -> str | None:
-    kind = request.args.get("kind")
-    if kind is not None and kind not in TASK_KINDS:
-        raise ValidationFailed(f"kind must be one of {', '.join(TASK_KINDS)}")
-    return kind
-
-
-async def _queue_filters(conn: Transaction, access: SpaceAccess) -> ClaimFilters:
-    """``project``, ``kind``, ``label`` and ``agent`` from the query string."""
-    project = request.args.get("project")
-    agent = request.args.get("agent")
+async def _queue_filters(
+    conn: Transaction, access: SpaceAccess, query: dict[str, Any]
+) -> ClaimFilters:
+    """``project``, ``kind``, ``label`` and ``agent`` of the validated query."""
+    project, agent = query.get("project"), query.get("agent")
     return ClaimFilters(
         project_pk=(await find_project(conn, access.pk, project)).pk if project else None,
-        kind=_kind(),
-        label=request.args.get("label"),
+        kind=query.get("kind"),
+        label=query.get("label"),
         agent_pk=await agent_pk(conn, access.pk, agent) if agent else None,
     )
 
 
-def _list_conditions(filters: ClaimFilters) -> list[Any]:
+def _list_conditions(filters: ClaimFilters, query: dict[str, Any]) -> list[Any]:
     """The list's conditions but the project's (:func:`task_list_statement` takes that)."""
     conditions: list[Any] = []
     if filters.kind is not None:
@@ -121,16 +114,10 @@ def _list_conditions(filters: ClaimFilters) -> list[Any]:
         conditions.append(tasks.c.labels.contains(json.dumps(filters.label), autoescape=True))
     if filters.agent_pk is not None:
         conditions.append(tasks.c.agent_id == filters.agent_pk)
-    state = request.args.get("state")
-    if state is not None:
-        if state not in TASK_STATES:
-            raise ValidationFailed(f"state must be one of {', '.join(TASK_STATES)}")
-        conditions.append(tasks.c.state == state)
-    search = request.args.get("q")
-    if search is not None:
-        if len(search) > 200:
-            raise ValidationFailed("q is at most 200 characters")
-        conditions.append(tasks.c.title.icontains(search, autoescape=True))
+    if query.get("state") is not None:
+        conditions.append(tasks.c.state == query["state"])
+    if query.get("q") is not None:
+        conditions.append(tasks.c.title.icontains(query["q"], autoescape=True))
     return conditions
 
 
@@ -142,6 +129,7 @@ _SCANNING_FILTERS = ("q", "label", "kind", "agent")
 @api(
     "List and search tasks (viewers)",
     response=TaskPage,
+    query=TaskListQuery,
     tags=["tasks"],
     role="viewer",
     action="tasks.read",
@@ -151,16 +139,17 @@ async def list_tasks(access: SpaceAccess) -> Response:
     (title contains); newest first."""
     app = current_buildmax()
     page = page_request()
+    query = query_args()
     # The space's, a state's and a project's tasks are read newest first
     # from an index; any other filter may scan the space's whole history,
     # which is no read for the event loop.
-    scanning = any(request.args.get(name) is not None for name in _SCANNING_FILTERS)
+    scanning = any(query.get(name) is not None for name in _SCANNING_FILTERS)
     async with app.db.read(background=scanning) as conn:
-        filters = await _queue_filters(conn, access)
+        filters = await _queue_filters(conn, access, query)
         after = page.after[0] if page.after is not None else None
         query = task_list_statement(
             access.pk,
-            _list_conditions(filters),
+            _list_conditions(filters, query),
             page.limit + 1,
             after,
             project_pk=filters.project_pk,
@@ -179,6 +168,7 @@ _TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=Tr
 @api(
     "The ready queue: claimable tasks by priority, then age (viewers)",
     response=TaskPage,
+    query=QueueQuery,
     role="viewer",
     action="tasks.read",
     tags=["tasks"],
@@ -189,8 +179,9 @@ async def ready(access: SpaceAccess) -> Response:
     app = current_buildmax()
     page = page_request()
     now = app.clock.now_ms()
+    query = query_args()
     async with app.db.read() as conn:
-        filters = await _queue_filters(conn, access)
+        filters = await _queue_filters(conn, access, query)
         after = None
         if page.after is not None:
             last = await conn.fetch_one(

@@ -1,0 +1,24 @@
+"""Hooks for agents' tools: the operations an agent reaches as tools
+(Model Context Protocol and the like) rather than as HTTP requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .markers import hookspec
+from .records import AgentTool
+
+
+@hookspec
+def buildmax_agent_tools() -> Iterable[AgentTool] | None:
+    """The plugin's operations an agent may call as tools.
+
+    Called once per process, at start-up, with no transaction open. Return
+    :class:`AgentTool` records, one per tool, each naming one of the
+    plugin's own declared routes (never another plugin's: the plugin that
+    owns an operation offers its tool). A tool executes as an in-process
+    request to that route with the caller's identity, so it needs no check
+    of its own. Two plugins offering the same name, a route that is not
+    declared, or an argument named twice (path, query, body) is an error
+    that stops the server starting.
+    """

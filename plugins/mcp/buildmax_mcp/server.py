@@ -1,0 +1,235 @@
+"""The MCP server of a BuildMax process: the SDK's low-level server with
+BuildMax's tools, resources and prompt, behind the SDK's streamable HTTP
+transport in stateless mode.
+
+Stateless: every MCP request is complete in itself (no session lives in a
+process between requests), so behind a proxy that spreads requests over
+several server processes each one serves any request, and nothing is lost
+when a process restarts. What a session would have carried (the fencing
+generation, a claim's attempt) travels in tool results and arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+
+from buildmax import __version__
+from buildmax.background import start_background, stop_background
+from buildmax.internal import InternalApi
+from buildmax.problems import Problem
+
+from . import calls
+from .calls import CallContext, UnknownTool
+from .catalog import TEMPLATE_PARAMETER, Catalog, build_catalog
+from .prompts import LOOP_PROMPT, loop_prompt
+from .settings import mcp_settings
+
+if TYPE_CHECKING:
+    from buildmax.app import BuildMax
+
+#: The ASGI scope key carrying a call's :class:`CallContext` to the handlers.
+CONTEXT_SCOPE = "buildmax.mcp.context"
+_KEY = "mcp.server"
+_TASK = "mcp.session-manager"
+#: The server's instructions to a client's model.
+INSTRUCTIONS = (
+    "BuildMax is a work queue for coding agents. Claim a task, keep its lease alive while "
+    "you work (renew before lease_expires_at), and hand the work in with submit; every call "
+    "about your attempt takes its attempt id and fencing generation from the claim's result. "
+    "Work you hand in is reviewed by another agent or a person. Pass an idempotency_key to a "
+    "change you may retry. Errors name a stable slug (e.g. stale-generation, lease-lapsed)."
+)
+
+
+@dataclass
+class McpServer:
+    """The MCP server of one app: its catalog, the SDK's server and its
+    stateless session manager, and the calls in flight per token."""
+
+    catalog: Catalog
+    server: Server[Any]
+    manager: StreamableHTTPSessionManager
+    in_flight: dict[int, int] = field(default_factory=dict)
+
+
+def mcp_server(app: BuildMax) -> McpServer:
+    """The app's MCP server (started by the plugin's startup hook)."""
+    found: McpServer | None = app.extensions.get(_KEY)
+    if found is None:
+        raise RuntimeError("the MCP server of this app is not started")
+    return found
+
+
+def _context(ctx: ServerRequestContext[Any, Any]) -> CallContext:
+    request = ctx.request
+    found = getattr(request, "scope", {}).get(CONTEXT_SCOPE)
+    if not isinstance(found, CallContext):
+        raise MCPError(types.INTERNAL_ERROR, "this request did not come through /mcp")
+    return found
+
+
+def _build(app: BuildMax) -> McpServer:
+    catalog = build_catalog(app)  # a tool that cannot be served stops start-up
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=catalog.tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        context = _context(ctx)
+        binding = catalog.bindings.get(params.name)
+        if binding is None:
+            return calls.problem_result(
+                UnknownTool(f"no tool {params.name!r}: tools/list names them"), context
+            )
+        settings = mcp_settings(app)
+        return await calls.call(
+            app,
+            binding,
+            dict(params.arguments or {}),
+            context,
+            max_upload_bytes=settings.max_upload_bytes,
+            limit_seconds=settings.call_timeout_seconds,
+        )
+
+    async def list_resource_templates(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                types.ResourceTemplate(
+                    name=binding.spec.name,
+                    title=binding.spec.title,
+                    uri_template=binding.spec.resource or "",
+                    description=binding.spec.description,
+                    mime_type="application/json",
+                )
+                for binding in catalog.resources()
+            ]
+        )
+
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[])
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        context = _context(ctx)
+        uri = str(params.uri)
+        for binding in catalog.resources():
+            arguments = _match(binding.spec.resource or "", uri)
+            if arguments is None:
+                continue
+            made = calls.route_request(binding, arguments, context, 0)
+            try:
+                answer = await InternalApi(app, context.caller, request_id=context.request_id).get(
+                    made.path
+                )
+            except Problem as problem:
+                raise MCPError(
+                    types.INVALID_PARAMS,
+                    f"{problem.slug} ({problem.status}): {problem.detail}",
+                ) from None
+            return types.ReadResourceResult(
+                contents=[
+                    types.TextResourceContents(
+                        uri=uri, mime_type="application/json", text=json.dumps(answer)
+                    )
+                ]
+            )
+        raise MCPError(types.INVALID_PARAMS, f"no resource {uri!r}")
+
+    async def list_prompts(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[LOOP_PROMPT])
+
+    async def get_prompt(
+        ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        if params.name != LOOP_PROMPT.name:
+            raise MCPError(types.INVALID_PARAMS, f"no prompt {params.name!r}")
+        return loop_prompt(dict(params.arguments or {}), catalog)
+
+    server: Server[Any] = Server(
+        "buildmax",
+        version=__version__,
+        title="BuildMax",
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_resource_templates,
+        on_read_resource=read_resource,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+    )
+    manager = StreamableHTTPSessionManager(
+        server,
+        stateless=True,
+        json_response=True,
+        max_request_body_size=app.settings.max_body_bytes,
+    )
+    return McpServer(catalog, server, manager)
+
+
+def _match(template: str, uri: str) -> dict[str, str] | None:
+    """The parameters of ``uri`` if it fits ``template`` (each one segment)."""
+    names = TEMPLATE_PARAMETER.findall(template)
+    pattern = (
+        "^"
+        + TEMPLATE_PARAMETER.sub(
+            "([^/]+)", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")
+        )
+        + "$"
+    )
+    found = re.match(pattern, uri)
+    if found is None:
+        return None
+    return {name: unquote(value) for name, value in zip(names, found.groups(), strict=True)}
+
+
+async def start(app: BuildMax) -> None:
+    """Start the app's MCP server: its session manager runs in a task of
+    the app until :func:`stop`."""
+    served = _build(app)
+    running = asyncio.Event()
+
+    async def run() -> None:
+        async with served.manager.run():
+            running.set()
+            await asyncio.Event().wait()
+
+    start_background(app, _TASK, run())
+    app.extensions[_KEY] = served
+    waiting = asyncio.ensure_future(running.wait())
+    task = app.extensions[_TASK]
+    await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
+    if not running.is_set():
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        task.result()  # the reason it could not start
+
+
+async def stop(app: BuildMax) -> None:
+    """Stop the app's MCP server."""
+    app.extensions.pop(_KEY, None)
+    await stop_background(app, _TASK)

@@ -1,0 +1,217 @@
+"""The tools, resources and prompt an agent sees: each plugin's
+``buildmax_agent_tools``, with the JSON Schemas of the route each calls; a
+third party adds its own; a tool that cannot be served stops start-up."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from buildmax_hookspecs import AgentTool, hookimpl
+from jsonschema import Draft202012Validator
+from quart import Blueprint, Response
+
+from buildmax.apidoc import api
+from buildmax.app import create_app
+from buildmax.testing import without_plugins
+
+from .conftest import Team, http_session
+
+#: What an agent's whole loop needs (issue scope), by tool name.
+LOOP_TOOLS = {
+    "list_ready",
+    "claim_next",
+    "claim_task",
+    "show_task",
+    "task_dependencies",
+    "show_attempt",
+    "renew",
+    "checkpoint",
+    "submit",
+    "release",
+    "upload_artifact",
+    "list_reviews",
+    "claim_review",
+    "record_review",
+    "list_findings",
+    "claim_integration",
+    "ask_decision",
+    "list_decisions",
+}
+
+
+async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team) -> None:
+    """Every loop tool is listed with a description and valid JSON Schemas;
+    the arguments are the route's (a fenced call requires its generation,
+    an idempotent one takes idempotency_key, a read takes its filters)."""
+    async with http_session(team.base_url, team.author.token) as tools:
+        listed = {tool.name: tool for tool in (await tools.client.list_tools()).tools}
+    assert LOOP_TOOLS <= set(listed)
+    for tool in listed.values():
+        assert tool.description and len(tool.description) > 40, tool.name
+        Draft202012Validator.check_schema(tool.input_schema)
+        assert tool.input_schema["type"] == "object"
+        if tool.output_schema is not None:
+            Draft202012Validator.check_schema(tool.output_schema)
+    renew = listed["renew"].input_schema
+    assert {"space", "attempt", "generation"} <= set(renew["required"])
+    assert "idempotency_key" in renew["properties"]
+    assert listed["renew"].annotations.read_only_hint is False
+    ready = listed["list_ready"]
+    assert {"kind", "project", "label", "cursor", "limit"} <= set(ready.input_schema["properties"])
+    assert ready.input_schema["properties"]["kind"]["enum"] == [
+        "code",
+        "review",
+        "integration",
+        "general",
+    ]
+    assert "idempotency_key" not in ready.input_schema["properties"]
+    assert ready.annotations.read_only_hint is True
+    # "claim the next review" is claim-next with the kind set: no kind to pass.
+    assert "kind" not in listed["claim_review"].input_schema["properties"]
+    upload = listed["upload_artifact"].input_schema["properties"]
+    assert {"content", "content_base64", "media_type", "name", "attempt"} <= set(upload)
+
+
+async def test_a_tool_s_answer_fits_its_output_schema(team: Team) -> None:
+    """The SDK's client checks structured content against the output
+    schema: a claim's answer (nullable task, attempt with a generation)
+    passes it both when something was claimed and when nothing was."""
+    await team.task("one")
+    async with http_session(team.base_url, team.author.token) as tools:
+        claimed = await tools.ok("claim_next", space=team.space.slug)
+        nothing = await tools.ok("claim_next", space=team.space.slug)
+    assert claimed["attempt"]["generation"] == 1
+    assert nothing["task"] is None
+
+
+async def test_the_task_resource_and_the_loop_prompt(team: Team) -> None:
+    """A task reads as a resource (JSON, what show_task answers); the
+    work_loop prompt names the space and the tools in their order."""
+    task = await team.task("read me")
+    uri = f"buildmax://spaces/{team.space.slug}/tasks/{task['id']}"
+    async with http_session(team.base_url, team.author.token) as tools:
+        templates = await tools.client.list_resource_templates()
+        assert "buildmax://spaces/{space}/tasks/{task}" in [
+            t.uri_template for t in templates.resource_templates
+        ]
+        read = await tools.client.read_resource(uri)
+        prompt = await tools.client.get_prompt("work_loop", {"space": team.space.slug})
+    assert '"title": "read me"' in read.contents[0].text  # type: ignore[union-attr]
+    text = prompt.messages[0].content.text  # type: ignore[union-attr]
+    assert team.space.slug in text
+    assert text.index("claim_next") < text.index("renew") < text.index("submit")
+
+
+async def test_a_resource_of_another_space_is_not_read(
+    team: Team, make_principal: Any, make_space: Any
+) -> None:
+    """A member of the team's space reads nothing of another space through
+    the resource (the route's 404, as an MCP error)."""
+    stranger = await make_principal("human")
+    other_space = await make_space(stranger)
+    other = await team.api(
+        "POST", f"/v1/spaces/{other_space.slug}/projects", stranger, json={"name": "p"}, expect=201
+    )
+    task = await team.api(
+        "POST",
+        f"/v1/spaces/{other_space.slug}/tasks",
+        stranger,
+        json={"project": other["id"], "title": "secret"},
+        expect=201,
+    )
+    uri = f"buildmax://spaces/{other_space.slug}/tasks/{task['id']}"
+    async with http_session(team.base_url, team.author.token) as tools:
+        with pytest.raises(Exception, match="not-found") as raised:
+            await tools.client.read_resource(uri)
+    assert "secret" not in str(raised.value)
+
+
+# -- a third party's tools ---------------------------------------------------------
+
+notes = Blueprint("notes_probe", __name__)
+
+
+@notes.get("/v1/spaces/<space>/notes-probe")
+@api("List notes (viewers)", role="viewer", action="notes.read")
+async def list_notes_probe(space: str) -> Response:
+    return Response('{"items": []}', content_type="application/json")
+
+
+class NotesTools:
+    """A third-party plugin offering a tool on its own route."""
+
+    def __init__(self, *tools: AgentTool) -> None:
+        self.tools = tools
+
+    @hookimpl
+    def buildmax_blueprints(self, app: Any) -> list[Any]:
+        return [notes]
+
+    @hookimpl
+    def buildmax_agent_tools(self) -> tuple[AgentTool, ...]:
+        return self.tools
+
+
+NOTES = AgentTool(
+    name="list_notes",
+    description="The space's notes, newest first; a probe of a third party's tool.",
+    method="GET",
+    path="/v1/spaces/{space}/notes-probe",
+)
+
+
+async def _tool_names(settings: Any, *tools: AgentTool) -> list[str]:
+    from buildmax_mcp.server import mcp_server
+
+    app = create_app(settings, auto_migrate=True, extra_plugins=[("notes", NotesTools(*tools))])
+    async with app.test_app():
+        return list(mcp_server(app).catalog.bindings)
+
+
+@pytest.mark.engine_independent
+async def test_a_third_party_plugin_adds_its_tool_through_buildmax_agent_tools(
+    buildmax_settings: Any,
+) -> None:
+    names = await _tool_names(buildmax_settings, NOTES)
+    assert "list_notes" in names and "claim_next" in names
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize(
+    ("tool", "message"),
+    [
+        (
+            AgentTool(name="claim_next", description="again", method="GET", path=NOTES.path),
+            "plugin 'tasks' offers it too",
+        ),
+        (
+            AgentTool(name="nowhere", description="x", method="GET", path="/v1/nowhere"),
+            "GET /v1/nowhere is not a declared route",
+        ),
+        (
+            AgentTool(
+                name="odd", description="x", method="GET", path=NOTES.path, fixed={"zzz": 1}
+            ),
+            "the fixed argument 'zzz' is not one of the route's",
+        ),
+    ],
+)
+async def test_a_tool_that_cannot_be_served_stops_start_up(
+    buildmax_settings: Any, tool: AgentTool, message: str
+) -> None:
+    # The app's start fails with the catalog's error (wrapped by the lifespan).
+    with pytest.raises(Exception, match=re.escape(message)):
+        await _tool_names(buildmax_settings, tool)
+
+
+@pytest.mark.engine_independent
+async def test_without_the_plugin_that_owns_them_its_tools_are_gone(
+    buildmax_settings: Any,
+) -> None:
+    """The reviews plugin's tools come with it: a server without it offers
+    the queue's tools only."""
+    names = await _tool_names(without_plugins(buildmax_settings, "reviews"))
+    assert "claim_next" in names
+    assert not {"record_review", "list_findings"} & set(names)
