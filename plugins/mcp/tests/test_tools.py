@@ -47,7 +47,7 @@ async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team) -> No
     an idempotent one takes idempotency_key, a read takes its filters)."""
     async with http_session(team.base_url, team.author.token) as tools:
         listed = {tool.name: tool for tool in (await tools.client.list_tools()).tools}
-    assert LOOP_TOOLS <= set(listed)
+    assert set(listed) >= LOOP_TOOLS
     for tool in listed.values():
         assert tool.description and len(tool.description) > 40, tool.name
         Draft202012Validator.check_schema(tool.input_schema)
@@ -191,9 +191,7 @@ async def test_a_third_party_plugin_adds_its_tool_through_buildmax_agent_tools(
             "GET /v1/nowhere is not a declared route",
         ),
         (
-            AgentTool(
-                name="odd", description="x", method="GET", path=NOTES.path, fixed={"zzz": 1}
-            ),
+            AgentTool(name="odd", description="x", method="GET", path=NOTES.path, fixed={"zzz": 1}),
             "the fixed argument 'zzz' is not one of the route's",
         ),
     ],
