@@ -176,7 +176,7 @@ def _bind(
     input_schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         input_schema["required"] = required
-    output = _output_schema(operation)
+    output = _output_schema(operation, components)
     defs = _definitions([input_schema, output or {}], components)
     if defs:
         input_schema["$defs"] = defs
@@ -219,13 +219,18 @@ def _json_schema(container: Mapping[str, Any] | None) -> Any:
     return container.get("content", {}).get("application/json", {}).get("schema")
 
 
-def _output_schema(operation: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The schema of the route's main success answer, when it is a JSON object."""
+def _output_schema(
+    operation: Mapping[str, Any], components: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The schema of the route's main success answer, when it is a JSON
+    object: the object's own schema at the root (clients of protocol
+    versions up to 2025-11-25 require ``type: object`` there)."""
     statuses = sorted(code for code in operation.get("responses", {}) if code.isdigit())
     for code in statuses:
         schema = _json_schema(operation["responses"][code])
         if schema is not None:
-            return copy.deepcopy(dict(schema))
+            root = copy.deepcopy(dict(_resolve(schema, components)))
+            return root if root.get("type") == "object" else None
     return None
 
 

@@ -3,7 +3,7 @@ by the same server process and the same Hypercorn as the HTTP API.
 
 The route authenticates the bearer token as every route does (a scoped
 token too: what it may do is the tool's route's to say), bounds the calls
-one token has in flight, then hands the request to the SDK's transport,
+then hands the request to the SDK's transport,
 with who calls riding in the ASGI scope to the tool handlers. Every tool
 call is then a request of its own to the tool's route, marked
 ``mcp/<this request's id>``: its answer, its log line and its audit
@@ -13,8 +13,7 @@ events carry that request id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 from quart import Blueprint, Response, g, request
@@ -24,11 +23,9 @@ from buildmax.apidoc import api
 from buildmax.auth import Caller
 from buildmax.bodies import raw_body
 from buildmax.current import current_buildmax
-from buildmax.problems import TooManyRequests
 
 from .calls import CallContext
 from .server import CONTEXT_SCOPE, McpServer, mcp_server
-from .settings import mcp_settings
 
 blueprint = Blueprint("mcp", __name__)
 
@@ -49,8 +46,7 @@ async def endpoint(caller: Caller) -> Response:
     """A JSON-RPC message from an MCP client: ``tools/list``, ``tools/call``,
     resources and prompts. A tool call's failure is a tool error (its
     ``isError`` result names the problem's slug and detail); this route
-    itself answers 401 without a valid token and 429 when the token has
-    ``max_calls_per_token`` calls in flight."""
+    itself answers 401 without a valid token."""
     app = current_buildmax()
     served = mcp_server(app)
     body = await raw_body()
@@ -59,27 +55,7 @@ async def endpoint(caller: Caller) -> Response:
         request_id=MCP_MARK + g.request_id,
         base_url=request.host_url.rstrip("/"),
     )
-    async with _in_flight(served, caller, mcp_settings(app).max_calls_per_token):
-        return await _serve(served, body, context)
-
-
-@contextlib.asynccontextmanager
-async def _in_flight(served: McpServer, caller: Caller, limit: int) -> AsyncIterator[None]:
-    """Count a call of ``caller``'s token in flight, or refuse it (429)."""
-    now = served.in_flight.get(caller.token_pk, 0)
-    if now >= limit:
-        raise TooManyRequests(
-            f"this token has {now} MCP calls in flight (the limit is {limit})", retry_after=1
-        )
-    served.in_flight[caller.token_pk] = now + 1
-    try:
-        yield
-    finally:
-        left = served.in_flight[caller.token_pk] - 1
-        if left:
-            served.in_flight[caller.token_pk] = left
-        else:
-            del served.in_flight[caller.token_pk]
+    return await _serve(served, body, context)
 
 
 async def _serve(served: McpServer, body: bytes, context: CallContext) -> Response:

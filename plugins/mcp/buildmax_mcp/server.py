@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from buildmax import __version__
 from buildmax.background import start_background, stop_background
 from buildmax.internal import InternalApi
-from buildmax.problems import Problem
+from buildmax.problems import Problem, TooManyRequests
 
 from . import calls
 from .calls import CallContext, UnknownTool
@@ -98,14 +98,30 @@ def _build(app: BuildMax) -> McpServer:
                 UnknownTool(f"no tool {params.name!r}: tools/list names them"), context
             )
         settings = mcp_settings(app)
-        return await calls.call(
-            app,
-            binding,
-            dict(params.arguments or {}),
-            context,
-            max_upload_bytes=settings.max_upload_bytes,
-            limit_seconds=settings.call_timeout_seconds,
-        )
+        token = context.caller.token_pk
+        if served.in_flight.get(token, 0) >= settings.max_calls_per_token:
+            return calls.problem_result(
+                TooManyRequests(
+                    f"this token has {settings.max_calls_per_token} tool calls in flight "
+                    "(max_calls_per_token); retry when one has answered",
+                    retry_after=1,
+                ),
+                context,
+            )
+        served.in_flight[token] = served.in_flight.get(token, 0) + 1
+        try:
+            return await calls.call(
+                app,
+                binding,
+                dict(params.arguments or {}),
+                context,
+                max_upload_bytes=settings.max_upload_bytes,
+                limit_seconds=settings.call_timeout_seconds,
+            )
+        finally:
+            left = served.in_flight.pop(token) - 1
+            if left:
+                served.in_flight[token] = left
 
     async def list_resource_templates(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -181,13 +197,17 @@ def _build(app: BuildMax) -> McpServer:
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
     )
-    manager = StreamableHTTPSessionManager(
+    served = McpServer(
+        catalog,
         server,
-        stateless=True,
-        json_response=True,
-        max_request_body_size=app.settings.max_body_bytes,
+        StreamableHTTPSessionManager(
+            server,
+            stateless=True,
+            json_response=True,
+            max_request_body_size=app.settings.max_body_bytes,
+        ),
     )
-    return McpServer(catalog, server, manager)
+    return served
 
 
 def _match(template: str, uri: str) -> dict[str, str] | None:

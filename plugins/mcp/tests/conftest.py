@@ -57,10 +57,14 @@ Opener = Callable[[str], AbstractAsyncContextManager[Tools]]
 
 
 @asynccontextmanager
-async def http_session(base_url: str, token: str) -> AsyncIterator[Tools]:
-    """An SDK client session on ``base_url``'s ``/mcp`` with ``token``."""
+async def http_session(base_url: str, token: str, mode: str = "auto") -> AsyncIterator[Tools]:
+    """An SDK client session on ``base_url``'s ``/mcp`` with ``token``:
+    ``mode`` "auto" speaks the newest protocol version, "legacy" the
+    initialize handshake of the versions up to 2025-11-25 (what most
+    clients in use speak)."""
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
-    async with http, Client(streamable_http_client(f"{base_url}/mcp", http_client=http)) as c:
+    transport = streamable_http_client(f"{base_url}/mcp", http_client=http)
+    async with http, Client(transport, mode=mode) as c:
         yield Tools(c)
 
 

@@ -107,15 +107,17 @@ async def run_j07(team: Team, open_session: Any) -> dict[str, Any]:
     return {"subject": subject["id"], "attempt": attempt["id"]}
 
 
-@pytest.mark.parametrize("transport", ["streamable-http", "stdio"])
+@pytest.mark.parametrize("transport", ["streamable-http", "streamable-http-legacy", "stdio"])
 async def test_j07_through_mcp(team: Team, transport: str) -> None:
     """The loop completes; one submission was made; every audit event of
     it came through MCP (request id ``mcp/...``), attributed to the agent
-    that called the tool."""
-    opener = http_session if transport == "streamable-http" else stdio_session
+    that called the tool. Over HTTP in the newest protocol version and in
+    the handshake era's; through the stdio bridge."""
 
     def open_session(token: str) -> Any:
-        return opener(team.base_url, token)
+        if transport == "stdio":
+            return stdio_session(team.base_url, token)
+        return http_session(team.base_url, token, "legacy" if "legacy" in transport else "auto")
 
     made = await run_j07(team, open_session)
     handed_in = await team.rows(submissions, submissions.c.summary == "implemented")

@@ -41,11 +41,13 @@ LOOP_TOOLS = {
 }
 
 
-async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team) -> None:
-    """Every loop tool is listed with a description and valid JSON Schemas;
-    the arguments are the route's (a fenced call requires its generation,
-    an idempotent one takes idempotency_key, a read takes its filters)."""
-    async with http_session(team.base_url, team.author.token) as tools:
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team, mode: str) -> None:
+    """Every loop tool is listed with a description and valid JSON Schemas
+    (an object at the root, as the handshake-era versions require); the
+    arguments are the route's (a fenced call requires its generation, an
+    idempotent one takes idempotency_key, a read takes its filters)."""
+    async with http_session(team.base_url, team.author.token, mode) as tools:
         listed = {tool.name: tool for tool in (await tools.client.list_tools()).tools}
     assert set(listed) >= LOOP_TOOLS
     for tool in listed.values():
@@ -54,6 +56,7 @@ async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team) -> No
         assert tool.input_schema["type"] == "object"
         if tool.output_schema is not None:
             Draft202012Validator.check_schema(tool.output_schema)
+            assert tool.output_schema["type"] == "object", tool.name
     renew = listed["renew"].input_schema
     assert {"space", "attempt", "generation"} <= set(renew["required"])
     assert "idempotency_key" in renew["properties"]
@@ -74,12 +77,13 @@ async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team) -> No
     assert {"content", "content_base64", "media_type", "name", "attempt"} <= set(upload)
 
 
-async def test_a_tool_s_answer_fits_its_output_schema(team: Team) -> None:
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_tool_s_answer_fits_its_output_schema(team: Team, mode: str) -> None:
     """The SDK's client checks structured content against the output
     schema: a claim's answer (nullable task, attempt with a generation)
     passes it both when something was claimed and when nothing was."""
     await team.task("one")
-    async with http_session(team.base_url, team.author.token) as tools:
+    async with http_session(team.base_url, team.author.token, mode) as tools:
         claimed = await tools.ok("claim_next", space=team.space.slug)
         nothing = await tools.ok("claim_next", space=team.space.slug)
     assert claimed["attempt"]["generation"] == 1

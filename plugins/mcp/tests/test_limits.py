@@ -1,0 +1,129 @@
+"""The bounds of ``/mcp``: tool calls in flight per token (a
+too-many-requests tool error past ``max_calls_per_token``), one call's
+time (``call_timeout_seconds``), the upload limit (``max_upload_bytes``),
+and a bad ``[plugins.mcp]`` table."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from buildmax_hookspecs import AgentTool, hookimpl
+from quart import Blueprint, Response
+
+from buildmax.apidoc import api
+from buildmax.app import create_app
+from buildmax.config import ConfigError
+from buildmax.testing import serving
+
+from .conftest import http_session
+
+probe = Blueprint("mcp_limits_probe", __name__)
+#: The event that lets the slow probe answer (a new one per test: per loop).
+RELEASE: list[asyncio.Event] = []
+
+
+@probe.get("/v1/mcp-limits-probe")
+@api("Answer when released (a probe of slow work)")
+async def slow_probe() -> Response:
+    await RELEASE[-1].wait()
+    return Response('{"done": true}', content_type="application/json")
+
+
+class SlowTool:
+    @hookimpl
+    def buildmax_blueprints(self, app: Any) -> list[Any]:
+        return [probe]
+
+    @hookimpl
+    def buildmax_agent_tools(self) -> list[AgentTool]:
+        return [
+            AgentTool(
+                name="slow_probe",
+                description="Answers when the test releases it: a probe of slow work.",
+                method="GET",
+                path="/v1/mcp-limits-probe",
+            )
+        ]
+
+
+@asynccontextmanager
+async def served(settings: Any, **mcp: int) -> AsyncIterator[tuple[Any, str]]:
+    app = create_app(
+        settings.replace(plugins={"mcp": mcp}),
+        auto_migrate=True,
+        extra_plugins=[("slow", SlowTool())],
+    )
+    async with app.test_app(), serving(app) as base:
+        yield app, base
+
+
+async def test_calls_in_flight_past_the_limit_are_refused(
+    buildmax_settings: Any, make_principal: Any
+) -> None:
+    """With one call allowed per token, a second call while the first runs
+    is a too-many-requests tool error; another token is not held up; once
+    the first ends, the token calls again."""
+    RELEASE.append(asyncio.Event())
+    async with served(buildmax_settings, max_calls_per_token=1) as (app, base):
+        one = await _principal(app)
+        other = await _principal(app)
+        async with http_session(base, one) as tools, http_session(base, other) as others:
+            first = asyncio.create_task(tools.ok("slow_probe"))
+            await asyncio.sleep(0.3)
+            refused = await tools.refused("slow_probe", "too-many-requests")
+            assert refused["status"] == 429
+            second_token = asyncio.create_task(others.ok("slow_probe"))
+            await asyncio.sleep(0.1)
+            RELEASE[-1].set()
+            assert await first == {"done": True}
+            assert await second_token == {"done": True}
+            assert await tools.ok("slow_probe") == {"done": True}
+            assert app.extensions["mcp.server"].in_flight == {}
+
+
+async def test_a_call_past_its_time_is_a_tool_error(buildmax_settings: Any) -> None:
+    RELEASE.append(asyncio.Event())
+    async with served(buildmax_settings, call_timeout_seconds=1) as (app, base):
+        token = await _principal(app)
+        async with http_session(base, token) as tools:
+            problem = await tools.refused("slow_probe", "tool-call-timeout")
+            assert "idempotency_key" in problem["detail"]
+            assert app.extensions["mcp.server"].in_flight == {}
+    RELEASE[-1].set()
+
+
+async def test_the_upload_limit_is_a_setting(buildmax_settings: Any) -> None:
+    async with served(buildmax_settings, max_upload_bytes=10) as (app, base):
+        token = await _principal(app)
+        async with http_session(base, token) as tools:
+            problem = await tools.refused(
+                "upload_artifact", "tool-upload-too-large", space="s", name="n", content="x" * 11
+            )
+    assert problem["limit"] == 10
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize(
+    "table",
+    [{"max_calls_per_token": 0}, {"call_timeout_seconds": "30"}, {"sessions": 5}],
+)
+def test_a_bad_plugins_mcp_table_stops_the_app(buildmax_settings: Any, table: Any) -> None:
+    with pytest.raises(ConfigError, match=r"\[plugins\.mcp\]"):
+        create_app(buildmax_settings.replace(plugins={"mcp": table}))
+
+
+async def _principal(app: Any) -> str:
+    from buildmax.principals import create_principal
+    from buildmax.tokens import issue_token
+
+    async with app.db.write() as tx:
+        now = app.clock.now_ms()
+        row = await create_principal(
+            tx, kind="agent", name=f"a{now}{id(tx)}", system_role=None, now=now
+        )
+        issued = await issue_token(tx, principal_pk=row["id"], now=now, name="test")
+    return issued.secret
