@@ -30,6 +30,7 @@ def cli(verbose: bool) -> None:
     if not verbose:
         # One line per HTTP request is noise for a person at a terminal.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # the MCP SDK's client
 
 
 def _register_commands() -> None:

@@ -227,9 +227,11 @@ def qualify(
         click.echo(unmet, err=True)
         sys.exit(2)
 
-    # The runner opens journey databases like the CLI does; their connection
-    # chatter would break the progress bar.
+    # The runner opens journey databases like the CLI does, and the MCP
+    # SDK's HTTP client logs every request; their chatter would break the
+    # progress bar.
     logging.getLogger("databases").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     qualification = Qualification(
         journeys,
         engines=engines,

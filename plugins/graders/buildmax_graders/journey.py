@@ -234,16 +234,18 @@ def load_journey(
     path: Path,
     graders: Mapping[str, Callable[[Mapping[str, Any]], Grader]],
     step_kinds: Callable[[str], bool],
+    check_step: Callable[[str, Mapping[str, Any]], None] | None = None,
 ) -> Journey:
-    """Read and check one journey file: known keys, known step kinds,
-    installed graders whose specs they accept. ``JourneyFileError`` names
-    the file's problem."""
+    """Read and check one journey file: known keys, known step kinds whose
+    tables ``check_step`` accepts (it raises ``ValueError`` naming what it
+    cannot use), installed graders whose specs they accept.
+    ``JourneyFileError`` names the file's problem."""
     try:
         raw = tomllib.loads(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise JourneyFileError(f"cannot read: {exc}") from None
     try:
-        return _journey(path, raw, graders, step_kinds)
+        return _journey(path, raw, graders, step_kinds, check_step)
     except JourneyFileError:
         raise
     except Exception as exc:  # a value of the wrong type, a grader that crashes on its spec
@@ -255,6 +257,7 @@ def _journey(
     raw: Mapping[str, Any],
     graders: Mapping[str, Callable[[Mapping[str, Any]], Grader]],
     step_kinds: Callable[[str], bool],
+    check_step: Callable[[str, Mapping[str, Any]], None] | None,
 ) -> Journey:
     unknown = set(raw) - _JOURNEY_KEYS
     if unknown:
@@ -291,6 +294,11 @@ def _journey(
                 raise JourneyFileError(
                     f"{phase}[{index}]: 'engines' must name some of {', '.join(ENGINES)}"
                 )
+            if check_step is not None:
+                try:
+                    check_step(kind, spec)
+                except ValueError as exc:
+                    raise JourneyFileError(f"{phase}[{index}]: {exc}") from None
             steps.append(Step(phase, index, kind, spec))
 
     checks: list[Check] = []

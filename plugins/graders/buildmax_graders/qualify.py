@@ -45,7 +45,7 @@ from .outcome import (
 )
 from .process import BUILDMAX, run_command
 from .run import JourneyRun, StepFailed, describe
-from .steps import STEPS
+from .steps import STEPS, check_step
 
 #: Seconds the evidence of one journey may take to collect.
 EVIDENCE_TIMEOUT = 300.0
@@ -473,7 +473,7 @@ def load_journeys(
     seen: dict[str, Path] = {}
     for path in paths:
         try:
-            journey = load_journey(path, graders, STEPS.__contains__)
+            journey = load_journey(path, graders, STEPS.__contains__, check_step)
         except JourneyFileError as exc:
             loaded.append((path, str(exc)))
             continue

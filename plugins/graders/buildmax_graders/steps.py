@@ -3,9 +3,11 @@
 Every step is ``async def step(run, spec)``: ``spec`` is the step's table
 (not yet rendered), the return value is saved under the step's ``save`` key.
 Steps act only through public surfaces — HTTP, the ``buildmax`` CLI, process
-signals — except ``tamper``, which writes the database directly on purpose
-and is recorded as an injected fault. ``python`` calls a function of a module
-in the qualification's ``steps/`` directory for what data cannot say.
+signals, an MCP client — except ``tamper``, which writes the database
+directly on purpose and is recorded as an injected fault. ``python`` calls a
+function of a module in the qualification's ``steps/`` directory for what
+data cannot say. A step kind listed in :data:`STEP_CHECKS` has its table
+checked when the journey file loads.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import httpx
 import sqlalchemy as sa
 
 from .journey import render
+from .mcp_call import check as check_mcp
+from .mcp_call import tool_call
 from .process import BUILDMAX, Finished, run_command
 from .run import HarnessError, JourneyRun, StepFailed
 
@@ -423,7 +427,21 @@ STEPS: dict[str, StepFunction] = {
     "fault": fault,
     "drop_answer": drop_answer,
     "python": python,
+    "mcp": tool_call,
 }
+
+#: What a step kind checks of its table when the journey file loads: a
+#: ``ValueError`` naming the key it cannot use.
+STEP_CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
+    "mcp": check_mcp,
+}
+
+
+def check_step(kind: str, spec: Mapping[str, Any]) -> None:
+    """Check a step's table before any server starts (``ValueError``)."""
+    checker = STEP_CHECKS.get(kind)
+    if checker is not None:
+        checker(spec)
 
 
 def steps_directory(journeys_dir: Path) -> Path | None:

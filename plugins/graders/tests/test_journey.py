@@ -16,9 +16,12 @@ from buildmax_graders.journey import (
     load_journey,
     needs,
 )
-from buildmax_graders.steps import STEPS
+from buildmax_graders.qualify import load_journeys
+from buildmax_graders.steps import STEPS, check_step
 
 pytestmark = pytest.mark.engine_independent
+
+DOCS = Path(__file__).parents[3] / "docs" / "qualification.md"
 
 CHECK = '[[check]]\nstep = "response"\ngrader = "status"\nof = "x"\nstatus = 200\n'
 OTHERS = "".join(
@@ -30,7 +33,7 @@ OTHERS = "".join(
 def load(tmp_path: Path, text: str) -> Journey:
     path = tmp_path / "J99.toml"
     path.write_text('id = "J99"\ntitle = "t"\n' + text)
-    return load_journey(path, BUILTIN_GRADERS, STEPS.__contains__)
+    return load_journey(path, BUILTIN_GRADERS, STEPS.__contains__, check_step)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,72 @@ def test_a_bad_file_is_refused_naming_its_problem(tmp_path: Path, text: str, mes
     with pytest.raises(JourneyFileError) as refused:
         load(tmp_path, text)
     assert message in str(refused.value)
+
+
+MCP = '[[act]]\nstep = "mcp"\nsave = "ready"\nas = "ada"\ntool = "list_ready"\n'
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('method = "POST"\n', "act[0]: mcp: unknown key(s) method"),
+        ("json = {}\npath = 1\n", "act[0]: mcp: unknown key(s) json, path"),
+        ("", None),
+        ('arguments = ["space"]\n', "act[0]: mcp: 'arguments' must be a table"),
+        ("expect = 201\n", "act[0]: mcp: 'expect' must be 'ok' or a problem slug"),
+        ('expect = "Claim Vetoed"\n', "act[0]: mcp: 'expect' must be 'ok' or a problem slug"),
+        ('expect = ""\n', "act[0]: mcp: 'expect' must be 'ok' or a problem slug"),
+        ("server = -1\n", "act[0]: mcp: 'server' must be a server process index"),
+        ("server = true\n", "act[0]: mcp: 'server' must be a server process index"),
+        ("timeout = 0\n", "act[0]: mcp: 'timeout' must be seconds"),
+        ('timeout = "60"\n', "act[0]: mcp: 'timeout' must be seconds"),
+    ],
+)
+def test_an_mcp_step_table_is_checked_when_the_file_loads(
+    tmp_path: Path, table: str, message: str | None
+) -> None:
+    """Every key an ``mcp`` step cannot use is named before any server
+    starts (the empty case: a good table loads)."""
+    text = MCP + table + CHECK + OTHERS
+    if message is None:
+        (step,) = load(tmp_path, text).steps
+        assert (step.kind, step.label) == ("mcp", "act[0] mcp: ready")
+        return
+    with pytest.raises(JourneyFileError) as refused:
+        load(tmp_path, text)
+    assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("drop", "replace", "message"),
+    [
+        ('as = "ada"\n', "", "act[0]: mcp: missing required key 'as'"),
+        ('tool = "list_ready"\n', "", "act[0]: mcp: missing required key 'tool'"),
+        ('as = "ada"\n', 'as = ""\n', "act[0]: mcp: 'as' must be a non-empty string"),
+        ('tool = "list_ready"\n', "tool = 3\n", "act[0]: mcp: 'tool' must be a non-empty string"),
+    ],
+)
+def test_an_mcp_step_names_its_actor_and_its_tool(
+    tmp_path: Path, drop: str, replace: str, message: str
+) -> None:
+    with pytest.raises(JourneyFileError) as refused:
+        load(tmp_path, MCP.replace(drop, replace) + CHECK + OTHERS)
+    assert str(refused.value) == message
+
+
+def test_the_runner_checks_step_tables_when_it_loads_journeys(tmp_path: Path) -> None:
+    path = tmp_path / "J99.toml"
+    path.write_text('id = "J99"\ntitle = "t"\n' + MCP + "colour = 1\n" + CHECK + OTHERS)
+    assert load_journeys([path], BUILTIN_GRADERS) == [(path, "act[0]: mcp: unknown key(s) colour")]
+
+
+def test_every_step_kind_is_documented() -> None:
+    rows = {
+        line.split("`")[1]
+        for line in DOCS.read_text().splitlines()
+        if line.startswith("| `") and line.count("|") == 4
+    }
+    assert set(STEPS) <= rows, set(STEPS) - rows
 
 
 def test_a_good_file_loads_with_its_steps_and_checks(tmp_path: Path) -> None:

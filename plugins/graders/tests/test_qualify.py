@@ -296,6 +296,153 @@ def test_injected_faults_are_recorded_with_their_points(tmp_path: Path) -> None:
     assert "--- server 0 killed (SIGKILL) ---" in log and "--- start 2 of server 0 ---" in log
 
 
+MCP_CALLS = """
+id = "J86"
+title = "tool calls through the MCP SDK's client, as principals of a space"
+
+[[arrange]]
+step = "space"
+save = "space"
+slug = "m-{run.id}"
+
+[[arrange]]
+step = "principal"
+name = "ada"
+spaces = { "{space.slug}" = "member" }
+
+[[arrange]]
+step = "principal"
+name = "vic"
+spaces = { "{space.slug}" = "viewer" }
+
+[[arrange]]
+step = "request"
+save = "project"
+as = "admin"
+method = "POST"
+path = "/v1/spaces/{space.slug}/projects"
+json = { name = "app", repository_url = "https://git.test/app.git", target_branch = "main" }
+expect = 201
+
+[[arrange]]
+step = "request"
+save = "task"
+as = "admin"
+method = "POST"
+path = "/v1/spaces/{space.slug}/tasks"
+json = { project = "{project.body.id}", title = "t" }
+expect = 201
+
+[[act]]
+step = "mcp"
+save = "refused"
+as = "vic"
+tool = "claim_next"
+arguments = { space = "{space.slug}" }
+expect = "forbidden"
+
+[[act]]
+step = "mcp"
+save = "claimed"
+as = "ada"
+tool = "claim_task"
+arguments = { space = "{space.slug}", task = "{task.body.id}" }
+expect = "ok"
+
+[[check]]
+step = "response"
+grader = "status"
+of = "refused"
+status = 403
+problem = "forbidden"
+
+[[check]]
+step = "response"
+grader = "json_schema"
+of = "claimed"
+[check.schema]
+required = ["tool", "error", "status", "problem", "body"]
+properties.tool.const = "claim_task"
+properties.error.const = false
+properties.status.type = "null"
+properties.problem.type = "null"
+properties.body.properties.task.properties.id.const = "{task.body.id}"
+
+[[check]]
+step = "response"
+grader = "json_schema"
+of = "claimed.body.token"
+schema = { type = "string", pattern = "^bmx_" }
+
+[[check]]
+step = "durable"
+grader = "db_rows"
+sql = "select count(*) from task_attempts, principals p where p.id = claimant_id and p.name = 'ada'"
+equals = 1
+
+[[check]]
+step = "audit"
+grader = "audit"
+action = "task.claimed"
+target = "{task.body.id}"
+
+[[check]]
+step = "forbidden"
+grader = "absent"
+kind = "secret_in_log"
+"""
+
+
+@pytest.mark.engine_independent
+def test_an_mcp_step_calls_a_tool_through_the_sdk_as_a_principal(tmp_path: Path) -> None:
+    """A refusal is saved as its problem (the status grader reads it like
+    an HTTP answer), a success as the route's answer; the attempt token a
+    claim mints through a tool is a secret the bundle redacts."""
+    write(tmp_path, "J86.toml", MCP_CALLS)
+    done = qualify(tmp_path, SQLITE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 checks passed" in done.stdout
+    directory = bundle(tmp_path, SQLITE, "J86")
+    result = read(directory / "result.json")
+    assert [s["outcome"] for s in result["steps"]][-2:] == ["ok", "ok"]
+    refused = result["checks"][0]["evidence"]
+    assert (refused["status"], refused["problem"]) == (403, "forbidden")
+    assert result["checks"][2]["evidence"]["value"] == "[redacted]"
+    assert result["checks"][5]["reason"].startswith("none of 3 secret(s)")
+    assert "bmx_" not in (directory / "result.json").read_text()
+    # The SDK's client logs a line per request; the runner keeps them out of its output.
+    assert "httpx2" not in done.stdout + done.stderr
+
+
+@pytest.mark.engine_independent
+def test_an_mcp_step_that_hears_the_unexpected_fails_naming_the_call(tmp_path: Path) -> None:
+    """A refusal where success was expected, a success where a problem
+    was, and an endpoint that answers no MCP (no token: 401) each fail the
+    step as the product's fault, saying what came back."""
+    refusal = MCP_CALLS.replace("J86", "J85").replace('expect = "forbidden"', 'expect = "ok"')
+    success = MCP_CALLS.replace("J86", "J84").replace('expect = "ok"', 'expect = "claim-vetoed"')
+    anonymous = MCP_CALLS.replace("J86", "J83").replace('as = "vic"', 'as = "anonymous"')
+    for text in (refusal, success, anonymous):
+        write(tmp_path, text.split('"', 2)[1] + ".toml", text)
+    done = qualify(tmp_path, SQLITE)
+    assert done.returncode == 1, done.stdout + done.stderr
+    reasons = {
+        journey: read(bundle(tmp_path, SQLITE, journey) / "result.json")
+        for journey in ("J85", "J84", "J83")
+    }
+    assert {r["classification"] for r in reasons.values()} == {"product"}
+    assert reasons["J85"]["reason"].startswith(
+        "act[0] mcp: refused: claim_next as vic: refused (forbidden (403): "
+        "this needs the member role in the space), expected success"
+    )
+    assert reasons["J84"]["reason"].startswith(
+        "act[1] mcp: claimed: claim_task as ada: succeeded, expected the problem 'claim-vetoed'"
+    )
+    assert reasons["J83"]["reason"].startswith(
+        "act[0] mcp: refused: claim_next as anonymous: POST /mcp answered 401: send an API token"
+    )
+
+
 @pytest.mark.engine_independent
 def test_an_unreachable_database_is_an_infrastructure_failure(tmp_path: Path) -> None:
     write(tmp_path, "J90.toml", PASSING)

@@ -1,4 +1,4 @@
-"""The journeys this repository ships: all of J01-J18 are there, every
+"""The journeys this repository ships: all of J01-J19 are there, every
 written one loads, and each declares what the product description asks of
 it. Deleting a journey, or marking a red one "not built", fails here."""
 
@@ -40,7 +40,7 @@ def journeys() -> dict[str, Journey]:
 
 
 def test_every_critical_journey_is_there(journeys: dict[str, Journey]) -> None:
-    assert sorted(journeys) == [f"J{n:02d}" for n in range(1, 19)]
+    assert sorted(journeys) == [f"J{n:02d}" for n in range(1, 20)]
     assert [j for j, journey in journeys.items() if journey.status == NOT_BUILT] == []
 
 
@@ -77,6 +77,26 @@ def test_faults_and_the_example_grader_are_used(journeys: dict[str, Journey]) ->
     assert any(s.kind == "fault" and s.spec["fault"] == "blob-put-after-store" for s in steps)
     assert journeys["J08"].server.blob_faults
     assert any(c.grader_name == "problem_details" for c in journeys["J02"].checks)
+
+
+def test_j19_agents_act_only_through_the_mcp_sdk(journeys: dict[str, Journey]) -> None:
+    """Every step of J19's agents is a tool call through the SDK's client;
+    together they make the whole loop, and the viewer tries to claim."""
+    agents = {"author", "reviewer", "integrator", "viewer"}
+    acting = [s for s in journeys["J19"].steps if s.spec.get("as") in agents]
+    assert acting and {s.kind for s in acting} == {"mcp"}
+    calls = {(s.spec["as"], s.spec["tool"]) for s in acting}
+    assert {
+        ("viewer", "claim_next"),
+        ("author", "claim_next"),
+        ("author", "submit"),
+        ("author", "claim_task"),
+        ("author", "claim_review"),
+        ("reviewer", "claim_review"),
+        ("reviewer", "record_review"),
+        ("integrator", "claim_integration"),
+        ("integrator", "submit"),
+    } <= calls
 
 
 def test_written_journeys_run_the_examples(journeys: dict[str, Journey]) -> None:
