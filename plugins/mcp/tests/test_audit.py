@@ -127,3 +127,33 @@ async def test_a_client_cannot_forge_the_mcp_mark(team: Team) -> None:
         audit_events.c.space_id == team.space.id,
     )
     assert claimed["request_id"] == answer.headers["X-Request-Id"]
+
+
+async def test_a_tool_call_s_request_id_is_marked_from_its_mcp_request_s(team: Team) -> None:
+    """The /mcp answer keeps its own request id (the call made inside it
+    has an app context, and so a request id, of its own); the call's is
+    ``mcp/`` + that id, as its problem document says."""
+    answer = await team.client.post(
+        "/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {
+                "name": "show_task",
+                "arguments": {"space": team.space.slug, "task": "ta_none"},
+            },
+        },
+        headers={
+            "Authorization": f"Bearer {team.author.token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+            "X-Request-Id": "outer-1",
+        },
+    )
+    assert answer.status_code == 200
+    assert answer.headers["X-Request-Id"] == "outer-1"
+    result = (await answer.get_json())["result"]
+    assert result["isError"] is True
+    assert result["structuredContent"]["slug"] == "not-found"
+    assert result["structuredContent"]["request_id"] == "mcp/outer-1"

@@ -117,6 +117,11 @@ def test_a_bad_plugins_mcp_table_stops_the_app(buildmax_settings: Any, table: An
 
 
 async def _principal(app: Any) -> str:
+    return (await _agent(app))[1]
+
+
+async def _agent(app: Any) -> tuple[int, str]:
+    """A new agent principal: its key and a token."""
     from buildmax.principals import create_principal
     from buildmax.tokens import issue_token
 
@@ -126,4 +131,47 @@ async def _principal(app: Any) -> str:
             tx, kind="agent", name=f"a{now}{id(tx)}", system_role=None, now=now
         )
         issued = await issue_token(tx, principal_pk=row["id"], now=now, name="test")
-    return issued.secret
+    return row["id"], issued.secret
+
+
+async def test_a_slow_call_holds_up_no_other_call(buildmax_settings: Any) -> None:
+    """/mcp only relays: while one token's call waits, another token's claim
+    through MCP (a write, admitted on its own) completes. Were /mcp itself
+    admitted as a write on SQLite, the claim would wait for the slow call."""
+    RELEASE.append(asyncio.Event())
+    async with served(buildmax_settings) as (app, base):
+        slow_token = await _principal(app)
+        owner_token, space = await _space_with_a_task(app)
+        async with http_session(base, slow_token) as slow, http_session(base, owner_token) as owner:
+            waiting = asyncio.create_task(slow.ok("slow_probe"))
+            await asyncio.sleep(0.2)
+            claimed = await asyncio.wait_for(owner.ok("claim_next", space=space), timeout=20)
+            assert claimed["task"] is not None
+            assert not waiting.done()
+            RELEASE[-1].set()
+            assert await waiting == {"done": True}
+
+
+async def _space_with_a_task(app: Any) -> tuple[str, str]:
+    """An owner's token and a space (slug) with one ready task."""
+    from buildmax.spaces import create_space
+    from buildmax.testing import call
+
+    pk, token = await _agent(app)
+    async with app.db.write() as tx:
+        await create_space(
+            tx, slug="relay", name="relay", owner_pk=pk, created_by=pk, now=app.clock.now_ms()
+        )
+    client = app.test_client()
+    project = await call(
+        client, "POST", "/v1/spaces/relay/projects", token, json={"name": "p"}, expect=201
+    )
+    await call(
+        client,
+        "POST",
+        "/v1/spaces/relay/tasks",
+        token,
+        json={"project": project["id"], "title": "t"},
+        expect=201,
+    )
+    return token, "relay"
