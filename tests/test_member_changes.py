@@ -109,13 +109,19 @@ async def test_a_plugin_failing_on_a_removal_rolls_the_removal_back(
 BODIES = {"/v1/attempts/{attempt}/materialization-failures": {"reason": "download"}}
 
 
+#: Routes that accept an attempt's token but act on no space themselves:
+#: ``/mcp`` relays each tool call to a route walked here (the MCP plugin's
+#: tests show a removed member's tool calls refused the same way).
+RELAYS = {("POST", "/mcp")}
+
+
 def _attempt_scoped(document: dict[str, Any]) -> list[tuple[str, str]]:
     """(method, path) of every operation that accepts an attempt's token."""
     return sorted(
         (method.upper(), path)
         for path, operations in document["paths"].items()
         for method, operation in operations.items()
-        if "attempt" in operation.get("x-token-scopes", [])
+        if "attempt" in operation.get("x-token-scopes", []) and (method.upper(), path) not in RELAYS
     )
 
 

@@ -367,3 +367,36 @@ async def test_no_server_stream_and_no_session_id(team: Team) -> None:
     assert "Mcp-Session-Id" not in listed.headers
     body = await listed.get_json()
     assert len(body["result"]["tools"]) > 20, body
+
+
+async def test_a_removed_member_s_tokens_act_through_no_tool(team: Team) -> None:
+    """The claimant leaves the space with its attempt live: its own token
+    and its run token are refused by every tool about the space or the
+    attempt (not-found), as the routes refuse them over HTTP."""
+    from buildmax.tables import space_members
+
+    space = team.space.slug
+    task = await team.task("left behind")
+    async with http_session(team.base_url, team.author.token) as author:
+        claim = await author.ok("claim_task", space=space, task=task["id"])
+    async with team.app.db.write() as tx:
+        await tx.execute(
+            sa.delete(space_members).where(
+                space_members.c.space_id == team.space.pk,
+                space_members.c.principal_id == team.author.pk,
+            )
+        )
+    attempt = claim["attempt"]["id"]
+    for token in (team.author.token, claim["token"]):
+        async with http_session(team.base_url, token) as tools:
+            for tool, arguments in (
+                ("show_task", {"task": task["id"]}),
+                ("show_attempt", {"attempt": attempt}),
+                ("renew", {"attempt": attempt, "generation": 1}),
+                ("submit", {"attempt": attempt, "generation": 1, "summary": "x"}),
+                (
+                    "upload_artifact",
+                    {"name": "n", "content": "x", "attempt": attempt, "generation": 1},
+                ),
+            ):
+                await tools.refused(tool, "not-found", space=space, **arguments)
