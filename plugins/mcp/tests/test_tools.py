@@ -217,3 +217,34 @@ async def test_without_the_plugin_that_owns_them_its_tools_are_gone(
     names = await _tool_names(without_plugins(buildmax_settings, "reviews"))
     assert "claim_next" in names
     assert not {"record_review", "list_findings"} & set(names)
+
+
+async def test_claim_review_and_claim_integration_claim_only_their_kind(team: Team) -> None:
+    """With implementation work ready at a higher priority, claim_review
+    takes the review and claim_integration the integration: the kind each
+    tool fixes reaches the route."""
+    space = team.space.slug
+    subject = await team.task("the subject")
+    claim = await team.api(
+        "POST", f"/tasks/{subject['id']}/claim", team.author, json={}, expect=201
+    )
+    handed = await team.api(
+        "POST",
+        f"/attempts/{claim['attempt']['id']}/submit",
+        team.author,
+        json={"generation": 1, "summary": "done"},
+        expect=201,
+    )
+    await team.task("urgent code", priority=900)
+    async with http_session(team.base_url, team.reviewer.token) as reviewer:
+        nothing = await reviewer.ok("claim_integration", space=space)
+        assert nothing["task"] is None
+        review = await reviewer.ok("claim_review", space=space)
+        assert (review["task"]["id"], review["task"]["kind"]) == (handed["work_ids"][0], "review")
+        await reviewer.ok(
+            "record_review", space=space, ident=review["task"]["id"], decision="approve"
+        )
+    async with http_session(team.base_url, team.integrator.token) as integrator:
+        integration = await integrator.ok("claim_integration", space=space)
+        assert integration["task"]["kind"] == "integration"
+        assert integration["task"]["subject_task_id"] == subject["id"]
