@@ -94,7 +94,14 @@ def route_request(
         value = arguments.get(name)
         if isinstance(value, bool) or not isinstance(value, str | int) or str(value) == "":
             raise ToolArgumentError(f"{name} is required: a non-empty string", argument=name)
-        path = path.replace("{" + name + "}", quote(str(value), safe=""))
+        text = str(value)
+        # One path segment: the router decodes %2F, and a dot segment climbs.
+        if "/" in text or "\\" in text or text in (".", ".."):
+            raise ToolArgumentError(
+                f"{name} is an id or a name: it holds no '/' and is not '.' or '..'",
+                argument=name,
+            )
+        path = path.replace("{" + name + "}", quote(text, safe=""))
     asked = {name: arguments[name] for name in binding.query if name in arguments}
     params = {
         name: _query_value(name, value)

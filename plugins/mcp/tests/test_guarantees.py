@@ -254,10 +254,12 @@ async def test_invalid_arguments_are_tool_errors_naming_the_field(team: Team) ->
         assert missing["argument"] == "task"
         wrong = await tools.refused("claim_next", "validation-error", space=space, kind="poetry")
         assert "kind" in wrong["errors"]
-        await tools.refused("show_task", "not-found", space=space, task="../../v1/audit")
         # A value is one path segment: it reaches no other route, adds no query.
-        for smuggled in (f"{task['id']}/dependencies", f"{task['id']}?x=1", f"{task['id']}#x"):
-            await tools.refused("show_task", "not-found", space=space, task=smuggled)
+        for smuggled in ("../../v1/audit", f"{task['id']}/dependencies", "..", "."):
+            await tools.refused("show_task", "invalid-tool-arguments", space=space, task=smuggled)
+        await tools.refused("show_task", "invalid-tool-arguments", space=f"{space}/..", task="x")
+        for odd in (f"{task['id']}?x=1", f"{task['id']}#x", f"{task['id']}%2Fdependencies"):
+            await tools.refused("show_task", "not-found", space=space, task=odd)
         await tools.refused(
             "show_task", "invalid-tool-arguments", space=space, task={"id": task["id"]}
         )
