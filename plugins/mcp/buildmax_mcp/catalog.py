@@ -76,6 +76,11 @@ class Catalog:
         """The tools, as ``tools/list`` answers them."""
         return [binding.tool for binding in self.bindings.values()]
 
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The input schema of the tool ``name`` (``None``: no such tool)."""
+        binding = self.bindings.get(name)
+        return binding.tool.input_schema if binding is not None else None
+
     def resources(self) -> list[Binding]:
         """The tools also offered as a resource template."""
         return [b for b in self.bindings.values() if b.spec.resource is not None]

@@ -189,6 +189,9 @@ def _build(app: BuildMax) -> McpServer:
         version=__version__,
         title="BuildMax",
         instructions=INSTRUCTIONS,
+        # A call's input schema by name: without it the SDK lists every tool
+        # on each call to check the call's Mcp-Param headers against one.
+        get_tool_input_schema=catalog.input_schema,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,

@@ -250,3 +250,29 @@ async def test_claim_review_and_claim_integration_claim_only_their_kind(team: Te
         integration = await integrator.ok("claim_integration", space=space)
         assert integration["task"]["kind"] == "integration"
         assert integration["task"]["subject_task_id"] == subject["id"]
+
+
+async def test_a_tool_call_does_not_list_the_tools(team: Team, monkeypatch: Any) -> None:
+    """The SDK checks a call's arguments against its tool's input schema;
+    the catalog answers that one schema by name. Were the server to list
+    every tool (their schemas validated and serialized) for each call, a
+    call would cost several times its route's work."""
+    from buildmax_mcp.catalog import Catalog
+
+    listed = []
+    original = Catalog.tools
+
+    def counting(self: Catalog) -> Any:
+        listed.append(1)
+        return original.fget(self)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(Catalog, "tools", property(counting))
+    await team.task("t")
+    async with http_session(team.base_url, team.author.token) as tools:
+        await tools.client.list_tools()  # the client's own list, for output schemas
+        before = len(listed)
+        claimed = await tools.ok("claim_next", space=team.space.slug)
+        await tools.ok(
+            "renew", space=team.space.slug, attempt=claimed["attempt"]["id"], generation=1
+        )
+        assert len(listed) == before
