@@ -100,12 +100,9 @@ class InternalApi:
         refuse_nested()
         headers: dict[bytes, bytes] = {}
         if content is not None:
-            headers[b"content-type"] = content_type.encode("latin-1")
-        if idempotency_key:
-            try:  # as a header from the network arrives: latin-1, checked by the route
-                headers[HEADER.encode()] = idempotency_key.encode("latin-1")
-            except UnicodeEncodeError:
-                raise BadRequest(f"{HEADER} must be 1 to 200 printable ASCII characters") from None
+            headers[b"content-type"] = _header_value("Content-Type", content_type)
+        if idempotency_key is not None:
+            headers[HEADER.lower().encode()] = _header_value(HEADER, idempotency_key)
         transport = httpx.ASGITransport(app=self._asgi)
         async with httpx.AsyncClient(transport=transport, base_url=INTERNAL_URL) as client:
             response = await client.request(
@@ -138,6 +135,18 @@ class InternalApi:
             if not page.get("next_cursor"):
                 return
             query["cursor"] = page["next_cursor"]
+
+
+def _header_value(name: str, value: str) -> bytes:
+    """``value`` as a header from the network arrives (latin-1, no control
+    characters; the route checks the rest), or 400."""
+    try:
+        encoded = value.encode("latin-1")
+    except UnicodeEncodeError:
+        encoded = b"\x00"
+    if any(byte < 0x20 or byte == 0x7F for byte in encoded):
+        raise BadRequest(f"{name} must be latin-1 text without control characters")
+    return encoded
 
 
 def _problem_of(response: httpx.Response) -> Problem:

@@ -229,7 +229,17 @@ class PullingHTTPConnection(ASGIHTTPConnection):
 
         handler = asyncio.ensure_future(self._answer(request, sending))
         watcher = asyncio.ensure_future(self._watch(body, receive))
-        done, pending = await asyncio.wait([handler, watcher], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, pending = await asyncio.wait(
+                [handler, watcher], return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:
+            # Whoever made the request gave up on it (a caller's timeout, a
+            # server stopping): the handler ends with it, not after it.
+            for task in (handler, watcher, *drains):
+                task.cancel()
+            await asyncio.gather(handler, watcher, *drains, return_exceptions=True)
+            raise
         await cancel_tasks({*pending, *drains})
         raise_task_exceptions(done)
 

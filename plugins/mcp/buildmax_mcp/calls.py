@@ -16,6 +16,8 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote, urlencode
@@ -23,6 +25,7 @@ from urllib.parse import quote, urlencode
 import mcp_types as types
 
 from buildmax.auth import Caller
+from buildmax.inputs import IDEMPOTENCY_KEY_PATTERN
 from buildmax.internal import InternalApi
 from buildmax.problems import Problem
 
@@ -30,6 +33,12 @@ from .catalog import CONTENT, CONTENT_BASE64, IDEMPOTENCY_ARGUMENT, MEDIA_TYPE, 
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
+
+log = logging.getLogger("buildmax.mcp")
+#: What an Idempotency-Key may be (the route checks it again).
+_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+#: A header value a tool argument may become: printable ASCII.
+_HEADER = re.compile(r"^[\x20-\x7e]{1,255}$")
 
 
 class ToolArgumentError(Problem):
@@ -58,11 +67,10 @@ class UnknownTool(Problem):
 
 @dataclass(frozen=True)
 class CallContext:
-    """Who calls, through which MCP request, and where the server answers."""
+    """Who calls, and through which MCP request."""
 
     caller: Caller
     request_id: str
-    base_url: str
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class RouteRequest:
 
 
 def route_request(
-    binding: Binding, arguments: dict[str, Any], context: CallContext, max_upload_bytes: int
+    binding: Binding, arguments: dict[str, Any], max_upload_bytes: int
 ) -> RouteRequest:
     """The request ``arguments`` make (:class:`ToolArgumentError` when they
     cannot make one; :class:`UploadTooLarge` past ``max_upload_bytes``)."""
@@ -109,12 +117,14 @@ def route_request(
         if value is not None
     }
     key = arguments.get(IDEMPOTENCY_ARGUMENT)
-    if key is not None and not isinstance(key, str):
-        raise ToolArgumentError(f"{IDEMPOTENCY_ARGUMENT} must be a string")
+    if key is not None and not (isinstance(key, str) and _KEY.match(key)):
+        raise ToolArgumentError(
+            f"{IDEMPOTENCY_ARGUMENT} is 1 to 200 printable ASCII characters, no spaces",
+            argument=IDEMPOTENCY_ARGUMENT,
+        )
     content, content_type, body = None, "application/octet-stream", None
     if binding.spec.body == "bytes":
-        where = context.base_url + path
-        content, content_type = _content(binding, arguments, where, params, max_upload_bytes)
+        content, content_type = _content(binding, arguments, path, params, max_upload_bytes)
     elif binding.spec.method != "GET":
         body = {name: arguments[name] for name in binding.body if name in arguments}
         body.update(binding.fixed_body)
@@ -137,13 +147,16 @@ def _content(
     max_upload_bytes: int,
 ) -> tuple[bytes, str]:
     """The bytes and media type of an upload's arguments; ``where`` is the
-    URL a larger upload goes to over HTTP."""
+    path a larger upload goes to over HTTP."""
     text, encoded = arguments.get(CONTENT), arguments.get(CONTENT_BASE64)
     if (text is None) == (encoded is None):
         raise ToolArgumentError(f"give exactly one of {CONTENT} and {CONTENT_BASE64}")
     media_type = arguments.get(MEDIA_TYPE)
-    if media_type is not None and not isinstance(media_type, str):
-        raise ToolArgumentError(f"{MEDIA_TYPE} must be a string", argument=MEDIA_TYPE)
+    if media_type is not None and not (isinstance(media_type, str) and _HEADER.match(media_type)):
+        raise ToolArgumentError(
+            f"{MEDIA_TYPE} is a media type such as text/markdown (printable ASCII)",
+            argument=MEDIA_TYPE,
+        )
     given, name = (text, CONTENT) if text is not None else (encoded, CONTENT_BASE64)
     if not isinstance(given, str):
         raise ToolArgumentError(f"{name} must be a string", argument=name)
@@ -159,8 +172,8 @@ def _content(
             ) from None
         default = "text/plain; charset=utf-8"
     else:
-        try:
-            data = base64.b64decode(given, validate=True)
+        try:  # wrapped lines (the base64 command's 76 columns) are fine
+            data = base64.b64decode("".join(given.split()), validate=True)
         except (binascii.Error, ValueError):
             raise ToolArgumentError(
                 f"{CONTENT_BASE64} is not base64", argument=CONTENT_BASE64
@@ -174,15 +187,41 @@ def _content(
 def _too_large(binding: Binding, where: str, params: dict[str, str], limit: int) -> NoReturn:
     """Refuse content past the limit, saying how to upload it over HTTP."""
     raise UploadTooLarge(
-        f"a tool uploads up to {limit} bytes; send larger content over HTTP: "
-        f"{binding.spec.method} {where}?{urlencode(params)} with the bytes as the body, "
-        "its Content-Type, 'Authorization: Bearer $BUILDMAX_TOKEN' and an Idempotency-Key "
-        "header",
+        f"a tool uploads up to {limit} bytes; send larger content over HTTP to this "
+        f"server: {binding.spec.method} {where}?{urlencode(params)} with the bytes as the "
+        "body, its Content-Type, 'Authorization: Bearer $BUILDMAX_TOKEN' and an "
+        "Idempotency-Key header",
         limit=limit,
         method=binding.spec.method,
-        url=where,
+        path=where,
         query=params,
     )
+
+
+async def fetch(
+    app: BuildMax, made: RouteRequest, context: CallContext, *, limit_seconds: float
+) -> Any:
+    """Make ``made`` in-process as the caller, within ``limit_seconds``: the
+    route's answer, or its :class:`Problem` (:class:`ToolTimedOut` past the
+    limit, the route's work cancelled with it)."""
+    api = InternalApi(app, context.caller, request_id=context.request_id)
+    try:
+        async with asyncio.timeout(limit_seconds):
+            return await api.request(
+                made.method,
+                made.path,
+                json=made.json,
+                params=made.params,
+                idempotency_key=made.idempotency_key,
+                content=made.content,
+                content_type=made.content_type,
+            )
+    except TimeoutError:
+        raise ToolTimedOut(
+            f"{made.method} {made.path} did not finish within {limit_seconds:g} s; a change "
+            "it made commits or rolls back whole: retry with the same idempotency_key to "
+            "learn which"
+        ) from None
 
 
 async def call(
@@ -197,28 +236,13 @@ async def call(
     """The result of calling ``binding``'s tool with ``arguments``: the
     route's answer, or the problem it answered with, as a tool error."""
     try:
-        made = route_request(binding, arguments, context, max_upload_bytes)
-        api = InternalApi(app, context.caller, request_id=context.request_id)
-        async with asyncio.timeout(limit_seconds):
-            answer = await api.request(
-                made.method,
-                made.path,
-                json=made.json,
-                params=made.params,
-                idempotency_key=made.idempotency_key,
-                content=made.content,
-                content_type=made.content_type,
-            )
-    except TimeoutError:
-        return problem_result(
-            ToolTimedOut(
-                f"{binding.spec.name} did not finish within {limit_seconds:g} s; a change it made "
-                "commits or rolls back whole: retry with the same idempotency_key to learn which"
-            ),
-            context,
-        )
+        made = route_request(binding, arguments, max_upload_bytes)
+        answer = await fetch(app, made, context, limit_seconds=limit_seconds)
     except Problem as problem:
         return problem_result(problem, context)
+    except Exception:
+        log.exception("tool %s failed (request %s)", binding.spec.name, context.request_id)
+        return problem_result(Problem("an internal error occurred; see the server log"), context)
     return answer_result(answer)
 
 
@@ -236,6 +260,8 @@ def problem_result(problem: Problem, context: CallContext) -> types.CallToolResu
     """A problem as a tool error: its slug and detail first, for a model to
     read; the whole problem document as structured content."""
     document = {"slug": problem.slug, **problem.to_dict(request_id=context.request_id)}
+    if "Retry-After" in problem.headers:  # the HTTP header, as a member a model reads
+        document["retry_after"] = int(problem.headers["Retry-After"])
     text = f"{problem.slug} ({problem.status}): {problem.detail}"
     if problem.extra:
         text += "\n" + json.dumps(problem.extra, ensure_ascii=False, separators=(",", ":"))

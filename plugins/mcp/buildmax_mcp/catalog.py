@@ -200,7 +200,8 @@ def _bind(
         annotations=types.ToolAnnotations(
             read_only_hint=spec.method == "GET",
             destructive_hint=spec.method == "DELETE",
-            idempotent_hint=spec.method == "GET" or idempotent,
+            # A change repeats harmlessly only with the same idempotency_key.
+            idempotent_hint=spec.method == "GET",
             open_world_hint=False,
         ),
     )

@@ -10,7 +10,7 @@ import click
 from buildmax.client import TOKEN_ENV, URL_ENV, resolve
 from buildmax.commands.identity import CommandError
 
-from .snippets import CLIENTS, endpoint_url, snippet
+from .snippets import CLIENTS, snippet
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _URL_HELP = f"The BuildMax server [default: ${URL_ENV}, else the login file's]."
@@ -39,27 +39,14 @@ def stdio(url: str | None) -> None:
     chosen, token = resolve(url, None)
     if not token:
         raise CommandError(f"no token for {chosen}: set {TOKEN_ENV} (or run `buildmax login`)")
-    import httpx2  # the SDK's client: loaded for this command only
-    from mcp.shared.exceptions import MCPError
-
-    from .bridge import run_bridge
+    from .bridge import Unanswered, run_bridge  # the SDK: loaded for this command only
 
     try:
         asyncio.run(run_bridge(chosen, token))
     except KeyboardInterrupt:
         return
-    except Exception as exc:
-        cause = _innermost(exc)
-        if isinstance(cause, OSError | httpx2.HTTPError | MCPError):
-            raise CommandError(f"{endpoint_url(chosen)}: {cause}") from None
-        raise
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    """The first exception inside ``exc``'s exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
+    except Unanswered as unanswered:
+        raise CommandError(str(unanswered)) from None
 
 
 @mcp_group.command()

@@ -50,11 +50,7 @@ async def endpoint(caller: Caller) -> Response:
     app = current_buildmax()
     served = mcp_server(app)
     body = await raw_body()
-    context = CallContext(
-        caller=caller,
-        request_id=MCP_MARK + g.request_id,
-        base_url=request.host_url.rstrip("/"),
-    )
+    context = CallContext(caller=caller, request_id=MCP_MARK + g.request_id)
     return await _serve(served, body, context)
 
 

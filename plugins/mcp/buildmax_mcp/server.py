@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -27,14 +28,13 @@ from mcp.shared.exceptions import MCPError
 
 from buildmax import __version__
 from buildmax.background import start_background, stop_background
-from buildmax.internal import InternalApi
 from buildmax.problems import Problem, TooManyRequests
 
 from . import calls
 from .calls import CallContext, UnknownTool
 from .catalog import TEMPLATE_PARAMETER, Catalog, build_catalog
 from .prompts import LOOP_PROMPT, loop_prompt
-from .settings import mcp_settings
+from .settings import McpSettings, mcp_settings
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -88,6 +88,26 @@ def _build(app: BuildMax) -> McpServer:
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=catalog.tools)
 
+    @contextlib.contextmanager
+    def in_flight(context: CallContext) -> Iterator[McpSettings]:
+        """Count a call of the caller's token while it runs, or refuse it
+        (:class:`TooManyRequests`) past ``max_calls_per_token``."""
+        settings = mcp_settings(app)
+        token = context.caller.token_pk
+        if served.in_flight.get(token, 0) >= settings.max_calls_per_token:
+            raise TooManyRequests(
+                f"this token has {settings.max_calls_per_token} calls in flight "
+                "(max_calls_per_token); retry when one has answered",
+                retry_after=1,
+            )
+        served.in_flight[token] = served.in_flight.get(token, 0) + 1
+        try:
+            yield settings
+        finally:
+            left = served.in_flight.pop(token) - 1
+            if left:
+                served.in_flight[token] = left
+
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
@@ -97,31 +117,18 @@ def _build(app: BuildMax) -> McpServer:
             return calls.problem_result(
                 UnknownTool(f"no tool {params.name!r}: tools/list names them"), context
             )
-        settings = mcp_settings(app)
-        token = context.caller.token_pk
-        if served.in_flight.get(token, 0) >= settings.max_calls_per_token:
-            return calls.problem_result(
-                TooManyRequests(
-                    f"this token has {settings.max_calls_per_token} tool calls in flight "
-                    "(max_calls_per_token); retry when one has answered",
-                    retry_after=1,
-                ),
-                context,
-            )
-        served.in_flight[token] = served.in_flight.get(token, 0) + 1
         try:
-            return await calls.call(
-                app,
-                binding,
-                dict(params.arguments or {}),
-                context,
-                max_upload_bytes=settings.max_upload_bytes,
-                limit_seconds=settings.call_timeout_seconds,
-            )
-        finally:
-            left = served.in_flight.pop(token) - 1
-            if left:
-                served.in_flight[token] = left
+            with in_flight(context) as settings:
+                return await calls.call(
+                    app,
+                    binding,
+                    dict(params.arguments or {}),
+                    context,
+                    max_upload_bytes=settings.max_upload_bytes,
+                    limit_seconds=settings.call_timeout_seconds,
+                )
+        except TooManyRequests as refused:
+            return calls.problem_result(refused, context)
 
     async def list_resource_templates(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -149,28 +156,34 @@ def _build(app: BuildMax) -> McpServer:
     ) -> types.ReadResourceResult:
         context = _context(ctx)
         uri = str(params.uri)
-        for binding in catalog.resources():
-            arguments = _match(binding.spec.resource or "", uri)
-            if arguments is None:
-                continue
-            made = calls.route_request(binding, arguments, context, 0)
-            try:
-                answer = await InternalApi(app, context.caller, request_id=context.request_id).get(
-                    made.path
+        found = next(
+            (
+                (binding, arguments)
+                for binding in catalog.resources()
+                if (arguments := _match(binding.spec.resource or "", uri)) is not None
+            ),
+            None,
+        )
+        if found is None:
+            raise MCPError(types.INVALID_PARAMS, f"no resource {uri!r}")
+        binding, arguments = found
+        try:
+            with in_flight(context) as settings:
+                made = calls.route_request(binding, arguments, 0)
+                answer = await calls.fetch(
+                    app, made, context, limit_seconds=settings.call_timeout_seconds
                 )
-            except Problem as problem:
-                raise MCPError(
-                    types.INVALID_PARAMS,
-                    f"{problem.slug} ({problem.status}): {problem.detail}",
-                ) from None
-            return types.ReadResourceResult(
-                contents=[
-                    types.TextResourceContents(
-                        uri=uri, mime_type="application/json", text=json.dumps(answer)
-                    )
-                ]
-            )
-        raise MCPError(types.INVALID_PARAMS, f"no resource {uri!r}")
+        except Problem as problem:
+            raise MCPError(
+                types.INVALID_PARAMS, f"{problem.slug} ({problem.status}): {problem.detail}"
+            ) from None
+        return types.ReadResourceResult(
+            contents=[
+                types.TextResourceContents(
+                    uri=uri, mime_type="application/json", text=json.dumps(answer)
+                )
+            ]
+        )
 
     async def list_prompts(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None

@@ -98,6 +98,6 @@ def test_the_bridge_to_no_server_says_so_and_exits_1(tmp_path) -> None:
     )
     assert done.returncode == 1
     assert done.stdout == ""
-    assert "error: http://127.0.0.1:9/mcp:" in done.stderr
+    assert "error: http://127.0.0.1:9/mcp cannot be reached:" in done.stderr
     assert "Traceback" not in done.stderr
     assert SECRET not in done.stderr

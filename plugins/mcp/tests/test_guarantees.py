@@ -264,6 +264,20 @@ async def test_invalid_arguments_are_tool_errors_naming_the_field(team: Team) ->
             "show_task", "invalid-tool-arguments", space=space, task={"id": task["id"]}
         )
         await tools.refused("no_such_tool", "unknown-tool", space=space)
+        # Values that would become headers: refused as arguments, not a 500.
+        for key in ("", "a b", "k\r\nX-Evil: 1", "é"):
+            await tools.refused(
+                "claim_next", "invalid-tool-arguments", space=space, idempotency_key=key
+            )
+        for media in ("text/plain\r\nX-Evil: 1", "☃/x"):
+            await tools.refused(
+                "upload_artifact",
+                "invalid-tool-arguments",
+                space=space,
+                name="n",
+                content="x",
+                media_type=media,
+            )
     assert await snapshot(team) == before
 
 
@@ -289,7 +303,7 @@ async def test_an_upload_through_a_tool_within_its_limit(team: Team) -> None:
             "upload_artifact",
             space=space,
             name="b.bin",
-            content_base64="AAEC/w==",
+            content_base64="AAEC\n/w==\n",  # wrapped, as the base64 command writes it
             media_type="application/x-thing",
         )
         assert (binary["size"], binary["media_type"]) == (4, "application/x-thing")
@@ -301,7 +315,7 @@ async def test_an_upload_through_a_tool_within_its_limit(team: Team) -> None:
             name="big",
             content="x" * (600 * 1024),
         )
-        assert large["url"] == f"{team.base_url}/v1/spaces/{space}/artifacts"
+        assert large["path"] == f"/v1/spaces/{space}/artifacts"
         assert large["query"] == {"name": "big"}
         assert "Idempotency-Key" in large["detail"]
         await tools.refused(

@@ -24,12 +24,18 @@ from .conftest import http_session
 probe = Blueprint("mcp_limits_probe", __name__)
 #: The event that lets the slow probe answer (a new one per test: per loop).
 RELEASE: list[asyncio.Event] = []
+#: How many slow probes are running now.
+RUNNING = [0]
 
 
 @probe.get("/v1/mcp-limits-probe")
 @api("Answer when released (a probe of slow work)")
 async def slow_probe() -> Response:
-    await RELEASE[-1].wait()
+    RUNNING[0] += 1
+    try:
+        await RELEASE[-1].wait()
+    finally:
+        RUNNING[0] -= 1
     return Response('{"done": true}', content_type="application/json")
 
 
@@ -75,7 +81,7 @@ async def test_calls_in_flight_past_the_limit_are_refused(
             first = asyncio.create_task(tools.ok("slow_probe"))
             await asyncio.sleep(0.3)
             refused = await tools.refused("slow_probe", "too-many-requests")
-            assert refused["status"] == 429
+            assert (refused["status"], refused["retry_after"]) == (429, 1)
             second_token = asyncio.create_task(others.ok("slow_probe"))
             await asyncio.sleep(0.1)
             RELEASE[-1].set()
@@ -90,9 +96,44 @@ async def test_a_call_past_its_time_is_a_tool_error(buildmax_settings: Any) -> N
     async with served(buildmax_settings, call_timeout_seconds=1) as (app, base):
         token = await _principal(app)
         async with http_session(base, token) as tools:
-            problem = await tools.refused("slow_probe", "tool-call-timeout")
-            assert "idempotency_key" in problem["detail"]
+            for _ in range(3):
+                problem = await tools.refused("slow_probe", "tool-call-timeout")
+                assert "idempotency_key" in problem["detail"]
+                # The route's work ended with the call: nothing runs on.
+                assert RUNNING[0] == 0
             assert app.extensions["mcp.server"].in_flight == {}
+    RELEASE[-1].set()
+
+
+async def test_a_client_that_goes_away_ends_its_call_s_work(buildmax_settings: Any) -> None:
+    """A client gives up on a /mcp request: the tool's route request is
+    cancelled with it, and the token's count of calls in flight is back
+    to 0 (no call keeps running past its client)."""
+    import httpx
+
+    RELEASE.append(asyncio.Event())
+    async with served(buildmax_settings) as (app, base):
+        token = await _principal(app)
+        message = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "slow_probe", "arguments": {}},
+        }
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(timeout=0.5) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(f"{base}/mcp", json=message, headers=headers)
+        for _ in range(100):  # the server notices the disconnect
+            if RUNNING[0] == 0 and not app.extensions["mcp.server"].in_flight:
+                break
+            await asyncio.sleep(0.05)
+        assert RUNNING[0] == 0
+        assert app.extensions["mcp.server"].in_flight == {}
     RELEASE[-1].set()
 
 

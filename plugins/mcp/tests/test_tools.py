@@ -72,7 +72,14 @@ async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team, mode:
         "general",
     ]
     assert "idempotency_key" not in ready.input_schema["properties"]
-    assert ready.annotations.read_only_hint is True
+    assert (ready.annotations.read_only_hint, ready.annotations.idempotent_hint) == (True, True)
+    # A change repeats harmlessly only with its key: no tool that changes is
+    # announced as idempotent (a client may retry those on its own).
+    assert not [
+        t.name
+        for t in listed.values()
+        if t.annotations.idempotent_hint and not t.annotations.read_only_hint
+    ]
     # "claim the next review" is claim-next with the kind set: no kind to pass.
     assert "kind" not in listed["claim_review"].input_schema["properties"]
     upload = listed["upload_artifact"].input_schema["properties"]
@@ -108,6 +115,17 @@ async def test_the_task_resource_and_the_loop_prompt(team: Team) -> None:
     text = prompt.messages[0].content.text  # type: ignore[union-attr]
     assert team.space.slug in text
     assert text.index("claim_next") < text.index("renew") < text.index("submit")
+
+
+async def test_a_resource_uri_names_one_task(team: Team) -> None:
+    """A resource URI's parameters are one segment each, as a tool's are:
+    a dot segment or an encoded '/' is refused with the problem's slug."""
+    task = await team.task("t")
+    base = f"buildmax://spaces/{team.space.slug}/tasks"
+    async with http_session(team.base_url, team.author.token) as tools:
+        for uri in (f"{base}/..", f"{base}/%2e%2e", f"{base}/{task['id']}%2Fattempts"):
+            with pytest.raises(Exception, match="invalid-tool-arguments"):
+                await tools.client.read_resource(uri)
 
 
 async def test_a_resource_of_another_space_is_not_read(
