@@ -59,6 +59,9 @@ async def test_the_loop_s_tools_with_schemas_from_their_routes(team: Team, mode:
             assert tool.output_schema["type"] == "object", tool.name
     claim_out = listed["claim_next"].output_schema
     assert claim_out is not None and {"task", "attempt"} <= set(claim_out["properties"])
+    submit_out = listed["submit"].output_schema
+    assert submit_out is not None
+    assert {"submission", "task", "stage", "work_ids"} <= set(submit_out["properties"])
     renew = listed["renew"].input_schema
     assert {"space", "attempt", "generation"} <= set(renew["required"])
     assert "idempotency_key" in renew["properties"]

@@ -39,7 +39,7 @@ blueprint = Blueprint("reviews", __name__)
 ATTEMPT_SCOPE = ("attempt",)
 #: Work item states in which nothing more will be recorded on it.
 _FINISHED = ("done", "canceled", "failed")
-_ID_CHARS = Pattern(r"^[A-Za-z0-9_-]{1,64}$")
+_ID_CHARS = Pattern(r"^[A-Za-z0-9_-]{1,64}$", error="Not a valid id.")
 
 
 class ReviewBody(Schema):

@@ -51,6 +51,7 @@ from ..schemas import (
     SubmissionOut,
     SubmissionPage,
     SubmitBody,
+    SubmitOut,
 )
 from ..tables import attempts, submissions
 from ..views import attempt_body, submission_body, task_body
@@ -318,6 +319,8 @@ async def cancel(attempt: str, caller: Caller, access: SpaceAccess, data: dict[s
 @api(
     "Hand in the attempt's work (the owner)",
     body=SubmitBody,
+    response=SubmitOut,
+    status=201,
     scopes=ATTEMPT_SCOPE,
     role="member",
     action="tasks.attempt.update",
