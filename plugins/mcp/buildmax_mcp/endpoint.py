@@ -23,6 +23,7 @@ from buildmax.apidoc import api
 from buildmax.auth import Caller
 from buildmax.bodies import raw_body
 from buildmax.current import current_buildmax
+from buildmax.problems import problem_for_status
 
 from .calls import CallContext
 from .server import CONTEXT_SCOPE, McpServer, mcp_server
@@ -97,10 +98,13 @@ async def _serve(served: McpServer, body: bytes, context: CallContext) -> Respon
             chunks.append(message.get("body", b""))
 
     await served.manager.handle_request(scope, receive, send)
-    return Response(
-        b"".join(chunks),
-        status=status,
-        headers=Headers(
-            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
-        ),
+    answered = Headers(
+        [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
     )
+    body = b"".join(chunks)
+    if status >= 400 and not answered.get("Content-Type", "").startswith("application/json"):
+        # The transport's plain-text refusals (a POST that is not JSON) are
+        # problems like every other refusal of this server; its JSON-RPC
+        # errors stay as the protocol has them.
+        raise problem_for_status(status, body.decode("utf-8", "replace")[:500] or None)
+    return Response(body, status=status, headers=answered)

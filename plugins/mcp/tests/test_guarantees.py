@@ -419,3 +419,23 @@ async def test_a_removed_member_s_tokens_act_through_no_tool(team: Team) -> None
                 ),
             ):
                 await tools.refused(tool, "not-found", space=space, **arguments)
+
+
+async def test_a_post_that_is_not_json_rpc_is_a_problem(team: Team) -> None:
+    """The transport's refusals are answered as every refusal of this server
+    is (problem+json); a JSON-RPC error stays a JSON-RPC error."""
+    auth = {"Authorization": f"Bearer {team.author.token}"}
+    plain = await team.client.post(
+        "/mcp", data=b"hello", headers={**auth, "Content-Type": "text/plain"}
+    )
+    assert plain.status_code == 400
+    assert plain.headers["Content-Type"] == "application/problem+json"
+    assert (await plain.get_json())["type"] == "urn:buildmax:problem:bad-request"
+    unacceptable = await team.client.post(
+        "/mcp",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+        headers={**auth, "Accept": "text/plain", "MCP-Protocol-Version": "2025-06-18"},
+    )
+    assert unacceptable.status_code == 406
+    assert unacceptable.headers["Content-Type"].startswith("application/json")
+    assert "error" in await unacceptable.get_json()
