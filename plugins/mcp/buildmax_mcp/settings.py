@@ -18,8 +18,9 @@ class McpSettings:
     The endpoint is stateless (no session lives on the server between
     requests), so what is bounded is work in flight, not sessions."""
 
-    #: Tool calls and resource reads one token may have in flight; one more
-    #: is refused (``too-many-requests``, with ``retry_after``).
+    #: Tool calls and resource reads one token may have in flight in one
+    #: server process; one more is refused (``too-many-requests``, with
+    #: ``retry_after``).
     max_calls_per_token: int = 8
     #: How long one tool call may take before it is answered as timed out.
     #: A change it was making still commits or rolls back whole; retry it
