@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,13 +87,37 @@ class Catalog:
         return [b for b in self.bindings.values() if b.spec.resource is not None]
 
 
+#: Catalogs built in this process, by what they are built from (an app's
+#: routes and its plugins' tools): every app of a process with the same
+#: plugins shares one, built once (the OpenAPI document takes tens of ms).
+_BUILT: OrderedDict[tuple[Any, ...], Catalog] = OrderedDict()
+_KEPT = 16
+
+
 def build_catalog(app: BuildMax) -> Catalog:
     """The catalog of ``app``'s tools (``buildmax_agent_tools``)."""
+    offered = [(plugin, tuple(specs)) for plugin, specs in app.hooks.agent_tools()]
+    key = (
+        tuple(
+            (rule.rule, tuple(sorted(rule.methods or ())), rule.endpoint)
+            for rule in app.url_map.iter_rules()
+        ),
+        repr(offered),
+    )
+    found = _BUILT.get(key)
+    if found is None:
+        found = _BUILT[key] = _build(app, offered)
+        while len(_BUILT) > _KEPT:
+            _BUILT.popitem(last=False)
+    return found
+
+
+def _build(app: BuildMax, offered: list[tuple[str, tuple[AgentTool, ...]]]) -> Catalog:
     document = build_openapi(app, "BuildMax", __version__, openapi_version="3.1.0")
     components = document.get("components", {}).get("schemas", {})
     bindings: dict[str, Binding] = {}
-    for plugin, offered in app.hooks.agent_tools():
-        for spec in offered:
+    for plugin, specs in offered:
+        for spec in specs:
             where = f"tool {spec.name!r} of plugin {plugin!r}"
             if spec.name in bindings:
                 raise CatalogError(f"{where}: plugin {bindings[spec.name].plugin!r} offers it too")
