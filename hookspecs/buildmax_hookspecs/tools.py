@@ -13,12 +13,14 @@ from .records import AgentTool
 def buildmax_agent_tools() -> Iterable[AgentTool] | None:
     """The plugin's operations an agent may call as tools.
 
-    Called once per process, at start-up, with no transaction open. Return
+    Called at start-up and when the first MCP request loads the tools'
+    schemas, with no transaction open. Return
     :class:`AgentTool` records, one per tool, each naming one of the
     plugin's own declared routes (never another plugin's: the plugin that
     owns an operation offers its tool). A tool executes as an in-process
     request to that route with the caller's identity, so it needs no check
-    of its own. Two plugins offering the same name, a route that is not
-    declared, or an argument named twice (path, query, body) is an error
-    that stops the server starting.
+    of its own. Two plugins offering the same name, or a route that is not
+    declared, stops the server starting; an argument named twice (path,
+    query, body) or a ``fixed`` one the route does not take fails the first
+    MCP request, which loads the tools' schemas.
     """

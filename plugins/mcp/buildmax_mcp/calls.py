@@ -24,12 +24,12 @@ from urllib.parse import quote, urlencode
 
 import mcp_types as types
 
-from buildmax.auth import Caller
 from buildmax.inputs import IDEMPOTENCY_KEY_PATTERN
 from buildmax.internal import InternalApi
 from buildmax.problems import Problem
 
 from .catalog import CONTENT, CONTENT_BASE64, IDEMPOTENCY_ARGUMENT, MEDIA_TYPE, Binding
+from .context import CallContext
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -63,14 +63,6 @@ class UnknownTool(Problem):
     """No tool of that name is offered here."""
 
     status, slug, title = 404, "unknown-tool", "No such tool"
-
-
-@dataclass(frozen=True)
-class CallContext:
-    """Who calls, and through which MCP request."""
-
-    caller: Caller
-    request_id: str
 
 
 @dataclass(frozen=True)

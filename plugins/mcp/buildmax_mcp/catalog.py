@@ -21,6 +21,8 @@ from buildmax_hookspecs import AgentTool
 from buildmax import __version__
 from buildmax.apidoc import build_openapi
 
+from .lifecycle import ToolDeclarationError
+
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
 
@@ -33,11 +35,6 @@ _SPACE = "The space to act in: its slug or id."
 _COMPONENTS = "#/components/schemas/"
 #: A parameter of a resource's URI template.
 TEMPLATE_PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class CatalogError(Exception):
-    """A plugin offered a tool that cannot be served (a duplicate name, a
-    route nobody declared, an argument named twice)."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +115,9 @@ def _build(app: BuildMax, offered: list[tuple[str, tuple[AgentTool, ...]]]) -> C
     bindings: dict[str, Binding] = {}
     for plugin, specs in offered:
         for spec in specs:
+            # Names and routes were checked at start-up (lifecycle.check_tools).
             where = f"tool {spec.name!r} of plugin {plugin!r}"
-            if spec.name in bindings:
-                raise CatalogError(f"{where}: plugin {bindings[spec.name].plugin!r} offers it too")
-            operation = document["paths"].get(spec.path, {}).get(spec.method.lower())
-            if operation is None:
-                raise CatalogError(f"{where}: {spec.method} {spec.path} is not a declared route")
+            operation = document["paths"][spec.path][spec.method.lower()]
             bindings[spec.name] = _bind(where, plugin, spec, operation, components)
     return Catalog(bindings)
 
@@ -140,7 +134,7 @@ def _bind(
 
     def take(name: str, schema: Any, is_required: bool) -> None:
         if name in properties:
-            raise CatalogError(f"{where}: the argument {name!r} is named twice")
+            raise ToolDeclarationError(f"{where}: the argument {name!r} is named twice")
         schema = dict(schema)
         described = spec.arguments.get(name) or (_SPACE if name == "space" else None)
         if described and not schema.get("description"):
@@ -199,7 +193,9 @@ def _bind(
         )
     for name in spec.fixed:
         if name not in properties:
-            raise CatalogError(f"{where}: the fixed argument {name!r} is not one of the route's")
+            raise ToolDeclarationError(
+                f"{where}: the fixed argument {name!r} is not one of the route's"
+            )
         del properties[name]
         if name in required:
             required.remove(name)
@@ -215,7 +211,7 @@ def _bind(
     if spec.resource is not None and set(TEMPLATE_PARAMETER.findall(spec.resource)) != set(
         path_params
     ):
-        raise CatalogError(f"{where}: its resource template names other than {path_params}")
+        raise ToolDeclarationError(f"{where}: its resource template names other than {path_params}")
     tool = types.Tool(
         name=spec.name,
         title=spec.title,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quart import Blueprint, Response, g, request
 from werkzeug.datastructures import Headers
@@ -25,8 +25,11 @@ from buildmax.bodies import raw_body
 from buildmax.current import current_buildmax
 from buildmax.problems import problem_for_status
 
-from .calls import CallContext
-from .server import CONTEXT_SCOPE, McpServer, mcp_server
+from .context import CONTEXT_SCOPE, CallContext
+from .lifecycle import started
+
+if TYPE_CHECKING:
+    from .server import McpServer
 
 blueprint = Blueprint("mcp", __name__)
 
@@ -49,7 +52,7 @@ async def endpoint(caller: Caller) -> Response:
     ``isError`` result names the problem's slug and detail); this route
     itself answers 401 without a valid token."""
     app = current_buildmax()
-    served = mcp_server(app)
+    served = await started(app)
     body = await raw_body()
     context = CallContext(caller=caller, request_id=MCP_MARK + g.request_id)
     return await _serve(served, body, context)

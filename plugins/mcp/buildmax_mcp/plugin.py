@@ -9,6 +9,7 @@ from buildmax_hookspecs import hookimpl
 
 from buildmax.app import BuildMax
 
+from . import lifecycle
 from .settings import mcp_settings
 
 
@@ -21,17 +22,13 @@ def buildmax_blueprints(app: BuildMax) -> list[Any]:
 
 
 @hookimpl
-async def buildmax_startup(app: BuildMax) -> None:
-    from . import server
-
-    await server.start(app)
+def buildmax_startup(app: BuildMax) -> None:
+    lifecycle.check_tools(app)  # the SDK itself loads with the first /mcp request
 
 
 @hookimpl
 async def buildmax_shutdown(app: BuildMax) -> None:
-    from . import server
-
-    await server.stop(app)
+    await lifecycle.stop(app)
 
 
 @hookimpl

@@ -31,16 +31,15 @@ from buildmax.background import start_background, stop_background
 from buildmax.problems import Problem, TooManyRequests
 
 from . import calls
-from .calls import CallContext, UnknownTool
+from .calls import UnknownTool
 from .catalog import TEMPLATE_PARAMETER, Catalog, build_catalog
+from .context import CONTEXT_SCOPE, CallContext
 from .prompts import LOOP_PROMPT, loop_prompt
 from .settings import McpSettings, mcp_settings
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
 
-#: The ASGI scope key carrying a call's :class:`CallContext` to the handlers.
-CONTEXT_SCOPE = "buildmax.mcp.context"
 _KEY = "mcp.server"
 _TASK = "mcp.session-manager"
 #: The server's instructions to a client's model.
@@ -64,11 +63,9 @@ class McpServer:
     in_flight: dict[int, int] = field(default_factory=dict)
 
 
-def mcp_server(app: BuildMax) -> McpServer:
-    """The app's MCP server (started by the plugin's startup hook)."""
+def mcp_server_or_none(app: BuildMax) -> McpServer | None:
+    """The app's MCP server, if it was started (:func:`lifecycle.started`)."""
     found: McpServer | None = app.extensions.get(_KEY)
-    if found is None:
-        raise RuntimeError("the MCP server of this app is not started")
     return found
 
 
@@ -242,7 +239,7 @@ def _match(template: str, uri: str) -> dict[str, str] | None:
     return {name: unquote(value) for name, value in zip(names, found.groups(), strict=True)}
 
 
-async def start(app: BuildMax) -> None:
+async def start(app: BuildMax) -> McpServer:
     """Start the app's MCP server: its session manager runs in a task of
     the app until :func:`stop`."""
     served = _build(app)
@@ -263,6 +260,7 @@ async def start(app: BuildMax) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
         task.result()  # the reason it could not start
+    return served
 
 
 async def stop(app: BuildMax) -> None:

@@ -190,11 +190,13 @@ NOTES = AgentTool(
 
 
 async def _tool_names(settings: Any, *tools: AgentTool) -> list[str]:
-    from buildmax_mcp.server import mcp_server
+    """The tools of an app with ``tools`` offered by a third party, as the
+    first /mcp request finds them."""
+    from buildmax_mcp.lifecycle import started
 
     app = create_app(settings, auto_migrate=True, extra_plugins=[("notes", NotesTools(*tools))])
-    async with app.test_app():
-        return list(mcp_server(app).catalog.bindings)
+    async with app.test_app(), app.app_context():
+        return list((await started(app)).catalog.bindings)
 
 
 @pytest.mark.engine_independent
@@ -217,18 +219,26 @@ async def test_a_third_party_plugin_adds_its_tool_through_buildmax_agent_tools(
             AgentTool(name="nowhere", description="x", method="GET", path="/v1/nowhere"),
             "GET /v1/nowhere is not a declared route",
         ),
-        (
-            AgentTool(name="odd", description="x", method="GET", path=NOTES.path, fixed={"zzz": 1}),
-            "the fixed argument 'zzz' is not one of the route's",
-        ),
     ],
 )
 async def test_a_tool_that_cannot_be_served_stops_start_up(
     buildmax_settings: Any, tool: AgentTool, message: str
 ) -> None:
-    # The app's start fails with the catalog's error (wrapped by the lifespan).
+    # The app's start fails with the check's error (wrapped by the lifespan).
     with pytest.raises(Exception, match=re.escape(message)):
         await _tool_names(buildmax_settings, tool)
+
+
+@pytest.mark.engine_independent
+async def test_a_tool_whose_arguments_cannot_be_served_fails_the_first_mcp_request(
+    buildmax_settings: Any,
+) -> None:
+    """What needs the routes' schemas (a fixed argument the route does not
+    take) is checked when the SDK and the catalog load, with the first
+    /mcp request: it fails naming the plugin and the tool."""
+    odd = AgentTool(name="odd", description="x", method="GET", path=NOTES.path, fixed={"zzz": 1})
+    with pytest.raises(Exception, match=re.escape("the fixed argument 'zzz' is not one")):
+        await _tool_names(buildmax_settings, odd)
 
 
 @pytest.mark.engine_independent
