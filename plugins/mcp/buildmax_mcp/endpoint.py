@@ -2,9 +2,9 @@
 by the same server process and the same Hypercorn as the HTTP API.
 
 The route authenticates the bearer token as every route does (a scoped
-token too: what it may do is the tool's route's to say), bounds the calls
-then hands the request to the SDK's transport,
-with who calls riding in the ASGI scope to the tool handlers. Every tool
+token too: what it may do is the tool's route's to say), then hands the
+request to the SDK's transport, with who calls riding in the ASGI scope to
+the tool handlers (which bound the calls in flight per token). Every tool
 call is then a request of its own to the tool's route, marked
 ``mcp/<this request's id>``: its answer, its log line and its audit
 events carry that request id.
