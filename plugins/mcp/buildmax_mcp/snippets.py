@@ -35,60 +35,29 @@ def _stdio_args(url: str) -> list[str]:
     return ["mcp", "stdio", "--url", url]
 
 
-def _claude_code(name: str, url: str, stdio: bool) -> Snippet:
-    # Claude Code expands ${VAR} in .mcp.json.
-    server: dict[str, Any] = (
-        {
-            "type": "stdio",
-            "command": "buildmax",
-            "args": _stdio_args(url),
-            "env": {TOKEN_ENV: "${" + TOKEN_ENV + "}"},
-        }
-        if stdio
-        else {
-            "type": "http",
-            "url": endpoint_url(url),
-            "headers": {"Authorization": "Bearer ${" + TOKEN_ENV + "}"},
-        }
-    )
-    return Snippet(
-        ".mcp.json in the project (or claude mcp add-json)", _json({"mcpServers": {name: server}})
-    )
+@dataclass(frozen=True)
+class JsonClient:
+    """A client configured with a JSON file: where it is, the key holding
+    its servers, how it refers to an environment variable (``{}`` stands
+    for the name), whether a server says its ``type``, and the key of an
+    HTTP server's URL."""
 
+    where: str
+    servers: str
+    reference: str
+    typed: bool = False
+    url_key: str = "url"
 
-def _cursor(name: str, url: str, stdio: bool) -> Snippet:
-    # Cursor expands ${env:VAR} in mcp.json.
-    server: dict[str, Any] = (
-        {
-            "command": "buildmax",
-            "args": _stdio_args(url),
-            "env": {TOKEN_ENV: "${env:" + TOKEN_ENV + "}"},
-        }
-        if stdio
-        else {
-            "url": endpoint_url(url),
-            "headers": {"Authorization": "Bearer ${env:" + TOKEN_ENV + "}"},
-        }
-    )
-    return Snippet(".cursor/mcp.json", _json({"mcpServers": {name: server}}))
-
-
-def _vscode(name: str, url: str, stdio: bool) -> Snippet:
-    server: dict[str, Any] = (
-        {
-            "type": "stdio",
-            "command": "buildmax",
-            "args": _stdio_args(url),
-            "env": {TOKEN_ENV: "${env:" + TOKEN_ENV + "}"},
-        }
-        if stdio
-        else {
-            "type": "http",
-            "url": endpoint_url(url),
-            "headers": {"Authorization": "Bearer ${env:" + TOKEN_ENV + "}"},
-        }
-    )
-    return Snippet(".vscode/mcp.json", _json({"servers": {name: server}}))
+    def __call__(self, name: str, url: str, stdio: bool) -> Snippet:
+        token = self.reference.format(TOKEN_ENV)
+        server: dict[str, Any] = (
+            {"command": "buildmax", "args": _stdio_args(url), "env": {TOKEN_ENV: token}}
+            if stdio
+            else {self.url_key: endpoint_url(url), "headers": {"Authorization": f"Bearer {token}"}}
+        )
+        if self.typed:
+            server = {"type": "stdio" if stdio else "http", **server}
+        return Snippet(self.where, _json({self.servers: {name: server}}))
 
 
 def _codex(name: str, url: str, stdio: bool) -> Snippet:
@@ -110,25 +79,22 @@ def _codex(name: str, url: str, stdio: bool) -> Snippet:
     return Snippet("~/.codex/config.toml", "\n".join(lines) + "\n")
 
 
-def _gemini(name: str, url: str, stdio: bool) -> Snippet:
-    # Gemini CLI expands $VAR in settings.json.
-    server: dict[str, Any] = (
-        {"command": "buildmax", "args": _stdio_args(url), "env": {TOKEN_ENV: "$" + TOKEN_ENV}}
-        if stdio
-        else {"httpUrl": endpoint_url(url), "headers": {"Authorization": "Bearer $" + TOKEN_ENV}}
-    )
-    return Snippet(
-        "~/.gemini/settings.json (or .gemini/settings.json)", _json({"mcpServers": {name: server}})
-    )
-
-
 #: The clients ``buildmax mcp config --client`` knows, by name.
 CLIENTS: dict[str, Callable[[str, str, bool], Snippet]] = {
-    "claude-code": _claude_code,
+    # Claude Code expands ${VAR} in .mcp.json.
+    "claude-code": JsonClient(
+        ".mcp.json in the project (or claude mcp add-json)", "mcpServers", "${{{}}}", typed=True
+    ),
     "codex": _codex,
-    "cursor": _cursor,
-    "gemini": _gemini,
-    "vscode": _vscode,
+    # Cursor and VS Code expand ${env:VAR}; Gemini CLI expands $VAR.
+    "cursor": JsonClient(".cursor/mcp.json", "mcpServers", "${{env:{}}}"),
+    "gemini": JsonClient(
+        "~/.gemini/settings.json (or .gemini/settings.json)",
+        "mcpServers",
+        "${}",
+        url_key="httpUrl",
+    ),
+    "vscode": JsonClient(".vscode/mcp.json", "servers", "${{env:{}}}", typed=True),
 }
 
 

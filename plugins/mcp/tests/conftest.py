@@ -6,6 +6,7 @@ stdio bridge, for any token."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -83,6 +84,19 @@ async def stdio_session(base_url: str, token: str) -> AsyncIterator[Tools]:
     )
     async with Client(server) as c:
         yield Tools(c)
+
+
+def run_bridge(url: str, config_home: Any, **env: str) -> subprocess.CompletedProcess[str]:
+    """``buildmax mcp stdio --url url`` with stdin closed, a login file
+    nowhere and only ``env`` beside PATH: its exit, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "buildmax", "mcp", "stdio", "--url", url],
+        env={"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(config_home), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @dataclass

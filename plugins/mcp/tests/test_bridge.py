@@ -5,8 +5,6 @@ an answer that says why, promptly; the bridge itself carries on."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -16,20 +14,11 @@ from mcp.shared.exceptions import MCPError
 from buildmax.tables import tokens
 from buildmax.testing import serving
 
-from .conftest import Team, stdio_session
+from .conftest import Team, run_bridge, stdio_session
 
 
 async def test_a_refused_token_at_start_says_so(live_server: str, tmp_path: Any) -> None:
-    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path), "BUILDMAX_TOKEN": "bm_nope"}
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "buildmax", "mcp", "stdio", "--url", live_server],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = await asyncio.to_thread(run_bridge, live_server, tmp_path, BUILDMAX_TOKEN="bm_nope")
     assert done.returncode == 1
     assert done.stdout == ""
     assert f"error: {live_server}/mcp answered 401 unauthenticated:" in done.stderr

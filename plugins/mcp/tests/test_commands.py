@@ -5,8 +5,6 @@ says clearly what it lacks."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tomllib
 
 import pytest
@@ -14,6 +12,8 @@ from buildmax_mcp.snippets import CLIENTS
 from click.testing import CliRunner
 
 from buildmax.cli import _register_commands, cli
+
+from .conftest import run_bridge
 
 pytestmark = pytest.mark.engine_independent
 
@@ -71,15 +71,7 @@ def test_an_unknown_client_is_refused_naming_the_known_ones() -> None:
 def test_the_bridge_without_a_token_says_so_and_exits_1(tmp_path) -> None:
     """No BUILDMAX_TOKEN and no login file: an error on stderr, nothing on
     stdout (where an MCP client reads messages)."""
-    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-m", "buildmax", "mcp", "stdio", "--url", "http://127.0.0.1:9"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_bridge("http://127.0.0.1:9", tmp_path, HOME=str(tmp_path))
     assert done.returncode == 1
     assert done.stdout == ""
     assert "error: no token for http://127.0.0.1:9" in done.stderr
@@ -87,15 +79,7 @@ def test_the_bridge_without_a_token_says_so_and_exits_1(tmp_path) -> None:
 
 
 def test_the_bridge_to_no_server_says_so_and_exits_1(tmp_path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(tmp_path), "BUILDMAX_TOKEN": SECRET}
-    done = subprocess.run(
-        [sys.executable, "-m", "buildmax", "mcp", "stdio", "--url", "http://127.0.0.1:9"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_bridge("http://127.0.0.1:9", tmp_path, BUILDMAX_TOKEN=SECRET)
     assert done.returncode == 1
     assert done.stdout == ""
     assert "error: http://127.0.0.1:9/mcp cannot be reached:" in done.stderr

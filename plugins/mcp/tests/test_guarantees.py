@@ -264,20 +264,14 @@ async def test_invalid_arguments_are_tool_errors_naming_the_field(team: Team) ->
             "show_task", "invalid-tool-arguments", space=space, task={"id": task["id"]}
         )
         await tools.refused("no_such_tool", "unknown-tool", space=space)
-        # Values that would become headers: refused as arguments, not a 500.
+        # Values that become headers: refused as the network's would be, not a 500.
         for key in ("", "a b", "k\r\nX-Evil: 1", "é"):
-            await tools.refused(
-                "claim_next", "invalid-tool-arguments", space=space, idempotency_key=key
-            )
+            await tools.refused("claim_next", "bad-request", space=space, idempotency_key=key)
         for media in ("text/plain\r\nX-Evil: 1", "☃/x"):
-            await tools.refused(
-                "upload_artifact",
-                "invalid-tool-arguments",
-                space=space,
-                name="n",
-                content="x",
-                media_type=media,
+            problem = await tools.refused(
+                "upload_artifact", None, space=space, name="n", content="x", media_type=media
             )
+            assert problem["status"] in (400, 415), problem
     assert await snapshot(team) == before
 
 
