@@ -140,8 +140,6 @@ def _content(
     given, name = (text, CONTENT) if text is not None else (encoded, CONTENT_BASE64)
     if not isinstance(given, str):
         raise ToolArgumentError(f"{name} must be a string", argument=name)
-    if len(given) > max_upload_bytes * 4 // 3 + 4:  # past the limit in any form
-        _too_large(binding, where, params, max_upload_bytes)
     if text is not None:
         try:
             data = given.encode("utf-8")
