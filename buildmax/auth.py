@@ -71,8 +71,17 @@ async def _load_caller() -> Caller:
     acting = request.scope.get(ACTING_CALLER)
     if isinstance(acting, Caller):
         return await _reload(app, acting)
-    caller, _ = await _look_up(app, LOOKUP, {})
+    caller, _ = await _look_up(app, bearer_secret(), LOOKUP, {})
     return caller
+
+
+async def authenticate_secret(secret: str) -> Caller:
+    """The caller a token ``secret`` carried some other way than the
+    ``Authorization`` header names (the dashboard's session cookie), or 401;
+    the same checks and failure count as a bearer token, and no scoped
+    token: a session is never scoped."""
+    caller, _ = await _counting_failures(_look_up(current_buildmax(), secret, LOOKUP, {}))
+    return _in_scope(caller, ())
 
 
 async def authenticate_reading(
@@ -87,7 +96,7 @@ async def authenticate_reading(
     app = current_buildmax()
     if g.get("buildmax_caller") is not None or isinstance(request.scope.get(ACTING_CALLER), Caller):
         return await authenticate(accept_scopes), None
-    caller, row = await _counting_failures(_look_up(app, statement, params))
+    caller, row = await _counting_failures(_look_up(app, bearer_secret(), statement, params))
     g.buildmax_caller = caller
     return _in_scope(caller, accept_scopes), row
 
@@ -111,11 +120,10 @@ def _in_scope(caller: Caller, accept_scopes: Iterable[str]) -> Caller:
 
 
 async def _look_up(
-    app: BuildMax, statement: Any, params: dict[str, Any]
+    app: BuildMax, secret: str, statement: Any, params: dict[str, Any]
 ) -> tuple[Caller, dict[str, Any]]:
-    """The caller the request's bearer token names, and the row ``statement``
+    """The caller the token ``secret`` names, and the row ``statement``
     read for it (by the token's verifier and ``params``)."""
-    secret = bearer_secret()
     if not secret:
         raise Unauthenticated("send an API token as 'Authorization: Bearer <token>'")
     if not secret.startswith(SECRET_PREFIX) or len(secret) > 100:
