@@ -703,7 +703,13 @@ def census(
             "statements": round(t["statements"] / n, 1),
             "db_ms": round(t["db_s"] / n * 1000, 2),
             "handler_ms": round(t["handler_s"] / n * 1000, 2),
-            "shapes": sorted(([round(c / n, 2), k] for k, c in t["shapes"].items()), reverse=True),
+            "shapes": sorted(
+                (
+                    [round(c / n, 2), round(t["shape_s"][k] / n * 1000, 3), k]
+                    for k, c in t["shapes"].items()
+                ),
+                reverse=True,
+            ),
         }
     return {"cycles": cycles, "routes": routes, "client_ms": client}
 
@@ -722,11 +728,14 @@ def print_census(c: dict[str, Any]) -> None:
             f"    {key:<48} {r['requests']:>4} {r['statements']:>10} {r['db_ms']:>7.2f} "
             f"{r['handler_ms']:>10.2f}"
         )
-    print("    statements per request by shape (SQL up to WHERE/VALUES/SET):")
+    print(
+        "    statements per request by shape (SQL up to WHERE/VALUES/SET), "
+        "with their db ms per request:"
+    )
     for key, r in c["routes"].items():
         print(f"      {key}")
-        for n, text in r["shapes"]:
-            print(f"        {n:>5g} x  {text}")
+        for n, ms, text in r["shapes"]:
+            print(f"        {n:>5g} x {ms:>6.3f} ms  {text}")
     print(
         "    client-observed p50: "
         + ", ".join(f"{op} {s['p50']} ms" for op, s in c["client_ms"].items())

@@ -38,6 +38,7 @@ TOTALS: dict[str, dict[str, Any]] = defaultdict(
         "db_s": 0.0,
         "handler_s": 0.0,
         "shapes": defaultdict(int),
+        "shape_s": defaultdict(float),
     }
 )
 
@@ -58,11 +59,14 @@ def shape(statement: Any) -> str:
 def _count(counter: dict[str, Any] | None, statement: Any, start: float) -> None:
     if counter is None:
         return
-    counter["db_s"] += time.perf_counter() - start
+    spent = time.perf_counter() - start
+    counter["db_s"] += spent
     counter["statements"] += 1
     # Labelling compiles the statement once more: kept out of the handler time.
     labelled = time.perf_counter()
-    counter["shapes"][shape(statement)] += 1
+    label = shape(statement)
+    counter["shapes"][label] += 1
+    counter["shape_s"][label] += spent
     counter["overhead_s"] += time.perf_counter() - labelled
 
 
@@ -92,6 +96,7 @@ async def full_dispatch_request(self: Quart, request_context: Any = None) -> Any
         "db_s": 0.0,
         "overhead_s": 0.0,
         "shapes": defaultdict(int),
+        "shape_s": defaultdict(float),
     }
     token = ROUTE.set(counter)
     start = time.perf_counter()
@@ -105,6 +110,7 @@ async def full_dispatch_request(self: Quart, request_context: Any = None) -> Any
         totals["handler_s"] += time.perf_counter() - start - counter["overhead_s"]
         for key, n in counter["shapes"].items():
             totals["shapes"][key] += n
+            totals["shape_s"][key] += counter["shape_s"][key]
 
 
 def _write() -> None:
