@@ -85,6 +85,7 @@ COPY plugins/reviews/ plugins/reviews/
 COPY plugins/marketplace/ plugins/marketplace/
 COPY plugins/graders/ plugins/graders/
 COPY plugins/mcp/ plugins/mcp/
+COPY plugins/dashboard/ plugins/dashboard/
 
 RUN pip install --no-cache-dir -r requirements-server.txt
 

@@ -32,11 +32,12 @@ import contextlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
+from quart import Response
 
 from .tables import events, spaces
 
@@ -273,6 +274,15 @@ class EventHub:
             if not self._waiters[space_pk]:
                 del self._waiters[space_pk]
 
+    async def last_seq(self, space_pk: int) -> int:
+        """The sequence number of the space's newest numbered event (0: none
+        yet): where a stream that wants only what happens from now starts."""
+        async with self._app.db.read() as conn:
+            newest = await conn.fetch_val(
+                sa.select(sa.func.max(events.c.seq)).where(events.c.space_id == space_pk)
+            )
+        return int(newest or 0)
+
     async def read_after(self, space_pk: int, after: int, limit: int = 100) -> list[dict[str, Any]]:
         """Up to ``limit`` events of a space with sequence above ``after``, in order."""
         async with self._app.db.read() as conn:
@@ -359,3 +369,36 @@ async def stream(
                 await asyncio.wait_for(waiter.wait(), timeout=keepalive_seconds)
             except TimeoutError:
                 yield []
+
+
+def event_stream_response(
+    app: BuildMax,
+    space_pk: int,
+    after: int,
+    still_allowed: Callable[[], Awaitable[bool]],
+    frame: Callable[[dict[str, Any]], bytes],
+) -> Response:
+    """A ``text/event-stream`` response of the space's events after
+    ``after``, each written by ``frame``. ``still_allowed`` is asked again
+    before every batch and every keep-alive, so a revoked token or a removed
+    member gets nothing more (``access-ended``); a draining server says
+    ``server-closing``, so the client reconnects from its last event id."""
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b": connected\n\n"
+        keepalive = app.settings.events_keepalive_seconds
+        async for rows in stream(app.events, space_pk, after, keepalive):
+            if not await still_allowed():
+                yield b"event: access-ended\ndata: {}\n\n"
+                return
+            if not rows:
+                yield b": keep-alive\n\n"
+            for row in rows:
+                yield frame(row)
+        yield b"event: server-closing\ndata: {}\n\n"
+
+    response = Response(body(), content_type="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"
+    response.timeout = None
+    return response

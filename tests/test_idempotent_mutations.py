@@ -28,8 +28,13 @@ API_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
 def _mutating_routes(app: Any) -> list[tuple[str, str, Any]]:
+    """The API's mutating routes. The dashboard's forms under ``/ui/`` are
+    not API routes: a browser posts them with a CSRF token (the dashboard's
+    tests walk them for it) and each performs an API route in-process."""
     found = []
     for rule in app.url_map.iter_rules():
+        if rule.rule.startswith("/ui/"):
+            continue
         for method in sorted((rule.methods or set()) & MUTATING):
             found.append((method, rule.rule, route_doc(app.view_functions[rule.endpoint])))
     return found

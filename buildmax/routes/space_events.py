@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from marshmallow import EXCLUDE, Schema
@@ -14,7 +13,7 @@ from ..apidoc import api, header_args, query_args
 from ..auth import Caller, bearer_secret, still_authorized
 from ..clock import to_rfc3339
 from ..current import current_buildmax
-from ..events import stream
+from ..events import event_stream_response
 from ..inputs import INT64_MAX
 from ..schemas import BoundedInteger
 
@@ -81,28 +80,11 @@ async def events(caller: Caller, access: SpaceAccess) -> Response:
     """Each event has ``id`` (its sequence in the space), ``event`` (its
     type) and ``data`` (JSON). Idle streams get a keep-alive comment."""
     app = current_buildmax()
-    after = _resume_point()
     secret = bearer_secret()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield b": connected\n\n"
-        keepalive = app.settings.events_keepalive_seconds
-        async for rows in stream(app.events, access.pk, after, keepalive):
-            # Access is checked again before every batch and every keep-alive,
-            # so a revoked token or a removed member gets nothing more.
-            if not await still_authorized(app, secret, access.pk, caller):
-                yield b"event: access-ended\ndata: {}\n\n"
-                return
-            if not rows:
-                yield b": keep-alive\n\n"
-            for row in rows:
-                yield _frame(row)
-        # The server is draining: say so, so the client reconnects (to
-        # another server process) from its last event id.
-        yield b"event: server-closing\ndata: {}\n\n"
-
-    response = Response(body(), content_type="text/event-stream")
-    response.headers["Cache-Control"] = "no-cache"
-    response.headers["X-Accel-Buffering"] = "no"
-    response.timeout = None
-    return response
+    return event_stream_response(
+        app,
+        access.pk,
+        _resume_point(),
+        lambda: still_authorized(app, secret, access.pk, caller),
+        _frame,
+    )

@@ -1,0 +1,152 @@
+"""What each dashboard page shows, read through the API as the signed-in
+person (never another plugin's tables or modules): the spaces and their
+attention lists, a space, a project's board, a task, the decisions.
+
+Path segments the person typed are quoted whole, so an id cannot reach
+another route. A filter the API refuses is the API's 422, shown as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from buildmax.internal import InternalApi
+from buildmax.problems import Problem
+
+#: The board's columns, in the order work moves through them.
+STATES = ("open", "ready", "claimed", "waiting", "done", "failed", "canceled")
+#: The task kinds a board filters on.
+KINDS = ("code", "review", "integration", "general")
+#: Tasks a column shows before "more" (a column of its own, paged).
+COLUMN_SIZE = 25
+#: Tasks a one-state board shows per page.
+PAGE_SIZE = 100
+#: Spaces the overview shows (each costs an attention read).
+OVERVIEW_SPACES = 50
+#: The board's filters, as the task list route names them.
+FILTERS = ("state", "kind", "label", "agent", "q")
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+async def _attention(api: InternalApi, space_id: str) -> list[dict[str, Any]]:
+    answer = await api.get(f"/v1/spaces/{_seg(space_id)}/attention")
+    items: list[dict[str, Any]] = answer["items"]
+    return items
+
+
+async def spaces_with_attention(api: InternalApi) -> list[dict[str, Any]]:
+    """The first :data:`OVERVIEW_SPACES` spaces the person may see, each
+    with its (role-filtered) attention list."""
+    page = await api.get("/v1/spaces", {"limit": str(OVERVIEW_SPACES)})
+    spaces: list[dict[str, Any]] = page["items"]
+    lists = await asyncio.gather(*(_attention(api, space["id"]) for space in spaces))
+    return [{**space, "attention": items} for space, items in zip(spaces, lists, strict=True)]
+
+
+async def space_view(api: InternalApi, space: str) -> dict[str, Any]:
+    """A space, its attention list, its projects and its pending decisions."""
+    base = f"/v1/spaces/{_seg(space)}"
+    shown, attention, projects, decisions = await asyncio.gather(
+        api.get(base),
+        _attention(api, space),
+        api.get(f"{base}/projects", {"limit": "200"}),
+        api.get(f"{base}/decisions", {"limit": "200"}),
+    )
+    return {
+        "space": shown,
+        "attention": attention,
+        "projects": projects["items"],
+        "decisions": decisions["items"],
+    }
+
+
+async def board_view(
+    api: InternalApi, space: str, project: str, args: Mapping[str, str]
+) -> dict[str, Any]:
+    """A project's tasks by state. Without a state filter each column shows
+    its newest :data:`COLUMN_SIZE`; with one, that column alone, paged."""
+    base = f"/v1/spaces/{_seg(space)}"
+    shown_space, shown_project = await asyncio.gather(
+        api.get(base), api.get(f"{base}/projects/{_seg(project)}")
+    )
+    filters = {key: args[key] for key in FILTERS if args.get(key)}
+    query = {"project": shown_project["id"], **filters}
+    state = filters.get("state")
+    columns: list[dict[str, Any]]
+    next_cursor = None
+    if state:
+        params = {**query, "limit": str(PAGE_SIZE)}
+        if args.get("cursor"):
+            params["cursor"] = args["cursor"]
+        page = await api.get(f"{base}/tasks", params)
+        columns = [{"state": state, "tasks": page["items"], "more": False}]
+        next_cursor = page.get("next_cursor")
+    else:
+        pages = await asyncio.gather(
+            *(
+                api.get(f"{base}/tasks", {**query, "state": s, "limit": str(COLUMN_SIZE)})
+                for s in STATES
+            )
+        )
+        columns = [
+            {"state": s, "tasks": p["items"], "more": bool(p.get("next_cursor"))}
+            for s, p in zip(STATES, pages, strict=True)
+        ]
+    return {
+        "space": shown_space,
+        "project": shown_project,
+        "columns": columns,
+        "filters": filters,
+        "states": STATES,
+        "kinds": KINDS,
+        "next_cursor": next_cursor,
+    }
+
+
+async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
+    """A task with its revisions, dependencies, attempts, submissions and
+    decisions."""
+    base = f"/v1/spaces/{_seg(space)}"
+    at = f"{base}/tasks/{_seg(task)}"
+    shown_space, shown = await asyncio.gather(api.get(base), api.get(at))
+    revisions, dependencies, attempts, submissions, decisions = await asyncio.gather(
+        api.get(f"{at}/revisions", {"limit": "50"}),
+        api.get(f"{at}/dependencies"),
+        api.get(f"{at}/attempts", {"limit": "50"}),
+        api.get(f"{at}/submissions", {"limit": "50"}),
+        api.get(f"{base}/decisions", {"task": shown["id"], "state": "all", "limit": "50"}),
+    )
+    project = await _optional(api.get(f"{base}/projects/{_seg(shown['project_id'])}"))
+    return {
+        "space": shown_space,
+        "project": project,
+        "task": shown,
+        "revisions": revisions["items"],
+        "dependencies": dependencies,
+        "attempts": attempts["items"],
+        "submissions": submissions["items"],
+        "decisions": decisions["items"],
+    }
+
+
+async def decisions_view(api: InternalApi, space: str) -> dict[str, Any]:
+    """The space's pending decisions."""
+    base = f"/v1/spaces/{_seg(space)}"
+    shown_space, decisions = await asyncio.gather(
+        api.get(base), api.get(f"{base}/decisions", {"limit": "200"})
+    )
+    return {"space": shown_space, "decisions": decisions["items"]}
+
+
+async def _optional(reading: Any) -> Any:
+    """What ``reading`` answers, or ``None`` if the API refuses it."""
+    try:
+        return await reading
+    except Problem:
+        return None

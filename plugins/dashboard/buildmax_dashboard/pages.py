@@ -1,0 +1,309 @@
+"""The dashboard's pages under ``/ui/``.
+
+Each page authenticates the session cookie, reads what it shows through the
+API's own routes called in-process as the signed-in person
+(:class:`buildmax.internal.InternalApi`), and renders a template. Every
+action posts a form that carries the CSRF token and is performed by the
+same route an API client would call, so role checks, validation, audit
+events (marked ``ui/<request id>``) and stream events are the API's. A
+problem the API answers becomes an error page with its status: a stranger
+to a space gets the same 404 as over the API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from functools import wraps
+from typing import Any, ParamSpec
+from urllib.parse import quote, urlencode
+
+from quart import Blueprint, Response, g, render_template, request
+
+from buildmax import sessions
+from buildmax.access import require_space
+from buildmax.auth import still_authorized
+from buildmax.current import current_buildmax
+from buildmax.events import event_stream_response
+from buildmax.internal import InternalApi
+from buildmax.problems import NotFound, Problem, TooManyRequests, Unauthenticated
+from buildmax.schemas import SessionCreate
+
+from . import board
+from .session import (
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    SIGN_IN_COOKIE,
+    NotSignedIn,
+    Session,
+    checked_form,
+    checked_sign_in_form,
+    current_session,
+    end_cookie,
+    new_sign_in_token,
+    session_secret,
+    set_cookie,
+    start_session,
+)
+
+P = ParamSpec("P")
+
+blueprint = Blueprint(
+    "buildmax_dashboard",
+    __name__,
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/ui/static",
+)
+#: ``GET /``: a browser is sent to the dashboard, an API client gets the
+#: JSON 404 it always got (a blueprint of its own: the pages' HTML error
+#: handler is not its).
+root = Blueprint("buildmax_dashboard_root", __name__)
+
+#: The policy of every dashboard response: scripts, styles and images from
+#: the dashboard itself only (no inline script or style, no other site), no
+#: framing, forms posted here only.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+#: Longest ``next`` a sign-in keeps (where to go once signed in).
+_MAX_NEXT = 500
+
+
+@root.get("/")
+async def home() -> Response:
+    """A browser asking for ``/`` is sent to the dashboard."""
+    accepts = request.accept_mimetypes
+    if accepts.best_match(["application/json", "text/html"]) == "text/html":
+        return _redirect("/ui/", 302)
+    raise NotFound("no such resource; the API is under /v1/ and the dashboard under /ui/")
+
+
+@blueprint.after_request
+async def _protect(response: Response) -> Response:
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["X-Frame-Options"] = "DENY"
+    if not request.path.startswith("/ui/static/"):
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@blueprint.errorhandler(NotSignedIn)
+async def _sign_in_first(_: NotSignedIn) -> Response:
+    if request.method != "GET":
+        return await _error_page(
+            Unauthenticated("your session has ended: sign in again"), session=None
+        )
+    target = request.full_path.rstrip("?")
+    response = _redirect("/ui/sign-in?" + urlencode({"next": target}), 303)
+    end_cookie(response, SESSION_COOKIE)
+    return response
+
+
+@blueprint.errorhandler(Problem)
+async def _problem(problem: Problem) -> Response:
+    return await _error_page(problem, session=g.get("dashboard_session"))
+
+
+async def _error_page(problem: Problem, session: Session | None) -> Response:
+    body = await render_template(
+        "dashboard/error.html", problem=problem, session=session, request_id=g.get("request_id")
+    )
+    response = Response(body, status=problem.status, content_type="text/html; charset=utf-8")
+    response.headers.update(problem.headers)
+    return response
+
+
+def _redirect(target: str, status: int) -> Response:
+    """Send the browser to ``target`` (a path of this site)."""
+    return Response("", status=status, headers={"Location": target})
+
+
+def page(view: Callable[P, Awaitable[Any]]) -> Callable[P, Awaitable[Any]]:
+    """A dashboard view for a signed-in person: the session is checked
+    first (not signed in: the sign-in page) and kept for the error page."""
+
+    @wraps(view)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        g.dashboard_session = await current_session()
+        return await view(*args, **kwargs)
+
+    return wrapper
+
+
+def _session() -> Session:
+    session: Session = g.dashboard_session
+    return session
+
+
+def api() -> InternalApi:
+    """The API as the signed-in person, each call marked as the dashboard's."""
+    return InternalApi(current_buildmax(), _session().caller, request_id=f"ui/{g.request_id}")
+
+
+async def render(template: str, **context: Any) -> str:
+    """A page with what every page shows (the person, the CSRF token)."""
+    return await render_template(
+        f"dashboard/{template}", session=_session(), csrf_field=CSRF_FIELD, **context
+    )
+
+
+def _safe_next(target: str) -> str:
+    """Where to go after signing in: a dashboard path only (never another site)."""
+    if target.startswith("/ui/") and not target.startswith("//") and len(target) <= _MAX_NEXT:
+        return target
+    return "/ui/"
+
+
+# ----------------------------------------------------------------------------- sign-in
+
+
+@blueprint.get("/ui/sign-in")
+async def sign_in_form() -> Response:
+    """The sign-in form (with its CSRF cookie)."""
+    return await _sign_in_page(status=200, message=None, name="")
+
+
+async def _sign_in_page(status: int, message: str | None, name: str) -> Response:
+    token = new_sign_in_token()
+    body = await render_template(
+        "dashboard/sign_in.html",
+        session=None,
+        csrf_field=CSRF_FIELD,
+        csrf=token,
+        message=message,
+        name=name,
+        next=_safe_next(request.args.get("next", "/ui/")),
+    )
+    response = Response(body, status=status, content_type="text/html; charset=utf-8")
+    set_cookie(response, SIGN_IN_COOKIE, token, max_age=3600)
+    return response
+
+
+@blueprint.post("/ui/sign-in")
+async def sign_in() -> Response:
+    """Sign in with name and password: the session cookie, then the page
+    the person was going to."""
+    form = await checked_sign_in_form()
+    name, password = form.get("name", ""), form.get("password", "")
+    if SessionCreate().validate({"name": name, "password": password}):
+        return await _sign_in_page(400, "Enter your name and password.", name[:64])
+    try:
+        signed_in = await sessions.sign_in(name, password, g.client_address)
+    except Unauthenticated:
+        return await _sign_in_page(401, "Wrong name or password.", name)
+    except TooManyRequests as refused:
+        response = await _sign_in_page(429, f"{refused.detail}.", name)
+        response.headers.update(refused.headers)
+        return response
+    target = _safe_next(form.get("next", "/ui/"))
+    response = _redirect(target, 303)
+    start_session(response, signed_in.issued.secret)
+    return response
+
+
+@blueprint.post("/ui/sign-out")
+@page
+async def sign_out() -> Response:
+    """Revoke the session and forget its cookie."""
+    session = _session()
+    await checked_form(session)
+    await sessions.sign_out(session.caller.actor)
+    response = _redirect("/ui/sign-in", 303)
+    end_cookie(response, SESSION_COOKIE)
+    return response
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+@blueprint.get("/ui/")
+@page
+async def overview() -> str:
+    """Every space the person may see, each with its attention list."""
+    spaces = await board.spaces_with_attention(api())
+    return await render("overview.html", spaces=spaces)
+
+
+@blueprint.get("/ui/spaces/<space>/")
+@page
+async def space_page(space: str) -> str:
+    """One space: its attention list, its projects (each a board), the
+    decisions waiting."""
+    shown = await board.space_view(api(), space)
+    return await render("space.html", **shown)
+
+
+@blueprint.get("/ui/spaces/<space>/projects/<project>/")
+@page
+async def board_page(space: str, project: str) -> str:
+    """A project's tasks in columns by state, filtered as the query asks."""
+    shown = await board.board_view(api(), space, project, request.args)
+    return await render("board.html", **shown)
+
+
+@blueprint.get("/ui/spaces/<space>/tasks/<task>")
+@page
+async def task_page(space: str, task: str) -> str:
+    """Everything about one task."""
+    shown = await board.task_view(api(), space, task)
+    return await render("task.html", **shown)
+
+
+@blueprint.get("/ui/spaces/<space>/decisions")
+@page
+async def decisions_page(space: str) -> str:
+    """The space's pending decisions, each with a form to answer it."""
+    shown = await board.decisions_view(api(), space)
+    return await render("decisions.html", answered=request.args.get("answered"), **shown)
+
+
+@blueprint.post("/ui/spaces/<space>/decisions/<decision>/answer")
+@page
+async def answer_decision(space: str, decision: str) -> Response:
+    """Answer a decision as the signed-in person (the API's route decides
+    whether they may)."""
+    form = await checked_form(_session())
+    body = {"answer": form.get("answer", ""), "comment": form.get("comment") or None}
+    await api().request(
+        "POST",
+        f"/v1/spaces/{quote(space, safe='')}/decisions/{quote(decision, safe='')}/answer",
+        json=body,
+    )
+    target = f"/ui/spaces/{quote(space, safe='')}/decisions?" + urlencode({"answered": decision})
+    return _redirect(target, 303)
+
+
+@blueprint.get("/ui/spaces/<space>/events")
+@page
+async def space_events(space: str) -> Response:
+    """The pages' own event stream of a space (the session cookie works
+    here, where ``EventSource`` can send no header): one ``changed`` event
+    per event of the space from now on (or from ``Last-Event-ID``), naming
+    only its type, so a page knows to refresh. Access is checked as the
+    API's stream checks it, again before every batch."""
+    session = _session()
+    access = await require_space(space, "viewer", session.caller, "space.events.read")
+    app = current_buildmax()
+    resume = request.headers.get("Last-Event-ID", "")
+    after = (
+        int(resume)
+        if resume.isdigit() and len(resume) < 19
+        else await app.events.last_seq(access.pk)
+    )
+    secret = session_secret()
+    return event_stream_response(
+        app,
+        access.pk,
+        after,
+        lambda: still_authorized(app, secret, access.pk, session.caller),
+        _changed,
+    )
+
+
+def _changed(row: dict[str, Any]) -> bytes:
+    data = json.dumps({"type": row["type"]}, separators=(",", ":"))
+    return f"id: {row['seq']}\nevent: changed\ndata: {data}\n\n".encode()

@@ -1,0 +1,16 @@
+"""The dashboard plugin's hook implementations (entry point ``dashboard``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from buildmax_hookspecs import hookimpl
+
+from buildmax.app import BuildMax
+
+
+@hookimpl
+def buildmax_blueprints(app: BuildMax) -> list[Any]:
+    from .pages import blueprint, root
+
+    return [blueprint, root]

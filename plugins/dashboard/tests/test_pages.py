@@ -1,0 +1,235 @@
+"""The dashboard's pages: what they show, what they escape, who may see
+them, and the decision form doing what the API does, as the person."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from buildmax.testing import call
+
+from .conftest import Browser, Team
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+async def _signed_in(browser: Any, who: Any) -> Browser:
+    b: Browser = browser()
+    assert (await b.sign_in(who.name)).status_code == 303
+    return b
+
+
+async def _task(client: Any, team: Team, title: str, **extra: Any) -> dict[str, Any]:
+    body = {"project": "main", "title": title, **extra}
+    task: dict[str, Any] = await call(
+        client, "POST", f"{team.base}/tasks", team.owner, json=body, expect=201
+    )
+    return task
+
+
+def _pages(team: Team, task_id: str) -> list[str]:
+    space = f"/ui/spaces/{team.space.id}"
+    return [
+        "/ui/",
+        f"{space}/",
+        f"{space}/projects/{team.project}/",
+        f"{space}/projects/{team.project}/?state=ready",
+        f"{space}/tasks/{task_id}",
+        f"{space}/decisions",
+    ]
+
+
+async def test_the_board_shows_each_task_in_its_state_column(app, client, team, browser):
+    ready = await _task(client, team, "write the parser")
+    claimed = await _task(client, team, "fix the build")
+    await call(
+        client, "POST", f"{team.base}/tasks/{claimed['id']}/claim", team.agent, json={}, expect=201
+    )
+    b = await _signed_in(browser, team.owner)
+    html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/")
+    columns = dict(
+        re.findall(
+            r'<section class="column" aria-labelledby="col-(\w+)">(.*?)</section>', html, re.S
+        )
+    )
+    assert "write the parser" in columns["ready"]
+    assert "fix the build" in columns["claimed"]
+    assert "fix the build" not in columns["ready"]
+    only_ready = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/?state=ready")
+    assert "write the parser" in only_ready and "fix the build" not in only_ready
+    assert ready["id"] in only_ready
+
+
+async def test_the_task_page_shows_the_attempt_with_its_lease(app, client, team, browser):
+    task = await _task(client, team, "a task", criteria="- it parses\n- it prints")
+    claim = await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    b = await _signed_in(browser, team.owner)
+    html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
+    assert claim["attempt"]["id"] in html
+    assert f'datetime="{claim["attempt"]["lease_expires_at"]}" data-lease' in html
+    assert "- it parses\n- it prints" in html
+    assert team.agent.id in html
+
+
+async def test_user_text_is_escaped_on_every_page(app, client, team, browser):
+    task = await _task(client, team, HOSTILE, criteria=HOSTILE, labels=["x"])
+    await call(
+        client,
+        "POST",
+        f"{team.base}/tasks/{task['id']}/decisions",
+        team.agent,
+        json={"question": HOSTILE, "options": [HOSTILE, "b"]},
+        expect=201,
+    )
+    b = await _signed_in(browser, team.owner)
+    for path in _pages(team, task["id"]):
+        html = await b.text(path)
+        assert "<script>alert" not in html, path
+        # Every script is the dashboard's own file: none inline, no handlers.
+        assert re.findall(r"<script(?![^>]*\bsrc=)", html) == [], path
+        assert not re.search(r"\son[a-z]+\s*=", html), path
+        assert not re.search(r"\sstyle\s*=", html), path
+    task_html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in task_html
+
+
+async def test_every_page_sends_the_content_security_policy(app, client, team, browser):
+    task = await _task(client, team, "t")
+    b = await _signed_in(browser, team.owner)
+    for path in [*_pages(team, task["id"]), "/ui/sign-in", "/ui/static/dashboard.css"]:
+        answer = await b.get(path)
+        assert answer.status_code == 200, path
+        policy = answer.headers["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy, path
+        assert "frame-ancestors 'none'" in policy
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
+
+
+async def test_a_stranger_gets_404_on_every_page_of_the_space(app, client, team, browser, person):
+    task = await _task(client, team, "private work")
+    decision = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks/{task['id']}/decisions",
+        team.agent,
+        json={"question": "ship it?", "options": ["yes", "no"]},
+        expect=201,
+    )
+    stranger = await person()
+    b = await _signed_in(browser, stranger)
+    for path in _pages(team, task["id"])[1:]:
+        answer = await b.get(path)
+        body = await answer.get_data(as_text=True)
+        assert answer.status_code == 404, path
+        assert "private work" not in body and "ship it?" not in body
+    answer = await b.post(
+        f"/ui/spaces/{team.space.id}/decisions/{decision['id']}/answer",
+        {"csrf": b.csrf, "answer": "yes"},
+    )
+    assert answer.status_code == 404
+    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
+    assert [d["state"] for d in shown["items"]] == ["pending"]
+    # The overview lists only the stranger's own spaces.
+    assert team.space.slug not in await b.text("/ui/")
+
+
+async def test_answering_a_decision_in_the_browser_is_the_api_answer(
+    app, client, team, browser, audit_log
+):
+    task = await _task(client, team, "parked work")
+    decision = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks/{task['id']}/decisions",
+        team.agent,
+        json={"question": "Which database?", "options": ["sqlite", "postgres"]},
+        expect=201,
+    )
+    b = await _signed_in(browser, team.owner)
+    page = await b.text(f"/ui/spaces/{team.space.id}/decisions")
+    assert "Which database?" in page
+    answer = await b.post(
+        f"/ui/spaces/{team.space.id}/decisions/{decision['id']}/answer",
+        {"csrf": b.csrf, "answer": "postgres", "comment": "scale out"},
+    )
+    assert answer.status_code == 303
+    assert answer.headers["Location"].endswith(f"/decisions?answered={decision['id']}")
+    shown = await call(client, "GET", f"{team.base}/decisions?state=all", team.owner, expect=200)
+    [after] = shown["items"]
+    assert (after["state"], after["answer"], after["comment"]) == (
+        "answered",
+        "postgres",
+        "scale out",
+    )
+    assert after["answered_by"] == team.owner.id
+    [event] = audit_log.of("decision.answered", decision["id"])
+    assert event.actor_id == team.owner.id
+    assert (event.request_id or "").startswith("ui/rq_")
+    moved = await call(client, "GET", f"{team.base}/tasks/{task['id']}", team.owner, expect=200)
+    assert moved["parked"] is False
+
+
+async def test_a_decision_form_with_a_wrong_token_changes_nothing(app, client, team, browser):
+    task = await _task(client, team, "parked work")
+    decision = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks/{task['id']}/decisions",
+        team.agent,
+        json={"question": "Go?", "options": ["yes"]},
+        expect=201,
+    )
+    b = await _signed_in(browser, team.owner)
+    path = f"/ui/spaces/{team.space.id}/decisions/{decision['id']}/answer"
+    for form in ({"answer": "yes"}, {"csrf": "0" * 64, "answer": "yes"}):
+        answer = await b.post(path, form)
+        assert answer.status_code == 403
+    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
+    assert [d["state"] for d in shown["items"]] == ["pending"]
+
+
+async def test_a_viewer_cannot_answer_even_by_forging_the_post(app, client, team, browser):
+    task = await _task(client, team, "parked work")
+    decision = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks/{task['id']}/decisions",
+        team.agent,
+        json={"question": "Go?", "options": ["yes"]},
+        expect=201,
+    )
+    b = await _signed_in(browser, team.viewer)
+    answer = await b.post(
+        f"/ui/spaces/{team.space.id}/decisions/{decision['id']}/answer",
+        {"csrf": b.csrf, "answer": "yes"},
+    )
+    assert answer.status_code == 403
+    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
+    assert [d["state"] for d in shown["items"]] == ["pending"]
+
+
+async def test_a_filter_the_api_refuses_is_its_422_as_a_page(app, client, team, browser):
+    b = await _signed_in(browser, team.owner)
+    answer = await b.get(f"/ui/spaces/{team.space.id}/projects/{team.project}/?state=nonsense")
+    assert answer.status_code == 422
+    body = await answer.get_data(as_text=True)
+    assert answer.headers["Content-Type"].startswith("text/html")
+    assert "validation-error" in body
+
+
+async def test_the_attention_list_shows_a_pending_decision(app, client, team, browser):
+    task = await _task(client, team, "parked work")
+    await call(
+        client,
+        "POST",
+        f"{team.base}/tasks/{task['id']}/decisions",
+        team.agent,
+        json={"question": "Go?", "options": ["yes"]},
+        expect=201,
+    )
+    b = await _signed_in(browser, team.owner)
+    for path in ("/ui/", f"/ui/spaces/{team.space.id}/"):
+        html = await b.text(path)
+        assert "decision.pending" in html, path
