@@ -111,16 +111,17 @@ async def board_view(
 
 async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
     """A task with its revisions, dependencies, attempts, submissions and
-    decisions."""
+    decisions, and the names of the space's members (who did what)."""
     base = f"/v1/spaces/{_seg(space)}"
     at = f"{base}/tasks/{_seg(task)}"
     shown_space, shown = await asyncio.gather(api.get(base), api.get(at))
-    revisions, dependencies, attempts, submissions, decisions = await asyncio.gather(
+    revisions, dependencies, attempts, submissions, decisions, members = await asyncio.gather(
         api.get(f"{at}/revisions", {"limit": "50"}),
         api.get(f"{at}/dependencies"),
         api.get(f"{at}/attempts", {"limit": "50"}),
         api.get(f"{at}/submissions", {"limit": "50"}),
         api.get(f"{base}/decisions", {"task": shown["id"], "state": "all", "limit": "50"}),
+        api.get(f"{base}/members", {"limit": "200"}),
     )
     project = await _optional(api.get(f"{base}/projects/{_seg(shown['project_id'])}"))
     return {
@@ -132,6 +133,7 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         "attempts": attempts["items"],
         "submissions": submissions["items"],
         "decisions": decisions["items"],
+        "names": {m["principal_id"]: m["name"] for m in members["items"]},
     }
 
 

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlencode
 from quart import Blueprint, Response, g, render_template, request
 
 from buildmax import sessions
-from buildmax.access import require_space
+from buildmax.access import require_space, role_at_least
 from buildmax.auth import still_authorized
 from buildmax.current import current_buildmax
 from buildmax.events import event_stream_response
@@ -145,10 +145,16 @@ def api() -> InternalApi:
 
 
 async def render(template: str, **context: Any) -> str:
-    """A page with what every page shows (the person, the CSRF token)."""
+    """A page with what every page shows (the person, the CSRF token) and
+    ``can(space, role)``, which says whether to offer an action that needs
+    ``role`` in ``space`` (the API route decides again when it is taken)."""
     return await render_template(
-        f"dashboard/{template}", session=_session(), csrf_field=CSRF_FIELD, **context
+        f"dashboard/{template}", session=_session(), csrf_field=CSRF_FIELD, can=_can, **context
     )
+
+
+def _can(space: dict[str, Any], minimum: str) -> bool:
+    return role_at_least(space.get("role"), minimum) or _session().caller.is_admin
 
 
 def _safe_next(target: str) -> str:

@@ -70,7 +70,7 @@ async def test_the_task_page_shows_the_attempt_with_its_lease(app, client, team,
     assert claim["attempt"]["id"] in html
     assert f'datetime="{claim["attempt"]["lease_expires_at"]}" data-lease' in html
     assert "- it parses\n- it prints" in html
-    assert team.agent.id in html
+    assert team.agent.name in html  # the owner by name, not by id
 
 
 async def test_user_text_is_escaped_on_every_page(app, client, team, browser):

@@ -15,13 +15,14 @@ from buildmax.config import integer_settings, plugin_settings
 class ReviewSettings:
     """When waiting review work needs a person's attention."""
 
-    #: Review work waiting longer than this joins the space's attention list.
+    #: Review work waiting longer than this joins the space's attention list
+    #: (0: as soon as it waits, for a team that reviews everything at once).
     attention_wait_seconds: int = 3600
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ReviewSettings:
         """Settings from a ``[plugins.reviews]`` table; unknown keys are refused."""
-        return integer_settings(cls, "reviews", raw, minimum=1)
+        return integer_settings(cls, "reviews", raw, minimum=0)
 
 
 def review_settings(app: App) -> ReviewSettings:

@@ -173,11 +173,12 @@ def test_attention_wait_seconds_is_checked(tmp_path):
 
     assert review_settings(build({})) == ReviewSettings(attention_wait_seconds=3600)
     assert review_settings(build({"attention_wait_seconds": 60})).attention_wait_seconds == 60
+    assert review_settings(build({"attention_wait_seconds": 0})).attention_wait_seconds == 0
     for table, message in (
         ({"attention_wait": 60}, r"\[plugins.reviews\]: unknown setting\(s\) attention_wait"),
         (
-            {"attention_wait_seconds": 0},
-            "attention_wait_seconds: expected an integer of at least 1",
+            {"attention_wait_seconds": -1},
+            "attention_wait_seconds: expected an integer of at least 0",
         ),
         ({"attention_wait_seconds": "60"}, "attention_wait_seconds: expected an integer"),
     ):

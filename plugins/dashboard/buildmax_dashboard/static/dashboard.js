@@ -5,7 +5,9 @@
 
 (function () {
   const REFRESH_MS = 5000;
+  const LIVE_REFRESH_MS = 30000;
   let loadedAt = Date.now();
+  let triedAt = loadedAt;
 
   function span(ms) {
     const s = Math.max(0, Math.round(ms / 1000));
@@ -35,6 +37,7 @@
   async function refresh() {
     const main = document.querySelector("main[data-live]");
     if (!main || document.hidden) return;
+    triedAt = Date.now();
     try {
       const answer = await fetch(window.location.href, {
         credentials: "same-origin",
@@ -60,7 +63,7 @@
 
   // A page of one space listens to that space's events and refreshes as
   // soon as something happens; while the stream is down (or on a page of
-  // several spaces) it refreshes every five seconds instead.
+  // several spaces) it refreshes every five seconds.
   let live = false;
   let pending = null;
 
@@ -83,6 +86,10 @@
     if (main && main.dataset.events && window.EventSource) listen(main.dataset.events);
     countdowns();
     window.setInterval(countdowns, 1000);
-    window.setInterval(function () { if (!live) refresh(); }, REFRESH_MS);
+    // Live pages still refresh now and then: some things change with time
+    // alone (a lease running out, review work waiting too long).
+    window.setInterval(function () {
+      if (Date.now() - triedAt >= (live ? LIVE_REFRESH_MS : REFRESH_MS)) refresh();
+    }, 1000);
   });
 })();

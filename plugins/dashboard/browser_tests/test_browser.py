@@ -1,0 +1,190 @@
+"""The dashboard in a real browser: live updates, the lease countdown,
+decisions, escaping under the Content-Security-Policy, accessibility (axe)
+and layout from 320 px wide to a desktop, light and dark."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from axe_playwright_python.async_playwright import Axe
+from playwright.async_api import Page, expect
+
+from .conftest import Site, Watch, _ok, shots_dir, sign_in
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+async def _task(site: Site, title: str, **extra: Any) -> dict[str, Any]:
+    body = {"project": "main", "title": title, **extra}
+    task: dict[str, Any] = await _ok(await site.owner.post(f"{site.base}/tasks", json=body), 201)
+    return task
+
+
+def _column(page: Page, state: str) -> Any:
+    return page.locator(f"section.column[aria-labelledby='col-{state}']")
+
+
+async def test_a_claim_appears_live_its_lease_counts_down_and_review_waits(context, site):
+    task = await _task(site, "write the parser")
+    page = await context.new_page()
+    watch = Watch(page)
+    await sign_in(page, site, site.owner_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/projects/{site.project['id']}/"))
+    await expect(_column(page, "ready")).to_contain_text("write the parser")
+    await expect(page.locator("#freshness")).to_contain_text("live", timeout=3000)
+
+    claim = await _ok(await site.agent.post(f"{site.base}/tasks/{task['id']}/claim", json={}), 201)
+    # No reload: the page's own event stream brings it within two seconds.
+    await expect(_column(page, "claimed")).to_contain_text("write the parser", timeout=2000)
+    await expect(_column(page, "ready")).not_to_contain_text("write the parser")
+
+    await page.get_by_role("link", name="write the parser").click()
+    lease = page.locator("time[data-lease]")
+    await expect(lease).to_contain_text("expires in")
+    first = await lease.text_content()
+    await asyncio.sleep(1.2)
+    assert await lease.text_content() != first, "the lease countdown did not move"
+
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/"))
+    await expect(page.locator("#freshness")).to_contain_text("live", timeout=3000)
+    attempt = claim["attempt"]
+    await _ok(
+        await site.agent.post(
+            f"{site.base}/attempts/{attempt['id']}/submit",
+            json={"generation": attempt["generation"], "summary": "done"},
+        ),
+        201,
+    )
+    await expect(page.locator("ul.attention")).to_contain_text("review.waiting", timeout=2000)
+    assert watch.dialogs == [] and watch.violations == []
+
+
+async def test_a_decision_answered_in_the_browser_moves_the_task_on(context, site):
+    task = await _task(site, "parked work")
+    decision = await _ok(
+        await site.agent.post(
+            f"{site.base}/tasks/{task['id']}/decisions",
+            json={"question": "Which database?", "options": ["sqlite", "postgres"]},
+        ),
+        201,
+    )
+    page = await context.new_page()
+    await sign_in(page, site, site.owner_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/decisions"))
+    await page.get_by_label("postgres").check()
+    await page.get_by_label("Comment (optional)").fill("we scale out")
+    await page.get_by_role("button", name="Answer").click()
+    await expect(page.get_by_role("status")).to_contain_text(decision["id"])
+    shown = await _ok(await site.owner.get(f"{site.base}/decisions", params={"state": "all"}))
+    [answered] = shown["items"]
+    assert (answered["state"], answered["answer"], answered["comment"]) == (
+        "answered",
+        "postgres",
+        "we scale out",
+    )
+    after = await _ok(await site.owner.get(f"{site.base}/tasks/{task['id']}"))
+    assert after["parked"] is False
+
+
+async def test_hostile_text_is_shown_as_text_and_runs_nothing(context, site):
+    task = await _task(site, HOSTILE, criteria='<img src="x" onerror="alert(2)">')
+    page = await context.new_page()
+    watch = Watch(page)
+    await sign_in(page, site, site.owner_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/projects/{site.project['id']}/"))
+    await expect(_column(page, "ready")).to_contain_text(HOSTILE)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/tasks/{task['id']}"))
+    await expect(page.get_by_role("heading", level=1)).to_have_text(HOSTILE)
+    await expect(page.locator("pre.text")).to_contain_text('<img src="x" onerror="alert(2)">')
+    assert await page.locator("main img").count() == 0
+    await page.wait_for_timeout(300)
+    assert watch.dialogs == []
+    assert watch.violations == []
+
+
+async def test_the_viewer_sees_no_answer_form_and_a_forged_answer_is_refused(context, site):
+    task = await _task(site, "parked work")
+    decision = await _ok(
+        await site.agent.post(
+            f"{site.base}/tasks/{task['id']}/decisions",
+            json={"question": "Ship it?", "options": ["yes"]},
+        ),
+        201,
+    )
+    page = await context.new_page()
+    await sign_in(page, site, site.viewer_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/decisions"))
+    await expect(page.get_by_role("button", name="Answer")).to_have_count(0)
+    # The viewer's own session, with its own CSRF token, posting the form anyway.
+    csrf = await page.locator("input[name=csrf]").first.get_attribute("value")
+    forged = await page.request.post(
+        site.page_url(f"/ui/spaces/{site.space['id']}/decisions/{decision['id']}/answer"),
+        form={"csrf": csrf or "", "answer": "yes"},
+    )
+    assert forged.status == 403
+    shown = await _ok(await site.owner.get(f"{site.base}/decisions"))
+    assert [d["state"] for d in shown["items"]] == ["pending"]
+
+
+async def test_every_page_is_accessible_and_fits_from_320_px_light_and_dark(browser, site):
+    task = await _task(site, "a task with a rather long title that has to wrap on a phone")
+    claim = await _ok(await site.agent.post(f"{site.base}/tasks/{task['id']}/claim", json={}), 201)
+    await _ok(
+        await site.agent.post(
+            f"{site.base}/tasks/{task['id']}/decisions",
+            json={"question": "Which way?", "options": ["left", "right"]},
+        ),
+        201,
+    )
+    space = f"/ui/spaces/{site.space['id']}"
+    pages = {
+        "overview": "/ui/",
+        "space": f"{space}/",
+        "board": f"{space}/projects/{site.project['id']}/",
+        "task": f"{space}/tasks/{task['id']}",
+        "decisions": f"{space}/decisions",
+        "not-found": f"{space}/tasks/ta_nothing",
+    }
+    shots = shots_dir(site)
+    problems: list[str] = []
+    for scheme in ("light", "dark"):
+        for width, height, size in ((1280, 800, "desktop"), (320, 640, "phone")):
+            context = await browser.new_context(
+                viewport={"width": width, "height": height}, color_scheme=scheme
+            )
+            try:
+                page = await context.new_page()
+                await page.goto(site.page_url("/ui/sign-in"))
+                problems += await _check(page, f"sign-in {scheme} {size}", width)
+                await page.screenshot(
+                    path=str(shots / f"sign-in-{size}-{scheme}.png"), full_page=True
+                )
+                await sign_in(page, site, site.owner_name)
+                for name, path in pages.items():
+                    await page.goto(site.page_url(path))
+                    problems += await _check(page, f"{name} {scheme} {size}", width)
+                    await page.screenshot(
+                        path=str(shots / f"{name}-{size}-{scheme}.png"), full_page=True
+                    )
+            finally:
+                await context.close()
+    assert claim["attempt"]["id"]
+    assert problems == [], "\n".join(problems)
+
+
+async def _check(page: Page, label: str, width: int) -> list[str]:
+    """What is wrong with the page as shown: serious or critical axe
+    violations, and any horizontal scrolling."""
+    found: list[str] = []
+    overflow = await page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    if overflow > 0:
+        found.append(f"{label}: scrolls {overflow} px sideways at {width} px")
+    results = await Axe().run(page)
+    for violation in results.response["violations"]:
+        if violation["impact"] in ("serious", "critical"):
+            targets = [node["target"] for node in violation["nodes"]][:3]
+            found.append(f"{label}: {violation['id']} ({violation['impact']}) at {targets}")
+    return found
