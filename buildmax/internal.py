@@ -22,7 +22,10 @@ from the task that would hold one: a task it started cannot be told apart).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
@@ -119,6 +122,73 @@ class InternalApi:
             )
         return response.json()
 
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[Streamed]:
+        """``GET path`` whatever its media type (a download), its body
+        streamed as the route sends it, never held whole: a plugin relays
+        it chunk by chunk. An error answer raises its
+        :class:`~buildmax.problems.Problem` before the block runs. Leaving
+        the block early stops the route."""
+        refuse_nested()
+        url = httpx.URL(path)
+        sent: list[tuple[bytes, bytes]] = [
+            (b"host", b"buildmax.internal"),
+            *(
+                (k.lower().encode("latin-1"), _header_value(k, v))
+                for k, v in (headers or {}).items()
+            ),
+        ]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": url.path,
+            "raw_path": url.raw_path.split(b"?")[0],
+            "query_string": url.query,
+            "root_path": "",
+            "headers": sent,
+            "client": ("127.0.0.1", 0),
+            "server": ("buildmax.internal", 80),
+            "extensions": {},
+        }
+        chunks: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue(maxsize=_STREAM_AHEAD)
+        ended = asyncio.Event()
+
+        async def receive() -> MutableMapping[str, Any]:
+            if not ended.is_set():
+                ended.set()
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the request has no more body: wait to be stopped
+            raise AssertionError("unreachable")
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            await chunks.put(message)
+
+        route = asyncio.create_task(self._asgi(scope, receive, send))
+        try:
+            start = await _next_message(chunks, route)
+            status = int(start["status"])
+            answer = Streamed(
+                status,
+                httpx.Headers(
+                    [(k.decode("latin-1"), v.decode("latin-1")) for k, v in start["headers"]]
+                ),
+                _body(chunks, route),
+            )
+            if not 200 <= status < 300:
+                body = b"".join([chunk async for chunk in answer.body][:_ERROR_CHUNKS])
+                raise _problem_of(httpx.Response(status, headers=answer.headers, content=body))
+            yield answer
+        finally:
+            if not route.done():
+                route.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await route
+
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """``GET path``: the decoded answer."""
         return await self.request("GET", path, params=params)
@@ -135,6 +205,48 @@ class InternalApi:
             if not page.get("next_cursor"):
                 return
             query["cursor"] = page["next_cursor"]
+
+
+#: Messages of a streamed answer the route may send ahead of its reader.
+_STREAM_AHEAD = 4
+#: Body chunks of an error answer read to build its problem.
+_ERROR_CHUNKS = 16
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed answer: its status, headers and body chunks."""
+
+    status: int
+    headers: httpx.Headers
+    body: AsyncIterator[bytes]
+
+
+async def _next_message(
+    chunks: asyncio.Queue[MutableMapping[str, Any]], route: asyncio.Task[None]
+) -> MutableMapping[str, Any]:
+    """The route's next message; if the route ended without sending one,
+    its error (or a 500 problem)."""
+    getting = asyncio.ensure_future(chunks.get())
+    done, _ = await asyncio.wait({getting, route}, return_when=asyncio.FIRST_COMPLETED)
+    if getting in done:
+        return getting.result()
+    getting.cancel()
+    route.result()  # raises what the route raised
+    raise Problem("the route ended without an answer")
+
+
+async def _body(
+    chunks: asyncio.Queue[MutableMapping[str, Any]], route: asyncio.Task[None]
+) -> AsyncIterator[bytes]:
+    while True:
+        message = await _next_message(chunks, route)
+        if message["type"] != "http.response.body":
+            continue
+        if message.get("body"):
+            yield bytes(message["body"])
+        if not message.get("more_body", False):
+            return
 
 
 def _header_value(name: str, value: str) -> bytes:

@@ -87,6 +87,85 @@ async def test_a_decision_answered_in_the_browser_moves_the_task_on(context, sit
     assert after["parked"] is False
 
 
+DIFF = b"""--- a/src/parser.py
++++ b/src/parser.py
+@@ -1,3 +1,4 @@
+ import re
+-PATTERN = re.compile("a+")
++PATTERN = re.compile("a*")
++LIMIT = 10
+ def parse(text):
+"""
+
+
+async def _handed_in(site: Site) -> dict[str, Any]:
+    """A task handed in by the agent with a diff; its review work waits."""
+    task = await _task(site, "parse more", criteria="- accepts empty input")
+    claim = await _ok(await site.agent.post(f"{site.base}/tasks/{task['id']}/claim", json={}), 201)
+    attempt = claim["attempt"]
+    artifact = await _ok(
+        await site.agent.post(
+            f"{site.base}/artifacts",
+            params={
+                "name": "change.diff",
+                "attempt": attempt["id"],
+                "generation": str(attempt["generation"]),
+            },
+            content=DIFF,
+            headers={"Content-Type": "text/x-diff"},
+        ),
+        201,
+    )
+    await _ok(
+        await site.agent.post(
+            f"{site.base}/attempts/{attempt['id']}/submit",
+            json={
+                "generation": attempt["generation"],
+                "summary": "done",
+                "artifacts": [artifact["id"]],
+            },
+        ),
+        201,
+    )
+    items = await _ok(await site.owner.get(f"{site.base}/reviews", params={"subject": task["id"]}))
+    return {"task": task, "work": items["items"][0]["task_id"]}
+
+
+async def test_a_human_review_with_a_finding_on_a_diff_line(context, site):
+    done = await _handed_in(site)
+    page = await context.new_page()
+    await sign_in(page, site, site.owner_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/reviews/{done['work']}"))
+    await page.get_by_role("button", name="Add a finding on src/parser.py line 3").click()
+    await expect(page.locator("input[name=finding_line]").first).to_have_value("3")
+    await page.keyboard.type("LIMIT is never used")
+    await page.locator("select[name=finding_severity]").first.select_option("major")
+    await page.get_by_label("Request changes").check()
+    await page.get_by_label("Summary").fill("one thing")
+    await page.get_by_role("button", name="Record review").click()
+    await expect(page.get_by_role("heading", name="Recorded")).to_be_visible()
+    await expect(page.locator("table.diff")).to_contain_text("LIMIT is never used")
+
+    item = await _ok(await site.owner.get(f"{site.base}/reviews/{done['work']}"))
+    assert (item["review"]["decision"], item["review"]["human"]) == ("request_changes", True)
+    assert [(f["path"], f["line"], f["severity"]) for f in item["findings"]] == [
+        ("src/parser.py", 3, "major")
+    ]
+    subject = await _ok(await site.owner.get(f"{site.base}/tasks/{done['task']['id']}"))
+    assert subject["state"] == "ready"  # back for the changes, as through the API
+    trail = await _ok(
+        await site.owner.get(f"{site.base}/audit", params={"action": "review.", "limit": "50"})
+    )
+    [recorded] = trail["items"]
+    assert recorded["actor"] == {"id": item["review"]["reviewer_id"], "kind": "human"}
+    assert recorded["request_id"].startswith("ui/")
+    # The task's own trail, on its page, shows the human's hand-in of the work item.
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/tasks/{done['work']}"))
+    audit = page.locator("section[aria-labelledby=audit]")
+    await expect(audit).to_contain_text("task.claimed")
+    await expect(audit).to_contain_text("ada (human)")
+
+
 async def test_hostile_text_is_shown_as_text_and_runs_nothing(context, site):
     task = await _task(site, HOSTILE, criteria='<img src="x" onerror="alert(2)">')
     page = await context.new_page()
@@ -137,8 +216,10 @@ async def test_every_page_is_accessible_and_fits_from_320_px_light_and_dark(brow
         ),
         201,
     )
+    review = await _handed_in(site)
     space = f"/ui/spaces/{site.space['id']}"
     pages = {
+        "review": f"{space}/reviews/{review['work']}",
         "overview": "/ui/",
         "space": f"{space}/",
         "board": f"{space}/projects/{site.project['id']}/",

@@ -1,6 +1,7 @@
 """What each dashboard page shows, read through the API as the signed-in
 person (never another plugin's tables or modules): the spaces and their
-attention lists, a space, a project's board, a task, the decisions.
+attention lists, a space, a project's board, a task, a review, the
+decisions.
 
 Path segments the person typed are quoted whole, so an id cannot reach
 another route. A filter the API refuses is the API's 422, shown as such.
@@ -16,6 +17,8 @@ from urllib.parse import quote
 from buildmax.internal import InternalApi
 from buildmax.problems import Problem
 
+from . import artifacts
+
 #: The board's columns, in the order work moves through them.
 STATES = ("open", "ready", "claimed", "waiting", "done", "failed", "canceled")
 #: The task kinds a board filters on.
@@ -26,6 +29,10 @@ COLUMN_SIZE = 25
 PAGE_SIZE = 100
 #: Spaces the overview shows (each costs an attention read).
 OVERVIEW_SPACES = 50
+#: What a review decides, and how severe a finding is (the reviews
+#: plugin's values; its route refuses anything else).
+REVIEW_DECISIONS = ("approve", "request_changes", "reject")
+SEVERITIES = ("blocker", "major", "minor", "note")
 #: The board's filters, as the task list route names them.
 FILTERS = ("state", "kind", "label", "agent", "q")
 
@@ -50,19 +57,22 @@ async def spaces_with_attention(api: InternalApi) -> list[dict[str, Any]]:
 
 
 async def space_view(api: InternalApi, space: str) -> dict[str, Any]:
-    """A space, its attention list, its projects and its pending decisions."""
+    """A space, its attention list, its projects, its pending decisions and
+    the review work nobody has recorded yet."""
     base = f"/v1/spaces/{_seg(space)}"
-    shown, attention, projects, decisions = await asyncio.gather(
+    shown, attention, projects, decisions, reviews = await asyncio.gather(
         api.get(base),
         _attention(api, space),
         api.get(f"{base}/projects", {"limit": "200"}),
         api.get(f"{base}/decisions", {"limit": "200"}),
+        _optional(api.get(f"{base}/reviews", {"kind": "review", "pending": "true", "limit": "50"})),
     )
     return {
         "space": shown,
         "attention": attention,
         "projects": projects["items"],
         "decisions": decisions["items"],
+        "reviews": reviews["items"] if reviews else [],
     }
 
 
@@ -110,8 +120,10 @@ async def board_view(
 
 
 async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
-    """A task with its revisions, dependencies, attempts, submissions and
-    decisions, and the names of the space's members (who did what)."""
+    """A task with its revisions, dependencies, attempts, submissions,
+    decisions, artifacts (previewed), review work and findings, its audit
+    trail when the person may read it, and the names of the space's members
+    (who did what)."""
     base = f"/v1/spaces/{_seg(space)}"
     at = f"{base}/tasks/{_seg(task)}"
     shown_space, shown = await asyncio.gather(api.get(base), api.get(at))
@@ -123,7 +135,15 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         api.get(f"{base}/decisions", {"task": shown["id"], "state": "all", "limit": "50"}),
         api.get(f"{base}/members", {"limit": "200"}),
     )
-    project = await _optional(api.get(f"{base}/projects/{_seg(shown['project_id'])}"))
+    project, artifact_page, review_page, audit = await asyncio.gather(
+        _optional(api.get(f"{base}/projects/{_seg(shown['project_id'])}")),
+        api.get(f"{base}/artifacts", {"task": shown["id"], "limit": "50"}),
+        _optional(api.get(f"{base}/reviews", {"subject": shown["id"], "limit": "50"})),
+        _audit_of(api, shown_space, shown["id"]),
+    )
+    shown_artifacts = await asyncio.gather(
+        *(artifacts.preview(api, space, a) for a in artifact_page["items"])
+    )
     return {
         "space": shown_space,
         "project": project,
@@ -134,7 +154,68 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         "submissions": submissions["items"],
         "decisions": decisions["items"],
         "names": {m["principal_id"]: m["name"] for m in members["items"]},
+        "artifacts": artifacts.diffs_first(list(shown_artifacts)),
+        "reviews": review_page["items"] if review_page else [],
+        "audit": audit,
     }
+
+
+async def _audit_of(
+    api: InternalApi, space: dict[str, Any], target: str
+) -> list[dict[str, Any]] | None:
+    """The audit trail of ``target`` (newest first), for those the audit
+    plugin lets read the space's trail; ``None`` for the others."""
+    page = await _optional(
+        api.get(f"/v1/spaces/{_seg(space['id'])}/audit", {"target": target, "limit": "100"})
+    )
+    return page["items"] if page else None
+
+
+async def review_view(api: InternalApi, space: str, work: str) -> dict[str, Any]:
+    """A review work item: what it reviews (the subject task and its
+    submission, with the submission's artifacts, diffs first), what was
+    recorded on it, and every finding on the subject's work so far."""
+    base = f"/v1/spaces/{_seg(space)}"
+    shown_space, item, work_task = await asyncio.gather(
+        api.get(base),
+        api.get(f"{base}/reviews/{_seg(work)}"),
+        api.get(f"{base}/tasks/{_seg(work)}"),
+    )
+    subject, submission, findings, members = await asyncio.gather(
+        api.get(f"{base}/tasks/{_seg(item['subject_id'])}"),
+        api.get(f"{base}/submissions/{_seg(item['submission_id'])}"),
+        api.get(f"{base}/findings", {"subject": item["subject_id"], "limit": "200"}),
+        api.get(f"{base}/members", {"limit": "200"}),
+    )
+    metadata = await asyncio.gather(
+        *(_optional(api.get(f"{base}/artifacts/{_seg(a)}")) for a in submission["artifacts"])
+    )
+    shown_artifacts = await asyncio.gather(
+        *(artifacts.preview(api, space, a) for a in metadata if a is not None)
+    )
+    return {
+        "space": shown_space,
+        "item": item,
+        "work": work_task,
+        "subject": subject,
+        "submission": submission,
+        "artifacts": artifacts.diffs_first(list(shown_artifacts)),
+        "findings": findings["items"],
+        "findings_at": by_line(findings["items"]),
+        "names": {m["principal_id"]: m["name"] for m in members["items"]},
+        "severities": SEVERITIES,
+        "decisions": REVIEW_DECISIONS,
+    }
+
+
+def by_line(findings: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """Findings that name a path and a line, by ``(path, line)``: shown on
+    that line of a diff."""
+    found: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for finding in findings:
+        if finding.get("path") and finding.get("line"):
+            found.setdefault((finding["path"], finding["line"]), []).append(finding)
+    return found
 
 
 async def decisions_view(api: InternalApi, space: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ to a space gets the same 404 as over the API.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
 from typing import Any, ParamSpec
 from urllib.parse import quote, urlencode
@@ -29,7 +29,7 @@ from buildmax.internal import InternalApi
 from buildmax.problems import NotFound, Problem, TooManyRequests, Unauthenticated
 from buildmax.schemas import SessionCreate
 
-from . import board
+from . import artifacts, board, reviews
 from .session import (
     CSRF_FIELD,
     SESSION_COOKIE,
@@ -82,7 +82,8 @@ async def home() -> Response:
 
 @blueprint.after_request
 async def _protect(response: Response) -> Response:
-    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    # A download keeps the stricter policy of its route (a sandbox).
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "same-origin"
     response.headers["X-Frame-Options"] = "DENY"
@@ -257,6 +258,82 @@ async def task_page(space: str, task: str) -> str:
     """Everything about one task."""
     shown = await board.task_view(api(), space, task)
     return await render("task.html", **shown)
+
+
+@blueprint.get("/ui/spaces/<space>/reviews/<work>")
+@page
+async def review_page(space: str, work: str) -> str:
+    """A review work item: the submission (diffs first) and, for members,
+    the form that records a human review."""
+    shown = await board.review_view(api(), space, work)
+    return await render("review.html", form=None, problem=None, **shown)
+
+
+@blueprint.post("/ui/spaces/<space>/reviews/<work>/record")
+@page
+async def record_review(space: str, work: str) -> Response:
+    """Record the person's review with its findings, as a human review,
+    through the reviews plugin's route (which claims the unheld work item
+    and hands it in at once). A refusal shows the form again, as filled."""
+    form = await checked_form(_session())
+    posted = await request.form
+    body, problem = reviews.review_body(form, posted)
+    if problem is None:
+        try:
+            await api().request(
+                "POST",
+                f"/v1/spaces/{quote(space, safe='')}/reviews/{quote(work, safe='')}",
+                json=body,
+            )
+        except Problem as refused:
+            problem = refused
+    if problem is not None:
+        shown = await board.review_view(api(), space, work)
+        page_body = await render(
+            "review.html", form=reviews.echo(form, posted), problem=problem, **shown
+        )
+        return Response(page_body, status=problem.status, content_type="text/html; charset=utf-8")
+    return _redirect(f"/ui/spaces/{quote(space, safe='')}/reviews/{quote(work, safe='')}", 303)
+
+
+@blueprint.get("/ui/spaces/<space>/artifacts/<artifact>/content")
+@page
+async def artifact_content(space: str, artifact: str) -> Response:
+    """An artifact's bytes, relayed from the artifacts plugin's download
+    route as the signed-in person, chunk by chunk, with its headers (an
+    attachment unless it is an image or plain text; a sandbox policy)."""
+    forwarded = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED}
+    opened = api().stream(artifacts.content_path(space, artifact), headers=forwarded)
+    answer = await opened.__aenter__()
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in answer.body:
+                yield chunk
+        finally:
+            await opened.__aexit__(None, None, None)
+
+    response = Response(body(), status=answer.status)
+    for name in _RELAYED:
+        if name in answer.headers:
+            response.headers[name] = answer.headers[name]
+    response.timeout = None
+    return response
+
+
+#: Request headers a download passes on (ranges, revalidation).
+_FORWARDED = frozenset({"range", "if-none-match", "if-range"})
+#: Answer headers a download relays.
+_RELAYED = (
+    "Content-Type",
+    "Content-Length",
+    "Content-Range",
+    "Content-Disposition",
+    "ETag",
+    "Accept-Ranges",
+    "Content-Security-Policy",
+    "X-Content-Type-Options",
+)
 
 
 @blueprint.get("/ui/spaces/<space>/decisions")

@@ -91,6 +91,10 @@ async def test_user_text_is_escaped_on_every_page(app, client, team, browser):
         assert re.findall(r"<script(?![^>]*\bsrc=)", html) == [], path
         assert not re.search(r"\son[a-z]+\s*=", html), path
         assert not re.search(r"\sstyle\s*=", html), path
+        # One page: one title (text only), one main, one first-level heading.
+        title = re.search(r"<title>(.*?)</title>", html, re.S)
+        assert title and "<" not in title.group(1), path
+        assert html.count("<main") == 1 and html.count("<h1") == 1, path
     task_html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in task_html
 

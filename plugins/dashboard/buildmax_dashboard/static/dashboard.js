@@ -81,7 +81,39 @@
     source.addEventListener("access-ended", function () { live = false; source.close(); });
   }
 
+  // The review form: a "+" on a diff line adds a finding on that line;
+  // "Add a finding" adds an empty one. Without script, one empty row.
+  function findingRow() {
+    const rows = document.querySelectorAll("#findings-rows .finding-row");
+    const last = rows[rows.length - 1];
+    const used = Array.from(last.querySelectorAll("input")).some(function (i) { return i.value; });
+    if (!used) return last;
+    const fresh = last.cloneNode(true);
+    fresh.querySelectorAll("input").forEach(function (i) { i.value = ""; });
+    last.after(fresh);
+    return fresh;
+  }
+
+  function reviewForm() {
+    if (!document.getElementById("findings-rows")) return;
+    document.querySelectorAll("button.add-finding, #add-finding-row").forEach(function (b) {
+      b.hidden = false;
+    });
+    document.getElementById("add-finding-row").addEventListener("click", function () {
+      findingRow().querySelector("input[name=finding_path]").focus();
+    });
+    document.addEventListener("click", function (event) {
+      const button = event.target.closest("button.add-finding");
+      if (!button) return;
+      const row = findingRow();
+      row.querySelector("input[name=finding_path]").value = button.dataset.path;
+      row.querySelector("input[name=finding_line]").value = button.dataset.line;
+      row.querySelector("input[name=finding_text]").focus();
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    reviewForm();
     const main = document.querySelector("main[data-live]");
     if (main && main.dataset.events && window.EventSource) listen(main.dataset.events);
     countdowns();
