@@ -29,7 +29,7 @@ from buildmax.internal import InternalApi
 from buildmax.problems import NotFound, Problem, TooManyRequests, Unauthenticated
 from buildmax.schemas import SessionCreate
 
-from . import artifacts, board, reviews
+from . import actions, artifacts, board, reviews
 from .session import (
     CSRF_FIELD,
     SESSION_COOKIE,
@@ -257,7 +257,28 @@ async def board_page(space: str, project: str) -> str:
 async def task_page(space: str, task: str) -> str:
     """Everything about one task."""
     shown = await board.task_view(api(), space, task)
-    return await render("task.html", **shown)
+    done = request.args.get("done")
+    return await render(
+        "task.html", problem=None, done=done if done in actions.ACTIONS else None, **shown
+    )
+
+
+@blueprint.post("/ui/spaces/<space>/tasks/<task>/<action>")
+@page
+async def task_action(space: str, task: str, action: str) -> Response:
+    """Take an action on a task (cancel, retry, hold, lift a hold, cancel
+    an attempt) through the tasks plugin's route, as the person; back to the
+    task's page, which shows the refusal if the route refused."""
+    form = await checked_form(_session())
+    path, body = actions.call_for(action, task, form)
+    here = f"/ui/spaces/{quote(space, safe='')}/tasks/{quote(task, safe='')}"
+    try:
+        await api().request("POST", f"/v1/spaces/{quote(space, safe='')}{path}", json=body)
+    except Problem as refused:
+        shown = await board.task_view(api(), space, task)
+        page_body = await render("task.html", problem=refused, done=None, **shown)
+        return Response(page_body, status=refused.status, content_type="text/html; charset=utf-8")
+    return _redirect(f"{here}?" + urlencode({"done": action}), 303)
 
 
 @blueprint.get("/ui/spaces/<space>/reviews/<work>")
