@@ -530,6 +530,7 @@ def analyse(path: Path, cpu_ms_per_cycle: float | None, top: int = 12) -> dict[s
 class Served:
     server: Server
     setup: Setup
+    admin_token: str
     seed: dict[str, Any]
     counts: Callable[[], dict[str, Any]]
     configuration: dict[str, Any]
@@ -559,10 +560,12 @@ def _configure(
 
 def _setup(
     name: str, workdir: Path, data_dir: Path, url: str | None, opts: argparse.Namespace
-) -> Setup:
+) -> tuple[Setup, str]:
+    """The space and agents, made through a first server; and the admin token it printed."""
     first = start_server(name, workdir, data_dir, url)
     try:
-        return setup_space(first, admin_token_of(first), opts)
+        token = admin_token_of(first)
+        return setup_space(first, token, opts), token
     finally:
         first.stop()
 
@@ -570,7 +573,7 @@ def _setup(
 @contextlib.contextmanager
 def _served_sqlite(opts: argparse.Namespace, workdir: Path) -> Iterator[Served]:
     data_dir = workdir / "sqlite-data"
-    setup = _setup("buildmax-setup", workdir, data_dir, None, opts)
+    setup, token = _setup("buildmax-setup", workdir, data_dir, None, opts)
     db_path = data_dir / "buildmax.db"
     progress(f"seeding SQLite: {opts.historical:,} historical + {opts.ready:,} ready tasks")
     seed = seed_sqlite(db_path, setup, opts.historical, opts.ready)
@@ -579,6 +582,7 @@ def _served_sqlite(opts: argparse.Namespace, workdir: Path) -> Iterator[Served]:
         yield Served(
             server,
             setup,
+            token,
             seed,
             lambda: sqlite_counts(db_path, seed["space_pk"]),
             _configure(opts, server, data_dir, None),
@@ -604,13 +608,14 @@ def _served_postgres(opts: argparse.Namespace, workdir: Path) -> Iterator[Served
         if done.returncode != 0:
             raise BenchError(f"buildmax db migrate failed:\n{done.stdout}\n{done.stderr}")
         data_dir = workdir / "pg-data"
-        setup = _setup("buildmax-setup", workdir, data_dir, url, opts)
+        setup, token = _setup("buildmax-setup", workdir, data_dir, url, opts)
         progress(f"seeding PostgreSQL: {opts.historical:,} historical + {opts.ready:,} ready tasks")
         seed = run_async(seed_postgres(url, setup, opts.historical, opts.ready))
         server = start_server("buildmax", workdir, data_dir, url)
         yield Served(
             server,
             setup,
+            token,
             seed,
             lambda: run_async(postgres_counts(url, seed["space_pk"])),
             _configure(opts, server, data_dir, url) | {"database": name},

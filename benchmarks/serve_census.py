@@ -1,8 +1,9 @@
 """``buildmax serve`` that counts SQL statements and database time per route.
 
-For ``bench_claims.py --profile``: it runs a few claim -> renew -> submit
-cycles and ready reads one at a time against this server and prints, per
-route, statements per request, the time spent awaiting the database
+For ``bench_claims.py --profile`` and ``bench_dashboard.py``: they send
+requests one at a time to this server and print, per route, statements per
+request (a request made in-process by another, as the dashboard's pages and
+MCP tool calls make them, counts toward that request too), the time spent awaiting the database
 (statement compile + execution + the thread hop on SQLite) and the time in
 the route handler. Counting wraps ``buildmax.database.base.Tx.execute`` and
 ``Tx.fetch_all`` (every statement kernel and plugin code runs goes through
@@ -98,12 +99,22 @@ async def full_dispatch_request(self: Quart, request_context: Any = None) -> Any
         "shapes": defaultdict(int),
         "shape_s": defaultdict(float),
     }
+    # A request made in-process by another (the dashboard's pages, an MCP
+    # tool call) also counts toward the request that made it.
+    outer = ROUTE.get()
     token = ROUTE.set(counter)
     start = time.perf_counter()
     try:
         return await _dispatch(self, request_context)
     finally:
         ROUTE.reset(token)
+        if outer is not None:
+            outer["statements"] += counter["statements"]
+            outer["db_s"] += counter["db_s"]
+            outer["overhead_s"] += counter["overhead_s"]
+            for key, n in counter["shapes"].items():
+                outer["shapes"][key] += n
+                outer["shape_s"][key] += counter["shape_s"][key]
         totals["requests"] += 1
         totals["statements"] += counter["statements"]
         totals["db_s"] += counter["db_s"]
