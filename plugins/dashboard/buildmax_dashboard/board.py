@@ -47,22 +47,39 @@ async def _attention(api: InternalApi, space_id: str) -> list[dict[str, Any]]:
     return items
 
 
+async def _counts(
+    api: InternalApi, space_id: str, project_id: str | None = None
+) -> dict[str, int] | None:
+    """Tasks by state (of one project when given); ``None`` when the tasks
+    plugin does not answer."""
+    params = {"project": project_id} if project_id else None
+    counted = await _optional(api.get(f"/v1/spaces/{_seg(space_id)}/task-counts", params))
+    return counted["states"] if counted else None
+
+
 async def spaces_with_attention(api: InternalApi) -> list[dict[str, Any]]:
     """The first :data:`OVERVIEW_SPACES` spaces the person may see, each
-    with its (role-filtered) attention list."""
+    with its (role-filtered) attention list and its tasks by state."""
     page = await api.get("/v1/spaces", {"limit": str(OVERVIEW_SPACES)})
     spaces: list[dict[str, Any]] = page["items"]
-    lists = await asyncio.gather(*(_attention(api, space["id"]) for space in spaces))
-    return [{**space, "attention": items} for space, items in zip(spaces, lists, strict=True)]
+    lists, counts = await asyncio.gather(
+        asyncio.gather(*(_attention(api, space["id"]) for space in spaces)),
+        asyncio.gather(*(_counts(api, space["id"]) for space in spaces)),
+    )
+    return [
+        {**space, "attention": items, "counts": counted}
+        for space, items, counted in zip(spaces, lists, counts, strict=True)
+    ]
 
 
 async def space_view(api: InternalApi, space: str) -> dict[str, Any]:
     """A space, its attention list, its projects, its pending decisions and
     the review work nobody has recorded yet."""
     base = f"/v1/spaces/{_seg(space)}"
-    shown, attention, projects, decisions, reviews = await asyncio.gather(
+    shown, attention, counts, projects, decisions, reviews = await asyncio.gather(
         api.get(base),
         _attention(api, space),
+        _counts(api, space),
         api.get(f"{base}/projects", {"limit": "200"}),
         api.get(f"{base}/decisions", {"limit": "200"}),
         _optional(api.get(f"{base}/reviews", {"kind": "review", "pending": "true", "limit": "50"})),
@@ -70,6 +87,7 @@ async def space_view(api: InternalApi, space: str) -> dict[str, Any]:
     return {
         "space": shown,
         "attention": attention,
+        "counts": counts,
         "projects": projects["items"],
         "decisions": decisions["items"],
         "reviews": reviews["items"] if reviews else [],
@@ -82,8 +100,8 @@ async def board_view(
     """A project's tasks by state. Without a state filter each column shows
     its newest :data:`COLUMN_SIZE`; with one, that column alone, paged."""
     base = f"/v1/spaces/{_seg(space)}"
-    shown_space, shown_project = await asyncio.gather(
-        api.get(base), api.get(f"{base}/projects/{_seg(project)}")
+    shown_space, shown_project, counts = await asyncio.gather(
+        api.get(base), api.get(f"{base}/projects/{_seg(project)}"), _counts(api, space, project)
     )
     filters = {key: args[key] for key in FILTERS if args.get(key)}
     query = {"project": shown_project["id"], **filters}
@@ -112,6 +130,7 @@ async def board_view(
         "space": shown_space,
         "project": shown_project,
         "columns": columns,
+        "counts": counts,
         "filters": filters,
         "states": STATES,
         "kinds": KINDS,

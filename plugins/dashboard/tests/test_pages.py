@@ -237,3 +237,20 @@ async def test_the_attention_list_shows_a_pending_decision(app, client, team, br
     for path in ("/ui/", f"/ui/spaces/{team.space.id}/"):
         html = await b.text(path)
         assert "decision.pending" in html, path
+
+
+async def test_columns_count_every_task_of_their_state_and_show_the_newest(
+    app, client, team, browser
+):
+    for n in range(30):
+        await _task(client, team, f"task {n:02d}")
+    b = await _signed_in(browser, team.owner)
+    html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/")
+    ready = re.search(r'aria-labelledby="col-ready">(.*?)</section>', html, re.S)
+    assert ready is not None
+    assert '<span class="count">30</span>' in ready.group(1)
+    assert ready.group(1).count('class="card"') == 25
+    assert "task 29" in ready.group(1) and "task 00" not in ready.group(1)  # the newest
+    assert "All ready tasks" in ready.group(1)
+    overview = await b.text("/ui/")
+    assert re.search(r"state-ready\">ready</span> <strong>30</strong>", overview)

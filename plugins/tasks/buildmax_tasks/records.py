@@ -29,6 +29,7 @@ from .rows import (
     TaskRow,
 )
 from .tables import (
+    TASK_STATES,
     agent_revisions,
     agents,
     attempts,
@@ -97,6 +98,19 @@ def task_list_statement(
         where = [tasks.c.project_id == project_pk, projects.c.space_id == space_pk]
     query = TASK_SELECT.where(*where, *conditions).order_by(tasks.c.id.desc()).limit(limit)
     return query if after is None else query.where(older_than(tasks, after))
+
+
+async def count_by_state(
+    conn: Transaction, space_pk: int, project_pk: int | None = None
+) -> dict[str, int]:
+    """How many of the space's tasks (or one project's) are in each state,
+    every state named (read from the ``(space, state)`` index)."""
+    query = sa.select(tasks.c.state, sa.func.count().label("n")).where(tasks.c.space_id == space_pk)
+    if project_pk is not None:
+        query = query.where(tasks.c.project_id == project_pk)
+    rows = await conn.fetch_all(query.group_by(tasks.c.state))
+    counted = {row["state"]: int(row["n"]) for row in rows}
+    return {state: counted.get(state, 0) for state in TASK_STATES}
 
 
 def _task_lookup(key: Any, *, in_space: bool, for_update: bool) -> Any:

@@ -181,6 +181,24 @@ class TaskPage(Schema):
     next_cursor = fields.String(allow_none=True)
 
 
+class TaskCountQuery(Schema):
+    """Which tasks are counted."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    project = fields.String(metadata={"description": "Only this project's tasks (id or name)"})
+
+
+class TaskCounts(Schema):
+    states = fields.Dict(
+        keys=fields.String(),
+        values=fields.Integer(),
+        metadata={"description": "Tasks in each state (every state named, 0 when none)"},
+    )
+    total = fields.Integer()
+
+
 class RevisionOut(Schema):
     number = fields.Integer()
     title = fields.String()

@@ -29,7 +29,14 @@ from ..graph import (
     dependent_ids_query,
     prerequisite_ids_query,
 )
-from ..records import TASK_SELECT, agent_pk, find_project, task_list_statement, task_or_404
+from ..records import (
+    TASK_SELECT,
+    agent_pk,
+    count_by_state,
+    find_project,
+    task_list_statement,
+    task_or_404,
+)
 from ..rows import TaskRow
 from ..schemas import (
     DependenciesOut,
@@ -38,6 +45,8 @@ from ..schemas import (
     Reason,
     RevisionOut,
     RevisionPage,
+    TaskCountQuery,
+    TaskCounts,
     TaskCreate,
     TaskListQuery,
     TaskOut,
@@ -159,6 +168,25 @@ async def list_tasks(access: SpaceAccess) -> Response:
             conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
         )
     return json_response(page_body(items, rows, page.limit, lambda r: (r.id,)))
+
+
+@blueprint.get("/v1/spaces/<space>/task-counts")
+@api(
+    "Count the space's tasks by state (viewers)",
+    response=TaskCounts,
+    query=TaskCountQuery,
+    tags=["tasks"],
+    role="viewer",
+    action="tasks.read",
+)
+async def count_tasks(access: SpaceAccess) -> Response:
+    """Every state is named (0 when none); ``project`` counts one project's."""
+    app = current_buildmax()
+    project = query_args().get("project")
+    async with app.db.read(background=True) as conn:
+        project_pk = (await find_project(conn, access.pk, project)).pk if project else None
+        states = await count_by_state(conn, access.pk, project_pk)
+    return json_response({"states": states, "total": sum(states.values())})
 
 
 _TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=True)))
