@@ -27,6 +27,8 @@ KINDS = ("code", "review", "integration", "general")
 COLUMN_SIZE = 25
 #: Tasks a one-state board shows per page.
 PAGE_SIZE = 100
+#: Checkpoints of the latest attempt a task page shows.
+CHECKPOINTS = 10
 #: Spaces the overview shows (each costs an attention read).
 OVERVIEW_SPACES = 50
 #: What a review decides, and how severe a finding is (the reviews
@@ -34,7 +36,7 @@ OVERVIEW_SPACES = 50
 REVIEW_DECISIONS = ("approve", "request_changes", "reject")
 SEVERITIES = ("blocker", "major", "minor", "note")
 #: The board's filters, as the task list route names them.
-FILTERS = ("state", "kind", "label", "agent", "q")
+FILTERS = ("state", "kind", "min_priority", "label", "agent", "q")
 
 
 def _seg(value: str) -> str:
@@ -160,8 +162,9 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         _optional(api.get(f"{base}/reviews", {"subject": shown["id"], "limit": "50"})),
         _audit_of(api, shown_space, shown["id"]),
     )
-    shown_artifacts = await asyncio.gather(
-        *(artifacts.preview(api, space, a) for a in artifact_page["items"])
+    shown_artifacts, checkpoints = await asyncio.gather(
+        asyncio.gather(*(artifacts.preview(api, space, a) for a in artifact_page["items"])),
+        _checkpoints(api, base, attempts["items"]),
     )
     return {
         "space": shown_space,
@@ -174,9 +177,26 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         "decisions": decisions["items"],
         "names": {m["principal_id"]: m["name"] for m in members["items"]},
         "artifacts": artifacts.diffs_first(list(shown_artifacts)),
+        "checkpoints": checkpoints,
         "reviews": review_page["items"] if review_page else [],
         "audit": audit,
     }
+
+
+async def _checkpoints(
+    api: InternalApi, base: str, attempts: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The newest :data:`CHECKPOINTS` checkpoints of the latest attempt
+    (``{"attempt": id, "items": [...], "more": bool}``), or ``None``."""
+    if not attempts:
+        return None
+    latest = max(attempts, key=lambda a: a["generation"])
+    page = await _optional(
+        api.get(f"{base}/attempts/{_seg(latest['id'])}/checkpoints", {"limit": str(CHECKPOINTS)})
+    )
+    if page is None:
+        return None
+    return {"attempt": latest["id"], "items": page["items"], "more": bool(page["next_cursor"])}
 
 
 async def _audit_of(

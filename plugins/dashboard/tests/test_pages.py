@@ -65,9 +65,18 @@ async def test_the_task_page_shows_the_attempt_with_its_lease(app, client, team,
     claim = await call(
         client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
     )
+    await call(
+        client,
+        "POST",
+        f"{team.base}/attempts/{claim['attempt']['id']}/checkpoint",
+        team.agent,
+        json={"generation": claim["attempt"]["generation"], "data": {"note": "<b>half</b>"}},
+        expect=201,
+    )
     b = await _signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert claim["attempt"]["id"] in html
+    assert "<strong>#1</strong>" in html and "\\u003cb\\u003ehalf" in html  # escaped JSON
     assert f'datetime="{claim["attempt"]["lease_expires_at"]}" data-lease' in html
     assert "- it parses\n- it prints" in html
     assert team.agent.name in html  # the owner by name, not by id
@@ -254,3 +263,12 @@ async def test_columns_count_every_task_of_their_state_and_show_the_newest(
     assert "All ready tasks" in ready.group(1)
     overview = await b.text("/ui/")
     assert re.search(r"state-ready\">ready</span> <strong>30</strong>", overview)
+
+
+async def test_the_board_filters_by_priority(app, client, team, browser):
+    await _task(client, team, "urgent fix", priority=100)
+    await _task(client, team, "someday", priority=-100)
+    b = await _signed_in(browser, team.owner)
+    html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/?min_priority=10")
+    assert "urgent fix" in html and "someday" not in html
+    assert 'name="min_priority" type="number"' in html and 'value="10"' in html

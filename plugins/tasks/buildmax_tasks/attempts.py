@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
-from buildmax_hookspecs import SubmissionRef, Verdict
+from buildmax_hookspecs import SubmissionRef, Transaction, Verdict
 
 from buildmax.clock import to_rfc3339
 from buildmax.ids import new_id
@@ -215,6 +215,30 @@ async def checkpoint(ch: Change, attempt: AttemptRow, data: Any) -> dict[str, An
     await ch.audit("attempt.checkpointed", "attempt", attempt.id, generation=attempt.generation)
     await ch.event("attempt.checkpointed", attempt_id=attempt.id, number=count)
     return {"number": int(count), "created_at": ch.now, "pk": pk}
+
+
+async def checkpoints_of(
+    conn: Transaction, attempt_pk: int, limit: int, before: int | None
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` of an attempt's checkpoints, newest first, each with
+    its number (its place among the attempt's, from 1); ``before``: only
+    those numbered lower."""
+    numbered = (
+        sa.select(
+            checkpoints.c.data,
+            checkpoints.c.created_at,
+            sa.func.row_number().over(order_by=checkpoints.c.id).label("number"),
+        )
+        .where(checkpoints.c.attempt_id == attempt_pk)
+        .subquery()
+    )
+    query = sa.select(numbered).order_by(numbered.c.number.desc()).limit(limit)
+    if before is not None:
+        query = query.where(numbered.c.number < before)
+    return [
+        {"number": int(r["number"]), "data": json.loads(r["data"]), "created_at": r["created_at"]}
+        for r in await conn.fetch_all(query)
+    ]
 
 
 async def give_up(

@@ -380,6 +380,17 @@ class CheckpointOut(Schema):
     created_at = Timestamp()
 
 
+class CheckpointItem(Schema):
+    number = fields.Integer(metadata={"description": "Its place among the attempt's, from 1"})
+    data = fields.Raw(metadata={"description": "The JSON value the owner recorded"})
+    created_at = Timestamp()
+
+
+class CheckpointPage(Schema):
+    items = fields.List(fields.Nested(CheckpointItem))
+    next_cursor = fields.String(allow_none=True)
+
+
 # -- holds, decisions, agents -------------------------------------------------
 
 
@@ -511,6 +522,9 @@ class TaskListQuery(QueueQuery):
         validate=validate.OneOf(TASK_STATES), metadata={"description": "Only tasks in this state"}
     )
     q = fields.String(validate=validate.Length(max=200), metadata={"description": "Title contains"})
+    min_priority = BoundedInteger(
+        -1000, 1000, text=True, metadata={"description": "Only tasks of at least this priority"}
+    )
 
 
 class DecisionListQuery(Schema):

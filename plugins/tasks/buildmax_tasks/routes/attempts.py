@@ -20,6 +20,7 @@ from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
 from buildmax.idempotency import Reply, Work
+from buildmax.pagination import page_body, page_request
 from buildmax.problems import NotFound
 
 from .. import attempts as ops
@@ -41,7 +42,9 @@ from ..schemas import (
     AttemptPage,
     CancelAttemptBody,
     CheckpointBody,
+    CheckpointItem,
     CheckpointOut,
+    CheckpointPage,
     ClaimBody,
     ClaimNextBody,
     ClaimOut,
@@ -64,6 +67,7 @@ blueprint = Blueprint("tasks_attempts", __name__)
 ATTEMPT_SCOPE = ["attempt"]
 
 _CHECKPOINT_OUT = CheckpointOut()
+_CHECKPOINT_ITEM = CheckpointItem()
 
 
 def _claim_body(claim: Claim | None, skipped: int, engine: StageEngine) -> dict[str, Any]:
@@ -368,6 +372,31 @@ async def show(attempt: str, caller: Caller, access: SpaceAccess) -> Response:
     if row is None:
         raise NotFound("no such attempt in this space")
     return json_response(attempt_body(row))
+
+
+@blueprint.get("/v1/spaces/<space>/attempts/<attempt>/checkpoints")
+@api(
+    "An attempt's checkpoints, newest first (viewers; its own token too)",
+    response=CheckpointPage,
+    scopes=ATTEMPT_SCOPE,
+    role="viewer",
+    action="tasks.read",
+    tags=["attempts"],
+)
+async def list_checkpoints(attempt: str, caller: Caller, access: SpaceAccess) -> Response:
+    """Each with its number and the JSON value its owner recorded."""
+    app = current_buildmax()
+    if caller.actor.scope_type == "attempt" and caller.actor.scope_id != attempt:
+        raise NotAttemptOwner("this token is scoped to another attempt")
+    page = page_request(key_types=(int,))
+    async with app.db.read() as conn:
+        row = await load_attempt(conn, attempt, space_pk=access.pk)
+        if row is None:
+            raise NotFound("no such attempt in this space")
+        before = int(page.after[0]) if page.after is not None else None
+        rows = await ops.checkpoints_of(conn, row.pk, page.limit + 1, before)
+    items = [_CHECKPOINT_ITEM.dump(r) for r in rows]
+    return json_response(page_body(items, rows, page.limit, lambda r: (r["number"],)))
 
 
 @blueprint.get("/v1/spaces/<space>/tasks/<task>/attempts")

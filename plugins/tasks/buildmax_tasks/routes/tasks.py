@@ -127,11 +127,13 @@ def _list_conditions(filters: ClaimFilters, query: dict[str, Any]) -> list[Any]:
         conditions.append(tasks.c.state == query["state"])
     if query.get("q") is not None:
         conditions.append(tasks.c.title.icontains(query["q"], autoescape=True))
+    if query.get("min_priority") is not None:
+        conditions.append(tasks.c.priority >= int(query["min_priority"]))
     return conditions
 
 
 #: Task list filters no index serves in the list's order.
-_SCANNING_FILTERS = ("q", "label", "kind", "agent")
+_SCANNING_FILTERS = ("q", "label", "kind", "agent", "min_priority")
 
 
 @blueprint.get("/v1/spaces/<space>/tasks")
@@ -145,7 +147,7 @@ _SCANNING_FILTERS = ("q", "label", "kind", "agent")
 )
 async def list_tasks(access: SpaceAccess) -> Response:
     """Filters: ``state``, ``kind``, ``label``, ``project``, ``agent``, ``q``
-    (title contains); newest first."""
+    (title contains), ``min_priority``; newest first."""
     app = current_buildmax()
     page = page_request()
     query = query_args()
