@@ -10,7 +10,7 @@ from typing import Any
 from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Page, expect
 
-from .conftest import Site, Watch, _ok, shots_dir, sign_in
+from .conftest import PASSWORD, Site, Watch, _ok, shots_dir, sign_in
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -269,3 +269,48 @@ async def _check(page: Page, label: str, width: int) -> list[str]:
             targets = [node["target"] for node in violation["nodes"]][:3]
             found.append(f"{label}: {violation['id']} ({violation['impact']}) at {targets}")
     return found
+
+
+async def test_a_viewer_gets_no_task_action_and_a_stranger_gets_404_everywhere(
+    browser, context, site
+):
+    task = await _task(site, "guarded work")
+    page = await context.new_page()
+    await sign_in(page, site, site.viewer_name)
+    space = f"/ui/spaces/{site.space['id']}"
+    await page.goto(site.page_url(f"{space}/tasks/{task['id']}"))
+    await expect(page.get_by_role("heading", name="guarded work")).to_be_visible()
+    await expect(page.get_by_role("heading", name="Actions")).to_have_count(0)
+    csrf = await page.locator("input[name=csrf]").first.get_attribute("value")
+    for action, form in (
+        ("cancel", {"reason": "x"}),
+        ("hold", {"strength": "stopped", "reason": "x"}),
+    ):
+        forged = await page.request.post(
+            site.page_url(f"{space}/tasks/{task['id']}/{action}"), form={"csrf": csrf or "", **form}
+        )
+        assert forged.status == 403, action
+    after = await _ok(await site.owner.get(f"{site.base}/tasks/{task['id']}"))
+    assert (after["state"], after["held_by"]) == ("ready", [])
+
+    await _ok(
+        await site.admin.post(
+            "/v1/principals", json={"kind": "human", "name": "eve", "password": PASSWORD}
+        ),
+        201,
+    )
+    stranger = await browser.new_context()
+    try:
+        eve = await stranger.new_page()
+        await sign_in(eve, site, "eve")
+        for path in (
+            f"{space}/",
+            f"{space}/projects/{site.project['id']}/",
+            f"{space}/tasks/{task['id']}",
+            f"{space}/decisions",
+        ):
+            answer = await eve.goto(site.page_url(path))
+            assert answer is not None and answer.status == 404, path
+            await expect(eve.locator("main")).not_to_contain_text("guarded work")
+    finally:
+        await stranger.close()
