@@ -15,7 +15,9 @@ The request never leaves the process (no socket, no token secret): the
 caller rides in the request's ASGI scope, which a request from the network
 cannot set, and is checked again as its token and principal stand now. An
 error answer raises the same :class:`~buildmax.problems.Problem`, so a route
-that lets it propagate answers its own caller with it. Call it outside any
+that lets it propagate answers its own caller with it. A path whose
+segment is a dot segment or holds an encoded ``/`` is refused (404): the
+client or the router would turn it into another route's. Call it outside any
 write transaction: each call is a request of its own, with its own (and
 from the task that would hold one: a task it started cannot be told apart).
 """
@@ -34,7 +36,7 @@ from quart.globals import _cv_app
 from .auth import ACTING_CALLER, Caller
 from .database.base import refuse_nested
 from .idempotency import HEADER
-from .problems import PROBLEM_TYPE_PREFIX, BadRequest, Problem
+from .problems import PROBLEM_TYPE_PREFIX, BadRequest, NotFound, Problem
 
 if TYPE_CHECKING:
     from hypercorn.typing import HTTPScope
@@ -101,6 +103,7 @@ class InternalApi:
         is the body of a route that takes raw bytes (an upload), sent as
         ``content_type``; ``json`` that of every other route."""
         refuse_nested()
+        _checked_path(path)
         headers: dict[bytes, bytes] = {}
         if content is not None:
             headers[b"content-type"] = _header_value("Content-Type", content_type)
@@ -132,7 +135,7 @@ class InternalApi:
         :class:`~buildmax.problems.Problem` before the block runs. Leaving
         the block early stops the route."""
         refuse_nested()
-        url = httpx.URL(path)
+        url = httpx.URL(_checked_path(path))
         sent: list[tuple[bytes, bytes]] = [
             (b"host", b"buildmax.internal"),
             *(
@@ -247,6 +250,24 @@ async def _body(
             yield bytes(message["body"])
         if not message.get("more_body", False):
             return
+
+
+#: What no in-process path may hold: a dot segment (an HTTP client folds it
+#: into the segment before) or an encoded ``/`` or ``\\`` (the router decodes
+#: it before matching), either of which would reach another route.
+_SEGMENT_TRICKS = frozenset({".", "..", "%2e", "%2e%2e", ".%2e", "%2e."})
+
+
+def _checked_path(path: str) -> str:
+    """``path`` if each of its segments names one thing; else 404, as a
+    route the path does not name would answer."""
+    raw = path.split("?", 1)[0]
+    lowered = raw.lower()
+    if "%2f" in lowered or "%5c" in lowered or "\\" in raw:
+        raise NotFound("no such resource")
+    if any(segment.lower() in _SEGMENT_TRICKS for segment in raw.split("/")):
+        raise NotFound("no such resource")
+    return path
 
 
 def _header_value(name: str, value: str) -> bytes:

@@ -207,3 +207,32 @@ async def test_a_key_no_header_can_carry_is_the_routes_400_and_a_page_that_is_no
     with pytest.raises(ValueError, match="JSON routes only"):
         await InternalApi(app, caller).get("/docs")
     assert await work.rows(attempts) == []
+
+
+async def test_a_path_that_would_reach_another_route_is_404(work):
+    """A dot segment (the HTTP client folds it away) or an encoded ``/``
+    (the router decodes it) in an in-process path would name another
+    route than the caller meant: refused, for every in-process caller."""
+    task = await work.task()
+    app = work.app
+    caller = Caller(
+        actor=None,  # type: ignore[arg-type]
+        principal_pk=work.agent.pk,
+        token_pk=await token_pk(app, work.agent.pk),
+    )
+    api = InternalApi(app, caller)
+    base = f"/v1/spaces/{work.space.id}"
+    assert (await api.get(f"{base}/tasks/{task['id']}"))["id"] == task["id"]
+    for path in (
+        f"{base}/tasks/..",
+        f"{base}/tasks/.",
+        f"{base}/tasks/%2e%2E",
+        f"{base}/tasks/{task['id']}%2Fdependencies",
+        f"{base}/tasks/{task['id']}%5cx",
+    ):
+        with pytest.raises(Problem) as refused:
+            await api.get(path)
+        assert (refused.value.status, refused.value.slug) == (404, "not-found"), path
+        with pytest.raises(Problem):
+            async with api.stream(path):
+                pass
