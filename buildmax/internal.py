@@ -282,18 +282,19 @@ def _header_value(name: str, value: str) -> bytes:
     return encoded
 
 
+#: Headers of an error answer its problem keeps (when to retry; what a
+#: range request may ask instead).
+_KEPT_HEADERS = ("Retry-After", "Content-Range")
+
+
 def _problem_of(response: httpx.Response) -> Problem:
     """The problem an error answer stands for, extra members and
-    ``Retry-After`` kept."""
+    :data:`_KEPT_HEADERS` kept."""
     try:
         body = response.json()
     except ValueError:
         body = None
-    headers = (
-        {"Retry-After": response.headers["Retry-After"]}
-        if "Retry-After" in response.headers
-        else {}
-    )
+    headers = {name: response.headers[name] for name in _KEPT_HEADERS if name in response.headers}
     if not isinstance(body, dict) or not str(body.get("type", "")).startswith(PROBLEM_TYPE_PREFIX):
         return Problem(
             status=response.status_code, slug=f"http-{response.status_code}", headers=headers

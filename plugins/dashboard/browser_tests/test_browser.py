@@ -314,3 +314,28 @@ async def test_a_viewer_gets_no_task_action_and_a_stranger_gets_404_everywhere(
             await expect(eve.locator("main")).not_to_contain_text("guarded work")
     finally:
         await stranger.close()
+
+
+async def test_typing_pauses_a_live_page_and_without_its_stream_it_polls(context, site):
+    task = await _task(site, "typed on")
+    page = await context.new_page()
+    await sign_in(page, site, site.owner_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/tasks/{task['id']}"))
+    freshness = page.locator("#freshness")
+    await expect(freshness).to_contain_text("live", timeout=3000)
+    reason = page.get_by_label("Reason").first
+    await reason.fill("the customer withdrew the request")
+    await page.get_by_role("heading", level=1).click()  # the field keeps its text, not the focus
+    await _task(site, "an event in the space")
+    await page.wait_for_timeout(1500)
+    assert await reason.input_value() == "the customer withdrew the request"
+    await expect(freshness).to_contain_text("paused while you edit")
+
+    polled = await context.new_page()
+    await polled.route("**/events", lambda route: route.abort())
+    await polled.goto(
+        site.page_url(f"/ui/spaces/{site.space['id']}/projects/{site.project['id']}/")
+    )
+    await expect(polled.locator("#freshness")).to_contain_text("refreshing every 5 s")
+    await _task(site, "arrives by polling")
+    await expect(_column(polled, "ready")).to_contain_text("arrives by polling", timeout=7000)

@@ -8,6 +8,7 @@ An action is a name in the path; its form's fields become the route's body.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -17,6 +18,9 @@ from buildmax.problems import NotFound
 #: An action's route (under the space) and body, from the task's id and
 #: the posted form.
 Call = tuple[str, dict[str, Any]]
+#: A number a form field may hold (anything else goes to the route as text,
+#: which refuses it).
+_NUMBER = re.compile(r"[0-9]{1,11}")
 
 
 def _seg(value: str) -> str:
@@ -52,9 +56,7 @@ def _cancel_attempt(task: str, form: Mapping[str, str]) -> Call:
     generation = form.get("generation", "")
     reason = form.get("reason", "")
     return f"/attempts/{_seg(form.get('attempt', ''))}/cancel", {
-        "generation": int(generation)
-        if generation.isdigit() and len(generation) < 12
-        else generation,
+        "generation": int(generation) if _NUMBER.fullmatch(generation) else generation,
         "reason": reason,
         "override_reason": reason,
     }

@@ -163,7 +163,7 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         _audit_of(api, shown_space, shown["id"]),
     )
     shown_artifacts, checkpoints = await asyncio.gather(
-        asyncio.gather(*(artifacts.preview(api, space, a) for a in artifact_page["items"])),
+        artifacts.previews(api, space, artifact_page["items"], artifacts.TASK_PAGE_BYTES),
         _checkpoints(api, base, attempts["items"]),
     )
     return {
@@ -176,7 +176,7 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         "submissions": submissions["items"],
         "decisions": decisions["items"],
         "names": {m["principal_id"]: m["name"] for m in members["items"]},
-        "artifacts": artifacts.diffs_first(list(shown_artifacts)),
+        "artifacts": shown_artifacts,
         "checkpoints": checkpoints,
         "reviews": review_page["items"] if review_page else [],
         "audit": audit,
@@ -229,8 +229,8 @@ async def review_view(api: InternalApi, space: str, work: str) -> dict[str, Any]
     metadata = await asyncio.gather(
         *(_optional(api.get(f"{base}/artifacts/{_seg(a)}")) for a in submission["artifacts"])
     )
-    shown_artifacts = await asyncio.gather(
-        *(artifacts.preview(api, space, a) for a in metadata if a is not None)
+    shown_artifacts = await artifacts.previews(
+        api, space, [a for a in metadata if a is not None], artifacts.REVIEW_PAGE_BYTES
     )
     return {
         "space": shown_space,
@@ -238,7 +238,7 @@ async def review_view(api: InternalApi, space: str, work: str) -> dict[str, Any]
         "work": work_task,
         "subject": subject,
         "submission": submission,
-        "artifacts": artifacts.diffs_first(list(shown_artifacts)),
+        "artifacts": shown_artifacts,
         "findings": findings["items"],
         "findings_at": by_line(findings["items"]),
         "names": {m["principal_id"]: m["name"] for m in members["items"]},

@@ -1,7 +1,6 @@
 """Unified diffs (``git diff``, ``diff -u``) read into files, hunks and
 numbered lines, so that a page shows them as diffs and a finding can name
-the path and the line it is about (the new file's line number; for a
-removed line, the old file's)."""
+the path and the line it is about (the new file's line number)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,9 @@ class Line:
 
     @property
     def anchor(self) -> int | None:
-        """The line a finding names: the new file's, or the old one's for a removal."""
-        return self.new if self.new is not None else self.old
+        """The line a finding names: the new file's (a finding has no side,
+        so a removed line, which the new file lacks, takes none)."""
+        return self.new
 
 
 @dataclass
@@ -81,7 +81,8 @@ def parse(text: str) -> Diff:
     old_path: str | None = None
     old = new = 0
     count = 0
-    for raw in text.splitlines():
+    # Lines end at "\n" only: a form feed or U+2028 inside a line is its text.
+    for raw in (line.removesuffix("\r") for line in text.split("\n")):
         if raw.startswith("--- ") and (hunk is None or not hunk.open):
             old_path, hunk = _path(raw[4:]), None
             continue
@@ -98,6 +99,9 @@ def parse(text: str) -> Diff:
             current.hunks.append(hunk)
             continue
         if hunk is None:
+            continue
+        if not hunk.open and not raw.startswith("\\"):
+            hunk = None  # every line its header announced has come
             continue
         count += 1
         if count > MAX_LINES:

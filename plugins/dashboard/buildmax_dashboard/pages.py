@@ -13,6 +13,7 @@ to a space gets the same 404 as over the API.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
 from typing import Any, ParamSpec
@@ -67,8 +68,10 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-#: Longest ``next`` a sign-in keeps (where to go once signed in).
-_MAX_NEXT = 500
+#: A ``next`` a sign-in keeps (where to go once signed in): a dashboard
+#: path, printable ASCII but a backslash (which a browser reads as a slash),
+#: at most 500 characters.
+_NEXT = re.compile(r"/ui/[!-\[\]-~]{0,496}")
 
 
 @root.get("/")
@@ -159,8 +162,9 @@ def _can(space: dict[str, Any], minimum: str) -> bool:
 
 
 def _safe_next(target: str) -> str:
-    """Where to go after signing in: a dashboard path only (never another site)."""
-    if target.startswith("/ui/") and not target.startswith("//") and len(target) <= _MAX_NEXT:
+    """Where to go after signing in: a dashboard path of printable ASCII only
+    (never another site, nothing a ``Location`` header cannot carry)."""
+    if _NEXT.fullmatch(target):
         return target
     return "/ui/"
 
@@ -198,6 +202,7 @@ async def sign_in() -> Response:
     name, password = form.get("name", ""), form.get("password", "")
     if SessionCreate().validate({"name": name, "password": password}):
         return await _sign_in_page(400, "Enter your name and password.", name[:64])
+    target = _safe_next(form.get("next", "/ui/"))
     try:
         signed_in = await sessions.sign_in(name, password, g.client_address)
     except Unauthenticated:
@@ -206,7 +211,6 @@ async def sign_in() -> Response:
         response = await _sign_in_page(429, f"{refused.detail}.", name)
         response.headers.update(refused.headers)
         return response
-    target = _safe_next(form.get("next", "/ui/"))
     response = _redirect(target, 303)
     start_session(response, signed_in.issued.secret)
     return response
@@ -393,11 +397,7 @@ async def space_events(space: str) -> Response:
     access = await require_space(space, "viewer", session.caller, "space.events.read")
     app = current_buildmax()
     resume = request.headers.get("Last-Event-ID", "")
-    after = (
-        int(resume)
-        if resume.isdigit() and len(resume) < 19
-        else await app.events.last_seq(access.pk)
-    )
+    after = int(resume) if _EVENT_ID.fullmatch(resume) else await app.events.last_seq(access.pk)
     secret = session_secret()
     return event_stream_response(
         app,
@@ -406,6 +406,10 @@ async def space_events(space: str) -> Response:
         lambda: still_authorized(app, secret, access.pk, session.caller),
         _changed,
     )
+
+
+#: A ``Last-Event-ID`` a page's stream resumes from (an event id, in range).
+_EVENT_ID = re.compile(r"[0-9]{1,18}")
 
 
 def _changed(row: dict[str, Any]) -> bytes:

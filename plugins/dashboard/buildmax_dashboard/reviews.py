@@ -11,12 +11,15 @@ request for changes has a finding, that a rejection says why).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from itertools import zip_longest
 from typing import Any, Protocol
 
 from buildmax.problems import Problem, ValidationFailed
 
+#: A line number as a form carries it.
+_LINE = re.compile(r"[0-9]{1,9}")
 #: Most finding rows read from one form (the route allows 100 findings).
 MAX_ROWS = 100
 _ROW_FIELDS = ("finding_path", "finding_line", "finding_severity", "finding_text")
@@ -60,7 +63,7 @@ def review_body(
         if row["path"]:
             finding["path"] = row["path"]
         if row["line"]:
-            if not row["line"].isdigit() or len(row["line"]) > 9:
+            if not _LINE.fullmatch(row["line"]):
                 errors[f"finding {number}"] = ["the line is a number"]
             else:
                 finding["line"] = int(row["line"])

@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from quart import Response, request
 
@@ -39,8 +40,6 @@ COOKIE_PATH = "/ui/"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
 _CSRF_PURPOSE = b"buildmax-dashboard-csrf"
-#: Longest cookie value read (a token secret is far shorter).
-_MAX_COOKIE = 200
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,9 @@ def csrf_token_of(secret: str) -> str:
 
 
 def session_secret() -> str:
-    """The session token's secret this request's cookie carries ("" when none)."""
-    secret = request.cookies.get(SESSION_COOKIE, "")
-    return secret if 0 < len(secret) <= _MAX_COOKIE else ""
+    """The session token's secret this request's cookie carries ("" when
+    none; the token lookup bounds its length)."""
+    return request.cookies.get(SESSION_COOKIE, "")
 
 
 async def current_session() -> Session:
@@ -95,12 +94,25 @@ async def checked_form(session: Session) -> dict[str, str]:
 
 def _require_same_origin() -> None:
     """A browser names the page a request comes from in ``Origin``: it must
-    be this site (a proxy in front passes the browser's ``Host``)."""
+    be this host. The port is compared when the request's ``Host`` names one
+    (a proxy that passes the browser's ``Host`` whole); one that drops it
+    leaves the host name to compare. The CSRF token is the check that
+    counts; this one refuses a token carried off to another site."""
     origin = request.headers.get("Origin")
     if origin is None or origin == "null":
         return
-    if origin.partition("://")[2] != request.host:
+    try:
+        sent, here = urlsplit(origin), urlsplit(f"//{request.host}")
+        same_host = (sent.hostname or "") == (here.hostname or "")
+        port = here.port
+        same_port = port is None or (sent.port or _DEFAULT_PORTS.get(sent.scheme)) == port
+    except ValueError:  # a port that is not a number
+        same_host = same_port = False
+    if not (same_host and same_port):
         raise Forbidden("this form was posted from another site")
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def new_sign_in_token() -> str:

@@ -121,3 +121,12 @@ async def test_the_stream_ends_when_the_session_is_revoked(client, team, signed_
         await _task(client, team, "after sign-out")
         [event] = await _events(stream, 1)
     assert event["event"] == "access-ended"
+
+
+async def test_a_last_event_id_that_is_no_event_id_starts_from_now(client, team, signed_in):
+    session = await signed_in(team.owner)
+    path = f"/ui/spaces/{team.space.id}/events"
+    for resume in ("\u00b2".encode(), b"-1", b"9" * 40):
+        headers = {"Last-Event-ID": resume}
+        async with session.stream("GET", path, headers=headers) as stream:
+            assert stream.status_code == 200, resume

@@ -118,6 +118,10 @@ async def test_every_page_sends_the_content_security_policy(app, client, team, b
         assert "script-src 'self'" in policy and "unsafe-inline" not in policy, path
         assert "frame-ancestors 'none'" in policy
         assert answer.headers["X-Content-Type-Options"] == "nosniff"
+        assert answer.headers["X-Frame-Options"] == "DENY"
+        assert answer.headers["Referrer-Policy"] == "same-origin"
+        if not path.startswith("/ui/static/"):
+            assert answer.headers["Cache-Control"] == "no-store", path
 
 
 async def test_a_stranger_gets_404_on_every_page_of_the_space(app, client, team, browser, person):
@@ -272,3 +276,48 @@ async def test_the_board_filters_by_priority(app, client, team, browser):
     html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/?min_priority=10")
     assert "urgent fix" in html and "someday" not in html
     assert 'name="min_priority" type="number"' in html and 'value="10"' in html
+
+
+async def test_the_board_filters_by_kind_label_agent_and_title(app, client, team, browser):
+    await _task(client, team, "parser work", labels=["backend"])
+    await _task(client, team, "docs work", kind="general", labels=["docs"])
+    b = await _signed_in(browser, team.owner)
+    board = f"/ui/spaces/{team.space.id}/projects/{team.project}/"
+    for query, shown, hidden in (
+        ("kind=general", "docs work", "parser work"),
+        ("label=backend", "parser work", "docs work"),
+        ("q=pars", "parser work", "docs work"),
+    ):
+        html = await b.text(f"{board}?{query}")
+        assert shown in html and hidden not in html, query
+    # An agent the space has no profile for is the API's 422, shown as a page.
+    assert "validation-error" in await b.text(f"{board}?agent=nobody", status=422)
+
+
+async def test_a_lapsed_lease_joins_the_attention_list(app, client, clock, team, browser):
+    task = await _task(client, team, "slow work")
+    await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    clock.advance(seconds=app.settings.plugins.get("tasks", {}).get("lease_seconds", 600) + 1)
+    b = await _signed_in(browser, team.owner)
+    html = await b.text(f"/ui/spaces/{team.space.id}/")
+    assert "lease.lapsed" in html
+
+
+async def test_a_system_admin_outside_the_space_is_offered_the_actions(
+    app, client, team, browser, person
+):
+    import sqlalchemy as sa
+
+    from buildmax.tables import principals
+
+    admin = await person()
+    async with app.db.write() as tx:
+        await tx.execute(
+            sa.update(principals).where(principals.c.id == admin.pk).values(system_role="admin")
+        )
+    task = await _task(client, team, "overridable")
+    b = await _signed_in(browser, admin)
+    html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
+    assert "Place the hold" in html and "Cancel the task" in html

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
+from urllib.parse import urlencode
 
 from buildmax.testing import call
 
@@ -182,6 +183,9 @@ async def test_artifacts_download_through_the_dashboard_as_the_api_serves_them(
     assert answer.headers["ETag"] == f'"{hashlib.sha256(DIFF).hexdigest()}"'
     part = await b.get(path, headers={"Range": "bytes=0-9"})
     assert part.status_code == 206 and await part.get_data() == DIFF[:10]
+    beyond = await b.get(path, headers={"Range": "bytes=99999-"})
+    assert beyond.status_code == 416
+    assert beyond.headers["Content-Range"] == f"bytes */{len(DIFF)}"
     stranger = await _signed_in(browser, await person())
     assert (await stranger.get(path)).status_code == 404
     assert (await browser().get(path)).status_code == 303  # not signed in
@@ -199,3 +203,106 @@ async def test_the_task_page_shows_artifacts_reviews_and_for_owners_the_audit_tr
     viewer = await _signed_in(browser, team.viewer)
     html = await viewer.text(f"/ui/spaces/{team.space.id}/tasks/{done['task']['id']}")
     assert "change.diff" in html and "Audit trail" not in html
+
+
+async def test_numbers_a_form_cannot_hold_are_refused_not_500(app, client, team, browser):
+    done = await _submitted(client, team)
+    b = await _signed_in(browser, team.owner)
+    answer = await b.client.post(
+        f"/ui/spaces/{team.space.id}/reviews/{done['work']}/record",
+        form={
+            "csrf": b.csrf,
+            "decision": "approve",
+            "finding_path": "a",
+            "finding_line": "\u00b2",
+            "finding_text": "x",
+        },
+    )
+    assert answer.status_code == 422
+    task = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks",
+        team.owner,
+        json={"project": "main", "title": "t"},
+        expect=201,
+    )
+    claim = await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    refused = await b.client.post(
+        f"/ui/spaces/{team.space.id}/tasks/{task['id']}/cancel-attempt",
+        form={
+            "csrf": b.csrf,
+            "attempt": claim["attempt"]["id"],
+            "generation": "\u00b2",
+            "reason": "x",
+        },
+    )
+    assert refused.status_code == 422
+    shown = await call(
+        client, "GET", f"{team.base}/attempts/{claim['attempt']['id']}", team.owner, expect=200
+    )
+    assert shown["state"] == "active"
+
+
+async def test_more_than_a_hundred_finding_rows_are_refused(app, client, team, browser):
+    done = await _submitted(client, team)
+    b = await _signed_in(browser, team.owner)
+    rows = 101
+    form = [("csrf", b.csrf), ("decision", "request_changes")]
+    for n in range(rows):
+        form += [
+            ("finding_path", "a"),
+            ("finding_line", str(n + 1)),
+            ("finding_severity", "minor"),
+            ("finding_text", f"f{n}"),
+        ]
+    answer = await b.client.post(
+        f"/ui/spaces/{team.space.id}/reviews/{done['work']}/record",
+        data=urlencode(form),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert answer.status_code == 422
+    item = await call(client, "GET", f"{team.base}/reviews/{done['work']}", team.owner, expect=200)
+    assert item["review"] is None
+
+
+async def test_a_page_shows_a_bounded_amount_of_artifacts_inline(app, client, team, browser):
+    """A text artifact over the inline limit, and artifacts past the
+    page's budget, are downloads that say why; an SVG is never an image."""
+    task = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks",
+        team.owner,
+        json={"project": "main", "title": "big"},
+        expect=201,
+    )
+    claim = await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    attempt = claim["attempt"]
+
+    async def upload(name: str, data: bytes, media_type: str) -> None:
+        await call(
+            client,
+            "POST",
+            f"{team.base}/artifacts?name={name}&attempt={attempt['id']}"
+            f"&generation={attempt['generation']}&sha256={hashlib.sha256(data).hexdigest()}",
+            team.agent,
+            data=data,
+            content_type=media_type,
+            expect=201,
+        )
+
+    await upload("huge.txt", b"x" * (300 * 1024), "text/plain")
+    for n in range(3):
+        await upload(f"part{n}.txt", bytes([97 + n]) * (200 * 1024), "text/plain")
+    await upload("logo.svg", b"<svg xmlns='http://www.w3.org/2000/svg'/>", "image/svg+xml")
+    b = await _signed_in(browser, team.owner)
+    html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
+    assert "too large to show here (307,200 bytes)" in html
+    shown = sum(("a" * 100 in html, "b" * 100 in html, "c" * 100 in html))
+    assert shown == 2 and "this page shows no more artifacts inline" in html
+    assert "<img" not in html

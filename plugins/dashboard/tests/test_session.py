@@ -205,3 +205,55 @@ async def test_every_dashboard_form_refuses_a_post_without_its_token(app, browse
         path = re.sub(r"<[^>]+>", "x", rule)
         answer = await b.post(path, {})
         assert answer.status_code == 403, (rule, answer.status_code)
+
+
+async def test_the_origin_check_follows_the_host_a_proxy_passes(app, browser, person):
+    """Behind a proxy that passes only the host name (nginx's ``$host``) the
+    port is not compared; one that passes the port has it compared; another
+    host, or a port that is no number, is refused."""
+    who = await person()
+    cases = [
+        ("localhost", "http://localhost:8080", 303),  # the port dropped by the proxy
+        ("localhost:8080", "http://localhost:8080", 303),
+        ("localhost:8443", "https://localhost:8443", 303),
+        ("localhost:443", "https://localhost", 303),  # the default port, implied
+        ("localhost:8080", "http://localhost:9090", 403),
+        ("localhost", "http://evil.example", 403),
+        ("localhost:8080", "http://localhost:bad", 403),
+    ]
+    for host, origin, status in cases:
+        b = browser()
+        page = await b.text("/ui/sign-in")
+        answer = await b.post(
+            "/ui/sign-in",
+            {"csrf": csrf_of(page), "name": who.name, "password": PASSWORD, "next": "/ui/"},
+            headers={"Host": host, "Origin": origin},
+        )
+        assert answer.status_code == status, (host, origin, answer.status_code)
+
+
+async def test_a_next_no_location_can_carry_signs_in_to_the_overview_once(app, browser, person):
+    who = await person()
+    for target in ("/ui/\r\nSet-Cookie: x=1", "/ui/\x00", "/ui/\u2028x", "/ui/..\\evil"):
+        b = browser()
+        page = await b.text("/ui/sign-in")
+        answer = await b.post(
+            "/ui/sign-in",
+            {"csrf": csrf_of(page), "name": who.name, "password": PASSWORD, "next": target},
+        )
+        assert answer.status_code == 303, repr(target)
+        assert answer.headers["Location"] == "/ui/"
+    assert len(await _session_tokens(app, who.pk)) == 4  # one per sign-in, none lost to a 500
+
+
+async def test_the_redirect_to_sign_in_forgets_a_stale_cookie(app, browser, person):
+    who = await person()
+    b = browser()
+    await b.sign_in(who.name)
+    await b.post("/ui/sign-out", {"csrf": b.csrf})
+    stale = await b.client.get(
+        "/ui/", headers={"Accept": "text/html", "Cookie": "buildmax_session=bmx_stale"}
+    )
+    assert stale.status_code == 303
+    cleared = [v for v in stale.headers.getlist("Set-Cookie") if v.startswith("buildmax_session=")]
+    assert cleared and "max-age=0" in cleared[0].lower()

@@ -243,7 +243,11 @@ async def test_an_attempt_token_cancels_its_own_attempt_and_the_api_says_so(
     assert {
         ("POST", f"{prefix}/attempts/{{attempt}}/{action}")
         for action in ("renew", "checkpoint", "release", "fail", "cancel", "submit")
-    } | {("GET", f"{prefix}/attempts/{{attempt}}"), ("GET", f"{prefix}/tasks/{{task}}")} == {
+    } | {
+        ("GET", f"{prefix}/attempts/{{attempt}}"),
+        ("GET", f"{prefix}/attempts/{{attempt}}/checkpoints"),
+        ("GET", f"{prefix}/tasks/{{task}}"),
+    } == {
         (method, path)
         for method, path in scoped
         if path.startswith(prefix) and not path.startswith(f"{prefix}/artifacts")

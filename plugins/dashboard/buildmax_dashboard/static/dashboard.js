@@ -29,15 +29,26 @@
     });
     const fresh = document.getElementById("freshness");
     if (fresh && document.querySelector("main[data-live]")) {
+      const main = document.querySelector("main[data-live]");
       fresh.textContent = "Updated " + span(now - loadedAt) + " ago" +
-        (live ? " · live" : " · refreshing every 5 s");
+        (busy(main) ? " · paused while you edit" : live ? " · live" : " · refreshing every 5 s");
     }
+  }
+
+  // Nothing typed is lost: while a field of the page has focus or holds
+  // what the person typed, the page is not replaced (it catches up after).
+  let typing = false;
+
+  function busy(main) {
+    const active = document.activeElement;
+    return typing || (active && main.contains(active) && active.matches("input, select, textarea"));
   }
 
   async function refresh() {
     const main = document.querySelector("main[data-live]");
     if (!main || document.hidden) return;
     triedAt = Date.now();
+    if (busy(main)) return;
     try {
       const answer = await fetch(window.location.href, {
         credentials: "same-origin",
@@ -49,6 +60,7 @@
       const fresh = page.querySelector("main[data-live]");
       if (!fresh) return;
       const focused = document.activeElement && document.activeElement.id;
+      if (busy(main)) return;
       main.replaceChildren(...fresh.childNodes);
       if (focused) {
         const again = document.getElementById(focused);
@@ -113,6 +125,14 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    const liveMain = document.querySelector("main[data-live]");
+    if (liveMain) {
+      liveMain.addEventListener("input", function () {
+        typing = Array.from(liveMain.querySelectorAll("input, textarea")).some(function (field) {
+          return field.type !== "hidden" && field.value !== field.defaultValue;
+        });
+      });
+    }
     reviewForm();
     const main = document.querySelector("main[data-live]");
     if (main && main.dataset.events && window.EventSource) listen(main.dataset.events);
