@@ -82,6 +82,7 @@ ROUTES = [
     ),
     Route("GET", "/v1/spaces/<space>/tasks", query=lambda r: f"?project={r['project']}"),
     Route("GET", "/v1/spaces/<space>/ready", query=lambda r: f"?project={r['project']}"),
+    Route("GET", "/v1/spaces/<space>/task-counts", query=lambda r: f"?project={r['project']}"),
     Route("GET", "/v1/spaces/<space>/tasks/<task>"),
     Route(
         "PATCH",
@@ -104,6 +105,7 @@ ROUTES = [
     Route("POST", "/v1/spaces/<space>/tasks/<task>/claim", lambda r: {}),
     Route("POST", "/v1/spaces/<space>/claims", lambda r: {"project": r["project"]}),
     Route("GET", "/v1/spaces/<space>/attempts/<attempt>"),
+    Route("GET", "/v1/spaces/<space>/attempts/<attempt>/checkpoints"),
     Route("POST", "/v1/spaces/<space>/attempts/<attempt>/renew", lambda r: {"generation": gen(r)}),
     Route(
         "POST",
