@@ -84,10 +84,16 @@ async def checked_form(session: Session) -> dict[str, str]:
     """The posted form of a state-changing request, once its CSRF token
     (field or header) is the session's and the request came from this
     site; 403 otherwise, before anything is read or changed."""
+    return await _form_carrying(session.csrf, header=True)
+
+
+async def _form_carrying(expected: str, *, header: bool) -> dict[str, str]:
+    """The posted form if it carries ``expected`` as its CSRF token (in its
+    field, or with ``header`` in the fetch header) and came from this site."""
     form = await request.form
-    given = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER, "")
+    given = form.get(CSRF_FIELD) or (request.headers.get(CSRF_HEADER, "") if header else "")
     _require_same_origin()
-    if not hmac.compare_digest(given.encode(), session.csrf.encode()):
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
         raise Forbidden("the form's security token is missing or stale: reload the page")
     return {key: form.get(key, "") for key in form}
 
@@ -123,13 +129,7 @@ def new_sign_in_token() -> str:
 async def checked_sign_in_form() -> dict[str, str]:
     """The posted sign-in form, once its CSRF token matches its cookie; 403
     otherwise."""
-    form = await request.form
-    cookie = request.cookies.get(SIGN_IN_COOKIE, "")
-    given = form.get(CSRF_FIELD, "")
-    _require_same_origin()
-    if not cookie or not hmac.compare_digest(given.encode(), cookie.encode()):
-        raise Forbidden("the form's security token is missing or stale: reload the page")
-    return {key: form.get(key, "") for key in form}
+    return await _form_carrying(request.cookies.get(SIGN_IN_COOKIE, ""), header=False)
 
 
 def _secure() -> bool:

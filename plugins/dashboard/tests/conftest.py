@@ -98,6 +98,33 @@ async def set_password(app: Any, who: PrincipalHandle, password: str = PASSWORD)
         )
 
 
+async def signed_in(browser: Callable[[], Browser], who: PrincipalHandle) -> Browser:
+    """A fresh browser signed in as ``who``."""
+    b = browser()
+    assert (await b.sign_in(who.name)).status_code == 303
+    return b
+
+
+async def make_task(client: Any, team: Team, title: str = "some work", **extra: Any) -> Any:
+    """A task of the team's project, made by its owner over the API."""
+    body = {"project": "main", "title": title, **extra}
+    return await call(client, "POST", f"{team.base}/tasks", team.owner, json=body, expect=201)
+
+
+async def ask(client: Any, team: Team, task_id: str, question: str, options: list[str]) -> Any:
+    """A decision the team's agent asks on ``task_id``."""
+    body = {"question": question, "options": options}
+    return await call(
+        client, "POST", f"{team.base}/tasks/{task_id}/decisions", team.agent, json=body, expect=201
+    )
+
+
+async def pending_states(client: Any, team: Team) -> list[str]:
+    """The states of the decisions the API lists as pending (by default)."""
+    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
+    return [d["state"] for d in shown["items"]]
+
+
 @pytest.fixture
 def browser(app: Any) -> Callable[[], Browser]:
     """``browser()``: a fresh browser (no cookies)."""

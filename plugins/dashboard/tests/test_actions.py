@@ -9,25 +9,7 @@ from typing import Any
 from buildmax.spaces import put_member
 from buildmax.testing import call
 
-from .conftest import Browser, Team
-
-
-async def _signed_in(browser: Any, who: Any) -> Browser:
-    b: Browser = browser()
-    assert (await b.sign_in(who.name)).status_code == 303
-    return b
-
-
-async def _task(client: Any, team: Team) -> dict[str, Any]:
-    task: dict[str, Any] = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks",
-        team.owner,
-        json={"project": "main", "title": "some work"},
-        expect=201,
-    )
-    return task
+from .conftest import Team, make_task, signed_in
 
 
 async def _shown(client: Any, team: Team, task: dict[str, Any]) -> dict[str, Any]:
@@ -42,8 +24,8 @@ def _at(team: Team, task: dict[str, Any], action: str) -> str:
 
 
 async def test_an_owner_cancels_a_task_with_a_reason(app, client, team, browser, audit_log):
-    task = await _task(client, team)
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team)
+    b = await signed_in(browser, team.owner)
     answer = await b.post(_at(team, task, "cancel"), {"csrf": b.csrf, "reason": "not needed"})
     assert answer.status_code == 303
     assert answer.headers["Location"].endswith(f"/tasks/{task['id']}?done=cancel")
@@ -55,8 +37,8 @@ async def test_an_owner_cancels_a_task_with_a_reason(app, client, team, browser,
 
 
 async def test_an_owner_holds_lifts_retries_and_cancels_an_attempt(app, client, team, browser):
-    task = await _task(client, team)
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team)
+    b = await signed_in(browser, team.owner)
     form = {"csrf": b.csrf, "strength": "suspended", "reason": "wait for the release"}
     assert (await b.post(_at(team, task, "hold"), form)).status_code == 303
     [hold] = (await _shown(client, team, task))["held_by"]
@@ -94,8 +76,8 @@ async def test_an_owner_holds_lifts_retries_and_cancels_an_attempt(app, client, 
 
 
 async def test_a_refused_action_shows_on_the_task_page(app, client, team, browser):
-    task = await _task(client, team)
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team)
+    b = await signed_in(browser, team.owner)
     answer = await b.post(_at(team, task, "retry"), {"csrf": b.csrf})  # it is not failed
     body = await answer.get_data(as_text=True)
     assert answer.status_code == 409, body[:300]
@@ -106,11 +88,11 @@ async def test_a_refused_action_shows_on_the_task_page(app, client, team, browse
 
 
 async def test_a_viewer_sees_no_action_and_every_forged_one_is_refused(app, client, team, browser):
-    task = await _task(client, team)
+    task = await make_task(client, team)
     claim = await call(
         client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
     )
-    b = await _signed_in(browser, team.viewer)
+    b = await signed_in(browser, team.viewer)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert 'id="actions"' not in html and "/cancel" not in html
     forged = {
@@ -136,8 +118,8 @@ async def test_a_member_may_cancel_but_is_offered_and_allowed_no_admin_action(
     member = await person()
     async with app.db.write() as tx:
         await put_member(tx, team.space.pk, member.pk, "member", app.clock.now_ms())
-    task = await _task(client, team)
-    b = await _signed_in(browser, member)
+    task = await make_task(client, team)
+    b = await signed_in(browser, member)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert "Cancel the task" in html and "Place the hold" not in html
     refused = await b.post(

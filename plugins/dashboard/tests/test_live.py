@@ -14,7 +14,7 @@ import pytest
 
 from buildmax.testing import call
 
-from .conftest import PASSWORD, Team, csrf_of
+from .conftest import PASSWORD, csrf_of, make_task
 
 
 async def _events(
@@ -67,20 +67,8 @@ async def signed_in(live_server: str) -> AsyncIterator[Any]:
         await session.aclose()
 
 
-async def _task(client: Any, team: Team, title: str) -> dict[str, Any]:
-    task: dict[str, Any] = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks",
-        team.owner,
-        json={"project": "main", "title": title},
-        expect=201,
-    )
-    return task
-
-
 async def test_a_claim_reaches_the_open_page_within_two_seconds(client, team, signed_in):
-    task = await _task(client, team, "before the page opened")
+    task = await make_task(client, team, "before the page opened")
     session = await signed_in(team.owner)
     path = f"/ui/spaces/{team.space.id}/events"
     async with session.stream("GET", path, headers={"Accept": "text/event-stream"}) as stream:
@@ -118,7 +106,7 @@ async def test_the_stream_ends_when_the_session_is_revoked(client, team, signed_
         async with other:
             out = await other.post("/ui/sign-out", data={"csrf": csrf})
             assert out.status_code == 303
-        await _task(client, team, "after sign-out")
+        await make_task(client, team, "after sign-out")
         [event] = await _events(stream, 1)
     assert event["event"] == "access-ended"
 

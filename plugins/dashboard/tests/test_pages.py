@@ -4,27 +4,12 @@ them, and the decision form doing what the API does, as the person."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from buildmax.testing import call
 
-from .conftest import Browser, Team
+from .conftest import Team, ask, make_task, pending_states, signed_in
 
 HOSTILE = "<script>alert(1)</script>"
-
-
-async def _signed_in(browser: Any, who: Any) -> Browser:
-    b: Browser = browser()
-    assert (await b.sign_in(who.name)).status_code == 303
-    return b
-
-
-async def _task(client: Any, team: Team, title: str, **extra: Any) -> dict[str, Any]:
-    body = {"project": "main", "title": title, **extra}
-    task: dict[str, Any] = await call(
-        client, "POST", f"{team.base}/tasks", team.owner, json=body, expect=201
-    )
-    return task
 
 
 def _pages(team: Team, task_id: str) -> list[str]:
@@ -40,12 +25,12 @@ def _pages(team: Team, task_id: str) -> list[str]:
 
 
 async def test_the_board_shows_each_task_in_its_state_column(app, client, team, browser):
-    ready = await _task(client, team, "write the parser")
-    claimed = await _task(client, team, "fix the build")
+    ready = await make_task(client, team, "write the parser")
+    claimed = await make_task(client, team, "fix the build")
     await call(
         client, "POST", f"{team.base}/tasks/{claimed['id']}/claim", team.agent, json={}, expect=201
     )
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/")
     columns = dict(
         re.findall(
@@ -61,7 +46,7 @@ async def test_the_board_shows_each_task_in_its_state_column(app, client, team, 
 
 
 async def test_the_task_page_shows_the_attempt_with_its_lease(app, client, team, browser):
-    task = await _task(client, team, "a task", criteria="- it parses\n- it prints")
+    task = await make_task(client, team, "a task", criteria="- it parses\n- it prints")
     claim = await call(
         client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
     )
@@ -73,7 +58,7 @@ async def test_the_task_page_shows_the_attempt_with_its_lease(app, client, team,
         json={"generation": claim["attempt"]["generation"], "data": {"note": "<b>half</b>"}},
         expect=201,
     )
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert claim["attempt"]["id"] in html
     assert "<strong>#1</strong>" in html and "\\u003cb\\u003ehalf" in html  # escaped JSON
@@ -83,16 +68,9 @@ async def test_the_task_page_shows_the_attempt_with_its_lease(app, client, team,
 
 
 async def test_user_text_is_escaped_on_every_page(app, client, team, browser):
-    task = await _task(client, team, HOSTILE, criteria=HOSTILE, labels=["x"])
-    await call(
-        client,
-        "POST",
-        f"{team.base}/tasks/{task['id']}/decisions",
-        team.agent,
-        json={"question": HOSTILE, "options": [HOSTILE, "b"]},
-        expect=201,
-    )
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team, HOSTILE, criteria=HOSTILE, labels=["x"])
+    await ask(client, team, task["id"], HOSTILE, [HOSTILE, "b"])
+    b = await signed_in(browser, team.owner)
     for path in _pages(team, task["id"]):
         html = await b.text(path)
         assert "<script>alert" not in html, path
@@ -109,8 +87,8 @@ async def test_user_text_is_escaped_on_every_page(app, client, team, browser):
 
 
 async def test_every_page_sends_the_content_security_policy(app, client, team, browser):
-    task = await _task(client, team, "t")
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team, "t")
+    b = await signed_in(browser, team.owner)
     for path in [*_pages(team, task["id"]), "/ui/sign-in", "/ui/static/dashboard.css"]:
         answer = await b.get(path)
         assert answer.status_code == 200, path
@@ -125,17 +103,10 @@ async def test_every_page_sends_the_content_security_policy(app, client, team, b
 
 
 async def test_a_stranger_gets_404_on_every_page_of_the_space(app, client, team, browser, person):
-    task = await _task(client, team, "private work")
-    decision = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks/{task['id']}/decisions",
-        team.agent,
-        json={"question": "ship it?", "options": ["yes", "no"]},
-        expect=201,
-    )
+    task = await make_task(client, team, "private work")
+    decision = await ask(client, team, task["id"], "ship it?", ["yes", "no"])
     stranger = await person()
-    b = await _signed_in(browser, stranger)
+    b = await signed_in(browser, stranger)
     for path in _pages(team, task["id"])[1:]:
         answer = await b.get(path)
         body = await answer.get_data(as_text=True)
@@ -146,8 +117,7 @@ async def test_a_stranger_gets_404_on_every_page_of_the_space(app, client, team,
         {"csrf": b.csrf, "answer": "yes"},
     )
     assert answer.status_code == 404
-    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
-    assert [d["state"] for d in shown["items"]] == ["pending"]
+    assert await pending_states(client, team) == ["pending"]
     # The overview lists only the stranger's own spaces.
     assert team.space.slug not in await b.text("/ui/")
 
@@ -155,16 +125,9 @@ async def test_a_stranger_gets_404_on_every_page_of_the_space(app, client, team,
 async def test_answering_a_decision_in_the_browser_is_the_api_answer(
     app, client, team, browser, audit_log
 ):
-    task = await _task(client, team, "parked work")
-    decision = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks/{task['id']}/decisions",
-        team.agent,
-        json={"question": "Which database?", "options": ["sqlite", "postgres"]},
-        expect=201,
-    )
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team, "parked work")
+    decision = await ask(client, team, task["id"], "Which database?", ["sqlite", "postgres"])
+    b = await signed_in(browser, team.owner)
     page = await b.text(f"/ui/spaces/{team.space.id}/decisions")
     assert "Which database?" in page
     answer = await b.post(
@@ -189,46 +152,30 @@ async def test_answering_a_decision_in_the_browser_is_the_api_answer(
 
 
 async def test_a_decision_form_with_a_wrong_token_changes_nothing(app, client, team, browser):
-    task = await _task(client, team, "parked work")
-    decision = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks/{task['id']}/decisions",
-        team.agent,
-        json={"question": "Go?", "options": ["yes"]},
-        expect=201,
-    )
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team, "parked work")
+    decision = await ask(client, team, task["id"], "Go?", ["yes"])
+    b = await signed_in(browser, team.owner)
     path = f"/ui/spaces/{team.space.id}/decisions/{decision['id']}/answer"
     for form in ({"answer": "yes"}, {"csrf": "0" * 64, "answer": "yes"}):
         answer = await b.post(path, form)
         assert answer.status_code == 403
-    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
-    assert [d["state"] for d in shown["items"]] == ["pending"]
+    assert await pending_states(client, team) == ["pending"]
 
 
 async def test_a_viewer_cannot_answer_even_by_forging_the_post(app, client, team, browser):
-    task = await _task(client, team, "parked work")
-    decision = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks/{task['id']}/decisions",
-        team.agent,
-        json={"question": "Go?", "options": ["yes"]},
-        expect=201,
-    )
-    b = await _signed_in(browser, team.viewer)
+    task = await make_task(client, team, "parked work")
+    decision = await ask(client, team, task["id"], "Go?", ["yes"])
+    b = await signed_in(browser, team.viewer)
     answer = await b.post(
         f"/ui/spaces/{team.space.id}/decisions/{decision['id']}/answer",
         {"csrf": b.csrf, "answer": "yes"},
     )
     assert answer.status_code == 403
-    shown = await call(client, "GET", f"{team.base}/decisions", team.owner, expect=200)
-    assert [d["state"] for d in shown["items"]] == ["pending"]
+    assert await pending_states(client, team) == ["pending"]
 
 
 async def test_a_filter_the_api_refuses_is_its_422_as_a_page(app, client, team, browser):
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     answer = await b.get(f"/ui/spaces/{team.space.id}/projects/{team.project}/?state=nonsense")
     assert answer.status_code == 422
     body = await answer.get_data(as_text=True)
@@ -237,16 +184,9 @@ async def test_a_filter_the_api_refuses_is_its_422_as_a_page(app, client, team, 
 
 
 async def test_the_attention_list_shows_a_pending_decision(app, client, team, browser):
-    task = await _task(client, team, "parked work")
-    await call(
-        client,
-        "POST",
-        f"{team.base}/tasks/{task['id']}/decisions",
-        team.agent,
-        json={"question": "Go?", "options": ["yes"]},
-        expect=201,
-    )
-    b = await _signed_in(browser, team.owner)
+    task = await make_task(client, team, "parked work")
+    await ask(client, team, task["id"], "Go?", ["yes"])
+    b = await signed_in(browser, team.owner)
     for path in ("/ui/", f"/ui/spaces/{team.space.id}/"):
         html = await b.text(path)
         assert "decision.pending" in html, path
@@ -256,8 +196,8 @@ async def test_columns_count_every_task_of_their_state_and_show_the_newest(
     app, client, team, browser
 ):
     for n in range(30):
-        await _task(client, team, f"task {n:02d}")
-    b = await _signed_in(browser, team.owner)
+        await make_task(client, team, f"task {n:02d}")
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/")
     ready = re.search(r'aria-labelledby="col-ready">(.*?)</section>', html, re.S)
     assert ready is not None
@@ -270,18 +210,18 @@ async def test_columns_count_every_task_of_their_state_and_show_the_newest(
 
 
 async def test_the_board_filters_by_priority(app, client, team, browser):
-    await _task(client, team, "urgent fix", priority=100)
-    await _task(client, team, "someday", priority=-100)
-    b = await _signed_in(browser, team.owner)
+    await make_task(client, team, "urgent fix", priority=100)
+    await make_task(client, team, "someday", priority=-100)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/projects/{team.project}/?min_priority=10")
     assert "urgent fix" in html and "someday" not in html
     assert 'name="min_priority" type="number"' in html and 'value="10"' in html
 
 
 async def test_the_board_filters_by_kind_label_agent_and_title(app, client, team, browser):
-    await _task(client, team, "parser work", labels=["backend"])
-    await _task(client, team, "docs work", kind="general", labels=["docs"])
-    b = await _signed_in(browser, team.owner)
+    await make_task(client, team, "parser work", labels=["backend"])
+    await make_task(client, team, "docs work", kind="general", labels=["docs"])
+    b = await signed_in(browser, team.owner)
     board = f"/ui/spaces/{team.space.id}/projects/{team.project}/"
     for query, shown, hidden in (
         ("kind=general", "docs work", "parser work"),
@@ -295,12 +235,12 @@ async def test_the_board_filters_by_kind_label_agent_and_title(app, client, team
 
 
 async def test_a_lapsed_lease_joins_the_attention_list(app, client, clock, team, browser):
-    task = await _task(client, team, "slow work")
+    task = await make_task(client, team, "slow work")
     await call(
         client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
     )
     clock.advance(seconds=app.settings.plugins.get("tasks", {}).get("lease_seconds", 600) + 1)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/")
     assert "lease.lapsed" in html
 
@@ -317,7 +257,7 @@ async def test_a_system_admin_outside_the_space_is_offered_the_actions(
         await tx.execute(
             sa.update(principals).where(principals.c.id == admin.pk).values(system_role="admin")
         )
-    task = await _task(client, team, "overridable")
-    b = await _signed_in(browser, admin)
+    task = await make_task(client, team, "overridable")
+    b = await signed_in(browser, admin)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert "Place the hold" in html and "Cancel the task" in html

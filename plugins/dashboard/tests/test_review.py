@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from buildmax.testing import call
 
-from .conftest import Browser, Team
+from .conftest import Team, make_task, signed_in
 
 DIFF = b"""diff --git a/src/parser.py b/src/parser.py
 --- a/src/parser.py
@@ -26,36 +26,35 @@ DIFF = b"""diff --git a/src/parser.py b/src/parser.py
 """
 
 
-async def _signed_in(browser: Any, who: Any) -> Browser:
-    b: Browser = browser()
-    assert (await b.sign_in(who.name)).status_code == 303
-    return b
+async def _claimed(client: Any, team: Team, title: str, **extra: Any) -> tuple[Any, Any]:
+    """A new task of the team's, claimed by its agent: the task and the attempt."""
+    task = await make_task(client, team, title, **extra)
+    claim = await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    return task, claim["attempt"]
+
+
+async def _upload(
+    client: Any, team: Team, attempt: Any, name: str, data: bytes, media_type: str
+) -> Any:
+    """An artifact of ``attempt``, uploaded by the agent."""
+    return await call(
+        client,
+        "POST",
+        f"{team.base}/artifacts?name={name}&attempt={attempt['id']}"
+        f"&generation={attempt['generation']}&sha256={hashlib.sha256(data).hexdigest()}",
+        team.agent,
+        data=data,
+        content_type=media_type,
+        expect=201,
+    )
 
 
 async def _submitted(client: Any, team: Team) -> dict[str, Any]:
     """A task handed in with a diff; its review work item waits."""
-    task = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks",
-        team.owner,
-        json={"project": "main", "title": "parse more", "criteria": "- accepts empty input"},
-        expect=201,
-    )
-    claim = await call(
-        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
-    )
-    attempt = claim["attempt"]
-    artifact = await call(
-        client,
-        "POST",
-        f"{team.base}/artifacts?name=change.diff&attempt={attempt['id']}&generation={attempt['generation']}"
-        f"&sha256={hashlib.sha256(DIFF).hexdigest()}",
-        team.agent,
-        data=DIFF,
-        content_type="text/x-diff",
-        expect=201,
-    )
+    task, attempt = await _claimed(client, team, "parse more", criteria="- accepts empty input")
+    artifact = await _upload(client, team, attempt, "change.diff", DIFF, "text/x-diff")
     await call(
         client,
         "POST",
@@ -78,7 +77,7 @@ async def _submitted(client: Any, team: Team) -> dict[str, Any]:
 
 async def test_the_review_page_renders_the_diff_with_the_form(app, client, team, browser):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/reviews/{done['work']}")
     assert "<code>src/parser.py</code>" in html
     assert '<tr class="d-add">' in html and '<tr class="d-del">' in html
@@ -92,7 +91,7 @@ async def test_a_human_review_with_a_finding_on_a_diff_line_is_the_apis(
     app, client, team, browser, audit_log
 ):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     path = f"/ui/spaces/{team.space.id}/reviews/{done['work']}/record"
     answer = await b.client.post(
         path,
@@ -129,7 +128,7 @@ async def test_a_refused_review_shows_the_form_again_and_records_nothing(
     app, client, team, browser
 ):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     path = f"/ui/spaces/{team.space.id}/reviews/{done['work']}/record"
     for form, status in (
         ({"decision": "request_changes", "summary": "kept text"}, 422),  # no finding
@@ -156,7 +155,7 @@ async def test_a_refused_review_shows_the_form_again_and_records_nothing(
 
 async def test_a_viewer_gets_no_form_and_a_forged_review_is_refused(app, client, team, browser):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.viewer)
+    b = await signed_in(browser, team.viewer)
     html = await b.text(f"/ui/spaces/{team.space.id}/reviews/{done['work']}")
     assert "Record review" not in html and "+LIMIT = 10" in html
     answer = await b.client.post(
@@ -172,7 +171,7 @@ async def test_artifacts_download_through_the_dashboard_as_the_api_serves_them(
     app, client, team, browser, person
 ):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     path = f"/ui/spaces/{team.space.id}/artifacts/{done['artifact']['id']}/content"
     answer = await b.get(path)
     assert answer.status_code == 200
@@ -186,7 +185,7 @@ async def test_artifacts_download_through_the_dashboard_as_the_api_serves_them(
     beyond = await b.get(path, headers={"Range": "bytes=99999-"})
     assert beyond.status_code == 416
     assert beyond.headers["Content-Range"] == f"bytes */{len(DIFF)}"
-    stranger = await _signed_in(browser, await person())
+    stranger = await signed_in(browser, await person())
     assert (await stranger.get(path)).status_code == 404
     assert (await browser().get(path)).status_code == 303  # not signed in
 
@@ -195,19 +194,19 @@ async def test_the_task_page_shows_artifacts_reviews_and_for_owners_the_audit_tr
     app, client, team, browser
 ):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{done['task']['id']}")
     assert "change.diff" in html and "+LIMIT = 10" in html
     assert "review slot 1" in html
     assert "Audit trail" in html and "task.claimed" in html
-    viewer = await _signed_in(browser, team.viewer)
+    viewer = await signed_in(browser, team.viewer)
     html = await viewer.text(f"/ui/spaces/{team.space.id}/tasks/{done['task']['id']}")
     assert "change.diff" in html and "Audit trail" not in html
 
 
 async def test_numbers_a_form_cannot_hold_are_refused_not_500(app, client, team, browser):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     answer = await b.client.post(
         f"/ui/spaces/{team.space.id}/reviews/{done['work']}/record",
         form={
@@ -219,36 +218,26 @@ async def test_numbers_a_form_cannot_hold_are_refused_not_500(app, client, team,
         },
     )
     assert answer.status_code == 422
-    task = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks",
-        team.owner,
-        json={"project": "main", "title": "t"},
-        expect=201,
-    )
-    claim = await call(
-        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
-    )
+    task, attempt = await _claimed(client, team, "t")
     refused = await b.client.post(
         f"/ui/spaces/{team.space.id}/tasks/{task['id']}/cancel-attempt",
         form={
             "csrf": b.csrf,
-            "attempt": claim["attempt"]["id"],
+            "attempt": attempt["id"],
             "generation": "\u00b2",
             "reason": "x",
         },
     )
     assert refused.status_code == 422
     shown = await call(
-        client, "GET", f"{team.base}/attempts/{claim['attempt']['id']}", team.owner, expect=200
+        client, "GET", f"{team.base}/attempts/{attempt['id']}", team.owner, expect=200
     )
     assert shown["state"] == "active"
 
 
 async def test_more_than_a_hundred_finding_rows_are_refused(app, client, team, browser):
     done = await _submitted(client, team)
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     rows = 101
     form = [("csrf", b.csrf), ("decision", "request_changes")]
     for n in range(rows):
@@ -271,36 +260,16 @@ async def test_more_than_a_hundred_finding_rows_are_refused(app, client, team, b
 async def test_a_page_shows_a_bounded_amount_of_artifacts_inline(app, client, team, browser):
     """A text artifact over the inline limit, and artifacts past the
     page's budget, are downloads that say why; an SVG is never an image."""
-    task = await call(
-        client,
-        "POST",
-        f"{team.base}/tasks",
-        team.owner,
-        json={"project": "main", "title": "big"},
-        expect=201,
-    )
-    claim = await call(
-        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
-    )
-    attempt = claim["attempt"]
+    task, attempt = await _claimed(client, team, "big")
 
     async def upload(name: str, data: bytes, media_type: str) -> None:
-        await call(
-            client,
-            "POST",
-            f"{team.base}/artifacts?name={name}&attempt={attempt['id']}"
-            f"&generation={attempt['generation']}&sha256={hashlib.sha256(data).hexdigest()}",
-            team.agent,
-            data=data,
-            content_type=media_type,
-            expect=201,
-        )
+        await _upload(client, team, attempt, name, data, media_type)
 
     await upload("huge.txt", b"x" * (300 * 1024), "text/plain")
     for n in range(3):
         await upload(f"part{n}.txt", bytes([97 + n]) * (200 * 1024), "text/plain")
     await upload("logo.svg", b"<svg xmlns='http://www.w3.org/2000/svg'/>", "image/svg+xml")
-    b = await _signed_in(browser, team.owner)
+    b = await signed_in(browser, team.owner)
     html = await b.text(f"/ui/spaces/{team.space.id}/tasks/{task['id']}")
     assert "too large to show here (307,200 bytes)" in html
     shown = sum(("a" * 100 in html, "b" * 100 in html, "c" * 100 in html))
