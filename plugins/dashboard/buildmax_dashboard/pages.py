@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import wraps
-from typing import Any, ParamSpec
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import quote, urlencode
 
-from quart import Blueprint, Response, g, render_template, request
+from quart import Response, g, render_template, request
 
 from buildmax import sessions
-from buildmax.access import require_space, role_at_least
+from buildmax.access import require_space
 from buildmax.auth import still_authorized
 from buildmax.current import current_buildmax
 from buildmax.events import event_stream_response
-from buildmax.internal import InternalApi
-from buildmax.problems import NotFound, Problem, TooManyRequests, Unauthenticated
+from buildmax.problems import Problem, TooManyRequests, Unauthenticated
 from buildmax.schemas import SessionCreate
 
 from . import actions, artifacts, board, reviews
@@ -35,139 +33,15 @@ from .session import (
     CSRF_FIELD,
     SESSION_COOKIE,
     SIGN_IN_COOKIE,
-    NotSignedIn,
-    Session,
     checked_form,
     checked_sign_in_form,
-    current_session,
     end_cookie,
     new_sign_in_token,
     session_secret,
     set_cookie,
     start_session,
 )
-
-P = ParamSpec("P")
-
-blueprint = Blueprint(
-    "buildmax_dashboard",
-    __name__,
-    template_folder="templates",
-    static_folder="static",
-    static_url_path="/ui/static",
-)
-#: ``GET /``: a browser is sent to the dashboard, an API client gets the
-#: JSON 404 it always got (a blueprint of its own: the pages' HTML error
-#: handler is not its).
-root = Blueprint("buildmax_dashboard_root", __name__)
-
-#: The policy of every dashboard response: scripts, styles and images from
-#: the dashboard itself only (no inline script or style, no other site), no
-#: framing, forms posted here only.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
-#: A ``next`` a sign-in keeps (where to go once signed in): a dashboard
-#: path, printable ASCII but a backslash (which a browser reads as a slash),
-#: at most 500 characters.
-_NEXT = re.compile(r"/ui/[!-\[\]-~]{0,496}")
-
-
-@root.get("/")
-async def home() -> Response:
-    """A browser asking for ``/`` is sent to the dashboard."""
-    accepts = request.accept_mimetypes
-    if accepts.best_match(["application/json", "text/html"]) == "text/html":
-        return _redirect("/ui/", 302)
-    raise NotFound("no such resource; the API is under /v1/ and the dashboard under /ui/")
-
-
-@blueprint.after_request
-async def _protect(response: Response) -> Response:
-    # A download keeps the stricter policy of its route (a sandbox).
-    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
-    response.headers["X-Frame-Options"] = "DENY"
-    if not request.path.startswith("/ui/static/"):
-        response.headers["Cache-Control"] = "no-store"
-    return response
-
-
-@blueprint.errorhandler(NotSignedIn)
-async def _sign_in_first(_: NotSignedIn) -> Response:
-    if request.method != "GET":
-        return await _error_page(
-            Unauthenticated("your session has ended: sign in again"), session=None
-        )
-    target = request.full_path.rstrip("?")
-    response = _redirect("/ui/sign-in?" + urlencode({"next": target}), 303)
-    end_cookie(response, SESSION_COOKIE)
-    return response
-
-
-@blueprint.errorhandler(Problem)
-async def _problem(problem: Problem) -> Response:
-    return await _error_page(problem, session=g.get("dashboard_session"))
-
-
-async def _error_page(problem: Problem, session: Session | None) -> Response:
-    body = await render_template(
-        "dashboard/error.html", problem=problem, session=session, request_id=g.get("request_id")
-    )
-    response = Response(body, status=problem.status, content_type="text/html; charset=utf-8")
-    response.headers.update(problem.headers)
-    return response
-
-
-def _redirect(target: str, status: int) -> Response:
-    """Send the browser to ``target`` (a path of this site)."""
-    return Response("", status=status, headers={"Location": target})
-
-
-def page(view: Callable[P, Awaitable[Any]]) -> Callable[P, Awaitable[Any]]:
-    """A dashboard view for a signed-in person: the session is checked
-    first (not signed in: the sign-in page) and kept for the error page."""
-
-    @wraps(view)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-        g.dashboard_session = await current_session()
-        return await view(*args, **kwargs)
-
-    return wrapper
-
-
-def _session() -> Session:
-    session: Session = g.dashboard_session
-    return session
-
-
-def api() -> InternalApi:
-    """The API as the signed-in person, each call marked as the dashboard's."""
-    return InternalApi(current_buildmax(), _session().caller, request_id=f"ui/{g.request_id}")
-
-
-async def render(template: str, **context: Any) -> str:
-    """A page with what every page shows (the person, the CSRF token) and
-    ``can(space, role)``, which says whether to offer an action that needs
-    ``role`` in ``space`` (the API route decides again when it is taken)."""
-    return await render_template(
-        f"dashboard/{template}", session=_session(), csrf_field=CSRF_FIELD, can=_can, **context
-    )
-
-
-def _can(space: dict[str, Any], minimum: str) -> bool:
-    return role_at_least(space.get("role"), minimum) or _session().caller.is_admin
-
-
-def _safe_next(target: str) -> str:
-    """Where to go after signing in: a dashboard path of printable ASCII only
-    (never another site, nothing a ``Location`` header cannot carry)."""
-    if _NEXT.fullmatch(target):
-        return target
-    return "/ui/"
-
+from .web import api, blueprint, html, page, redirect, render, safe_next, signed_in
 
 # ----------------------------------------------------------------------------- sign-in
 
@@ -187,7 +61,7 @@ async def _sign_in_page(status: int, message: str | None, name: str) -> Response
         csrf=token,
         message=message,
         name=name,
-        next=_safe_next(request.args.get("next", "/ui/")),
+        next=safe_next(request.args.get("next", "/ui/")),
     )
     response = Response(body, status=status, content_type="text/html; charset=utf-8")
     set_cookie(response, SIGN_IN_COOKIE, token, max_age=3600)
@@ -202,7 +76,7 @@ async def sign_in() -> Response:
     name, password = form.get("name", ""), form.get("password", "")
     if SessionCreate().validate({"name": name, "password": password}):
         return await _sign_in_page(400, "Enter your name and password.", name[:64])
-    target = _safe_next(form.get("next", "/ui/"))
+    target = safe_next(form.get("next", "/ui/"))
     try:
         signed_in = await sessions.sign_in(name, password, g.client_address)
     except Unauthenticated:
@@ -211,7 +85,7 @@ async def sign_in() -> Response:
         response = await _sign_in_page(429, f"{refused.detail}.", name)
         response.headers.update(refused.headers)
         return response
-    response = _redirect(target, 303)
+    response = redirect(target, 303)
     start_session(response, signed_in.issued.secret)
     return response
 
@@ -220,10 +94,10 @@ async def sign_in() -> Response:
 @page
 async def sign_out() -> Response:
     """Revoke the session and forget its cookie."""
-    session = _session()
+    session = signed_in()
     await checked_form(session)
     await sessions.sign_out(session.caller.actor)
-    response = _redirect("/ui/sign-in", 303)
+    response = redirect("/ui/sign-in", 303)
     end_cookie(response, SESSION_COOKIE)
     return response
 
@@ -273,7 +147,7 @@ async def task_action(space: str, task: str, action: str) -> Response:
     """Take an action on a task (cancel, retry, hold, lift a hold, cancel
     an attempt) through the tasks plugin's route, as the person; back to the
     task's page, which shows the refusal if the route refused."""
-    form = await checked_form(_session())
+    form = await checked_form(signed_in())
     path, body = actions.call_for(action, task, form)
     here = f"/ui/spaces/{quote(space, safe='')}/tasks/{quote(task, safe='')}"
     try:
@@ -281,8 +155,8 @@ async def task_action(space: str, task: str, action: str) -> Response:
     except Problem as refused:
         shown = await board.task_view(api(), space, task)
         page_body = await render("task.html", problem=refused, done=None, **shown)
-        return Response(page_body, status=refused.status, content_type="text/html; charset=utf-8")
-    return _redirect(f"{here}?" + urlencode({"done": action}), 303)
+        return html(page_body, refused.status)
+    return redirect(f"{here}?" + urlencode({"done": action}), 303)
 
 
 @blueprint.get("/ui/spaces/<space>/reviews/<work>")
@@ -300,7 +174,7 @@ async def record_review(space: str, work: str) -> Response:
     """Record the person's review with its findings, as a human review,
     through the reviews plugin's route (which claims the unheld work item
     and hands it in at once). A refusal shows the form again, as filled."""
-    form = await checked_form(_session())
+    form = await checked_form(signed_in())
     posted = await request.form
     body, problem = reviews.review_body(form, posted)
     if problem is None:
@@ -317,8 +191,8 @@ async def record_review(space: str, work: str) -> Response:
         page_body = await render(
             "review.html", form=reviews.echo(form, posted), problem=problem, **shown
         )
-        return Response(page_body, status=problem.status, content_type="text/html; charset=utf-8")
-    return _redirect(f"/ui/spaces/{quote(space, safe='')}/reviews/{quote(work, safe='')}", 303)
+        return html(page_body, problem.status)
+    return redirect(f"/ui/spaces/{quote(space, safe='')}/reviews/{quote(work, safe='')}", 303)
 
 
 @blueprint.get("/ui/spaces/<space>/artifacts/<artifact>/content")
@@ -374,7 +248,7 @@ async def decisions_page(space: str) -> str:
 async def answer_decision(space: str, decision: str) -> Response:
     """Answer a decision as the signed-in person (the API's route decides
     whether they may)."""
-    form = await checked_form(_session())
+    form = await checked_form(signed_in())
     body = {"answer": form.get("answer", ""), "comment": form.get("comment") or None}
     await api().request(
         "POST",
@@ -382,7 +256,7 @@ async def answer_decision(space: str, decision: str) -> Response:
         json=body,
     )
     target = f"/ui/spaces/{quote(space, safe='')}/decisions?" + urlencode({"answered": decision})
-    return _redirect(target, 303)
+    return redirect(target, 303)
 
 
 @blueprint.get("/ui/spaces/<space>/events")
@@ -393,7 +267,7 @@ async def space_events(space: str) -> Response:
     per event of the space from now on (or from ``Last-Event-ID``), naming
     only its type, so a page knows to refresh. Access is checked as the
     API's stream checks it, again before every batch."""
-    session = _session()
+    session = signed_in()
     access = await require_space(space, "viewer", session.caller, "space.events.read")
     app = current_buildmax()
     resume = request.headers.get("Last-Event-ID", "")
