@@ -137,8 +137,12 @@ async def task_page(space: str, task: str) -> str:
     shown = await board.task_view(api(), space, task)
     done = request.args.get("done")
     return await render(
-        "task.html", problem=None, done=done if done in actions.ACTIONS else None, **shown
+        "task.html", problem=None, done=done if done in _TASK_DONE else None, **shown
     )
+
+
+#: What a task's page says was just done to it.
+_TASK_DONE = (*actions.ACTIONS, "created")
 
 
 @blueprint.post("/ui/spaces/<space>/tasks/<task>/<action>")
@@ -146,7 +150,8 @@ async def task_page(space: str, task: str) -> str:
 async def task_action(space: str, task: str, action: str) -> Response:
     """Take an action on a task (cancel, retry, hold, lift a hold, cancel
     an attempt) through the tasks plugin's route, as the person; back to the
-    task's page, which shows the refusal if the route refused."""
+    page the form names in ``next`` (a board's move), else the task's page,
+    which shows the refusal if the route refused."""
     form = await checked_form(signed_in())
     path, body = actions.call_for(action, task, form)
     here = f"/ui/spaces/{quote(space, safe='')}/tasks/{quote(task, safe='')}"
@@ -156,7 +161,10 @@ async def task_action(space: str, task: str, action: str) -> Response:
         shown = await board.task_view(api(), space, task)
         page_body = await render("task.html", problem=refused, done=None, **shown)
         return html(page_body, refused.status)
-    return redirect(f"{here}?" + urlencode({"done": action}), 303)
+    back = form.get("next", "")
+    target = back if back and safe_next(back) == back else here
+    separator = "&" if "?" in target else "?"
+    return redirect(f"{target}{separator}" + urlencode({"done": action}), 303)
 
 
 @blueprint.get("/ui/spaces/<space>/reviews/<work>")

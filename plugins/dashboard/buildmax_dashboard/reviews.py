@@ -14,23 +14,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from itertools import zip_longest
-from typing import Any, Protocol
+from typing import Any
 
 from buildmax.problems import Problem, ValidationFailed
+
+from .web import MultiForm
 
 #: A line number as a form carries it.
 _LINE = re.compile(r"[0-9]{1,9}")
 #: Most finding rows read from one form (the route allows 100 findings).
 MAX_ROWS = 100
 _ROW_FIELDS = ("finding_path", "finding_line", "finding_severity", "finding_text")
-
-
-class MultiForm(Protocol):
-    """A posted form whose fields may repeat."""
-
-    def getlist(self, key: str) -> list[str]:
-        """Every value of ``key``, in order."""
-        ...
 
 
 def _rows(posted: MultiForm) -> list[dict[str, str]]:

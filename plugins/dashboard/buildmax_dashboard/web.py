@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from functools import wraps
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, Protocol
 from urllib.parse import quote, urlencode
 
 from quart import Blueprint, Response, g, render_template, request
@@ -165,3 +165,11 @@ def ui_path(space: str, *segments: str) -> str:
     """The dashboard path of ``space`` and what follows it, quoted as
     :func:`space_path` quotes."""
     return "/".join([f"/ui/spaces/{quote(space, safe='')}", *(quote(s, safe="") for s in segments)])
+
+
+class MultiForm(Protocol):
+    """A posted form whose fields may repeat."""
+
+    def getlist(self, key: str) -> list[str]:
+        """Every value of ``key``, in order."""
+        ...

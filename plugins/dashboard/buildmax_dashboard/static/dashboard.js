@@ -41,7 +41,8 @@
 
   function busy(main) {
     const active = document.activeElement;
-    return typing || (active && main.contains(active) && active.matches("input, select, textarea"));
+    return typing || main.querySelector("details.move[open]") !== null ||
+      (active && main.contains(active) && active.matches("input, select, textarea"));
   }
 
   async function refresh() {
@@ -67,6 +68,7 @@
         if (again) again.focus();
       }
       loadedAt = Date.now();
+      draggable();
       countdowns();
     } catch (err) {
       // The server is away: the freshness line keeps counting up.
@@ -124,16 +126,62 @@
     });
   }
 
+  // The board: a card with a Move menu may be dragged onto a column its
+  // menu offers; the drop takes that move's form (asking for its reason
+  // first, if it needs one). The menu is the keyboard's way to the same.
+  function boardMoves() {
+    let dragged = null;
+    document.addEventListener("dragstart", function (event) {
+      const card = event.target.closest && event.target.closest("li.card");
+      if (!card || !card.querySelector("form[data-to]")) return;
+      dragged = card;
+      event.dataTransfer.setData("text/plain", card.dataset.task);
+      event.dataTransfer.effectAllowed = "move";
+    });
+    function target(event) {
+      const column = event.target.closest && event.target.closest("section.column[data-state]");
+      if (!column || !dragged) return null;
+      return dragged.querySelector('form[data-to="' + column.dataset.state + '"]');
+    }
+    document.addEventListener("dragover", function (event) {
+      if (target(event)) event.preventDefault();
+    });
+    document.addEventListener("drop", function (event) {
+      const form = target(event);
+      dragged = null;
+      if (!form) return;
+      event.preventDefault();
+      const needed = form.querySelector("input[required]");
+      if (needed && !needed.value) {
+        form.closest("details").open = true;
+        needed.focus();
+        return;
+      }
+      form.requestSubmit();
+    });
+    draggable();
+  }
+
+  function draggable() {
+    document.querySelectorAll("li.card").forEach(function (card) {
+      if (card.querySelector("form[data-to]")) card.draggable = true;
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     const liveMain = document.querySelector("main[data-live]");
     if (liveMain) {
       liveMain.addEventListener("input", function () {
         typing = Array.from(liveMain.querySelectorAll("input, textarea")).some(function (field) {
+          if (field.type === "checkbox" || field.type === "radio") {
+            return field.checked !== field.defaultChecked;
+          }
           return field.type !== "hidden" && field.value !== field.defaultValue;
         });
       });
     }
     reviewForm();
+    boardMoves();
     const main = document.querySelector("main[data-live]");
     if (main && main.dataset.events && window.EventSource) listen(main.dataset.events);
     countdowns();
