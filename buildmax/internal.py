@@ -26,7 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+)
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -95,13 +102,15 @@ class InternalApi:
         json: Any = None,
         params: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
-        content: bytes | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
         content_type: str = "application/octet-stream",
     ) -> Any:
         """The decoded answer of a 2xx (``None`` when empty); the answer's
         :class:`~buildmax.problems.Problem` for any other status. ``content``
         is the body of a route that takes raw bytes (an upload), sent as
-        ``content_type``; ``json`` that of every other route."""
+        ``content_type``: bytes, or chunks the route reads as they come (a
+        relayed upload, never held whole); ``json`` that of every other
+        route."""
         refuse_nested()
         _checked_path(path)
         headers: dict[bytes, bytes] = {}

@@ -11,7 +11,7 @@ from buildmax.app import BuildMax
 
 @hookimpl
 def buildmax_blueprints(app: BuildMax) -> list[Any]:
-    from . import editing, pages  # noqa: F401  (their routes join the blueprint)
+    from . import editing, pages, plugin_pages  # noqa: F401  (their routes join the blueprint)
     from .web import blueprint, root
 
     return [blueprint, root]

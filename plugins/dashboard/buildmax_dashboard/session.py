@@ -87,6 +87,17 @@ async def checked_form(session: Session) -> dict[str, str]:
     return await _form_carrying(session.csrf, header=True)
 
 
+def checked_upload(session: Session) -> None:
+    """A state-changing request whose body is not a form (an upload sent by
+    the page's script): its CSRF token must be in the fetch header and it
+    must come from this site; 403 otherwise, before a byte of the body is
+    read."""
+    _require_same_origin()
+    given = request.headers.get(CSRF_HEADER, "")
+    if not hmac.compare_digest(given.encode(), session.csrf.encode()):
+        raise Forbidden("the upload's security token is missing or stale: reload the page")
+
+
 async def _form_carrying(expected: str, *, header: bool) -> dict[str, str]:
     """The posted form if it carries ``expected`` as its CSRF token (in its
     field, or with ``header`` in the fetch header) and came from this site."""

@@ -168,6 +168,55 @@
     });
   }
 
+  // The catalog's publish form: the archive goes as the request's body
+  // (with the form's CSRF token in a header), and the bar shows how much
+  // of it has been sent. The answer is the plugin's page, or a refusal
+  // whose words are shown here.
+  function publishForm() {
+    const form = document.getElementById("publish-form");
+    if (!form) return;
+    const bar = document.getElementById("p-progress");
+    const status = document.getElementById("p-status");
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      const file = form.querySelector("input[type=file]").files[0];
+      const name = form.querySelector("input[name=name]").value;
+      if (!file) return;
+      const request = new XMLHttpRequest();
+      request.open("POST", form.action + "?name=" + encodeURIComponent(name));
+      request.setRequestHeader("X-CSRF-Token", form.dataset.csrf);
+      request.setRequestHeader("Content-Type", "application/octet-stream");
+      request.responseType = "document";
+      bar.hidden = false;
+      bar.value = 0;
+      status.textContent = "Uploading " + file.name + "…";
+      request.upload.addEventListener("progress", function (p) {
+        if (p.lengthComputable) {
+          bar.value = Math.round((100 * p.loaded) / p.total);
+          status.textContent = "Uploading " + file.name + ": " + bar.value + "%";
+        }
+      });
+      request.upload.addEventListener("load", function () {
+        status.textContent = "Uploaded; the server is checking the archive…";
+      });
+      request.addEventListener("load", function () {
+        if (request.status === 200 && request.responseURL.indexOf("/ui/catalog/") !== -1) {
+          window.location.assign(request.responseURL);
+          return;
+        }
+        const main = request.response && request.response.querySelector("main");
+        const words = main ? main.textContent.replace(/\s+/g, " ").trim() : "";
+        status.textContent = "Not published (" + request.status + "): " + words;
+        status.classList.add("problem");
+      });
+      request.addEventListener("error", function () {
+        status.textContent = "The upload failed: the server could not be reached.";
+        status.classList.add("problem");
+      });
+      request.send(file);
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     const liveMain = document.querySelector("main[data-live]");
     if (liveMain) {
@@ -182,6 +231,7 @@
     }
     reviewForm();
     boardMoves();
+    publishForm();
     const main = document.querySelector("main[data-live]");
     if (main && main.dataset.events && window.EventSource) listen(main.dataset.events);
     countdowns();
