@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
 from buildmax.config import Config
@@ -52,6 +53,8 @@ class Site:
     owner_name: str
     space: dict[str, Any]
     project: dict[str, Any]
+    #: A person (with a password) holding the system admin role.
+    admin_name: str = "sam"
 
     @property
     def base(self) -> str:
@@ -136,7 +139,8 @@ def server(engine: str, tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 async def site(server: Any, engine: str) -> AsyncIterator[Site]:
     """A space with a project: a person who owns it (with a password), a
-    viewer (with a password) and a member agent (with a token)."""
+    viewer (with a password), a member agent (with a token), and a system
+    admin person (with a password)."""
     token = _ADMIN_TOKEN.findall(server.log())[0]
     clients: list[httpx.AsyncClient] = []
     admin = await _as(server.url, token)
@@ -151,6 +155,13 @@ async def site(server: Any, engine: str) -> AsyncIterator[Site]:
             )
             for name in ("ada", "vic")
         }
+        await _ok(
+            await admin.post(
+                "/v1/principals",
+                json={"kind": "human", "name": "sam", "password": PASSWORD, "system_role": "admin"},
+            ),
+            201,
+        )
         bot = await _ok(
             await admin.post("/v1/principals", json={"kind": "agent", "name": "bot"}), 201
         )
@@ -223,3 +234,20 @@ def shots_dir(site: Site) -> Path:
     path = ARTIFACTS / site.engine
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+async def page_problems(page: Page, label: str, width: int) -> list[str]:
+    """What is wrong with the page as shown: serious or critical axe
+    violations, and any horizontal scrolling."""
+    found: list[str] = []
+    overflow = await page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    if overflow > 0:
+        found.append(f"{label}: scrolls {overflow} px sideways at {width} px")
+    results = await Axe().run(page)
+    for violation in results.response["violations"]:
+        if violation["impact"] in ("serious", "critical"):
+            targets = [node["target"] for node in violation["nodes"]][:3]
+            found.append(f"{label}: {violation['id']} ({violation['impact']}) at {targets}")
+    return found

@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Page, expect
 
-from .conftest import PASSWORD, Site, Watch, _ok, shots_dir, sign_in
+from .conftest import PASSWORD, Site, Watch, _ok, page_problems, shots_dir, sign_in
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -237,14 +236,14 @@ async def test_every_page_is_accessible_and_fits_from_320_px_light_and_dark(brow
             try:
                 page = await context.new_page()
                 await page.goto(site.page_url("/ui/sign-in"))
-                problems += await _check(page, f"sign-in {scheme} {size}", width)
+                problems += await page_problems(page, f"sign-in {scheme} {size}", width)
                 await page.screenshot(
                     path=str(shots / f"sign-in-{size}-{scheme}.png"), full_page=True
                 )
                 await sign_in(page, site, site.owner_name)
                 for name, path in pages.items():
                     await page.goto(site.page_url(path))
-                    problems += await _check(page, f"{name} {scheme} {size}", width)
+                    problems += await page_problems(page, f"{name} {scheme} {size}", width)
                     await page.screenshot(
                         path=str(shots / f"{name}-{size}-{scheme}.png"), full_page=True
                     )
@@ -252,23 +251,6 @@ async def test_every_page_is_accessible_and_fits_from_320_px_light_and_dark(brow
                 await context.close()
     assert claim["attempt"]["id"]
     assert problems == [], "\n".join(problems)
-
-
-async def _check(page: Page, label: str, width: int) -> list[str]:
-    """What is wrong with the page as shown: serious or critical axe
-    violations, and any horizontal scrolling."""
-    found: list[str] = []
-    overflow = await page.evaluate(
-        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-    )
-    if overflow > 0:
-        found.append(f"{label}: scrolls {overflow} px sideways at {width} px")
-    results = await Axe().run(page)
-    for violation in results.response["violations"]:
-        if violation["impact"] in ("serious", "critical"):
-            targets = [node["target"] for node in violation["nodes"]][:3]
-            found.append(f"{label}: {violation['id']} ({violation['impact']}) at {targets}")
-    return found
 
 
 async def test_a_viewer_gets_no_task_action_and_a_stranger_gets_404_everywhere(
