@@ -11,7 +11,13 @@ from buildmax.app import BuildMax
 
 @hookimpl
 def buildmax_blueprints(app: BuildMax) -> list[Any]:
-    from . import editing, pages, plugin_pages  # noqa: F401  (their routes join the blueprint)
+    from . import (  # noqa: F401  (their routes join the blueprint)
+        admin_pages,
+        audit_pages,
+        editing,
+        pages,
+        plugin_pages,
+    )
     from .web import blueprint, root
 
     return [blueprint, root]

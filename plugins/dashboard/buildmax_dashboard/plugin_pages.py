@@ -190,11 +190,31 @@ async def _plugin_page(name: str, problem: Problem | None) -> Response:
     body = await render(
         "catalog_plugin.html",
         plugin=shown,
+        names=await _principal_names(
+            {r["published_by"] for r in shown["releases"]}
+            | {r["eligible_by"] for r in shown["releases"] if r["eligible_by"]}
+        ),
         problem=problem,
         done=done if done in ("published", "eligible", "ineligible") else None,
         version=request.args.get("version"),
     )
     return html(body, problem.status if problem else 200)
+
+
+async def _principal_names(ids: set[str]) -> dict[str, str]:
+    """The names of the principals ``ids`` the person may look up (a system
+    admin: all; anyone else: themselves); the others stay ids."""
+    reader = api()
+    found = await asyncio.gather(*(_optional_principal(reader, i) for i in sorted(ids)))
+    return {p["id"]: p["name"] for p in found if p is not None}
+
+
+async def _optional_principal(reader: InternalApi, principal_id: str) -> dict[str, Any] | None:
+    try:
+        shown: dict[str, Any] = await reader.get(f"/v1/principals/{quote(principal_id, safe='')}")
+    except Problem:
+        return None
+    return shown
 
 
 @blueprint.post("/ui/catalog/<name>/releases/<version>/eligibility")
