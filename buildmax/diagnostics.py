@@ -104,7 +104,12 @@ def render_attention(item: Attention, slugs: dict[int, str]) -> dict[str, Any]:
 
 def render_gauge(gauge: Gauge) -> dict[str, Any]:
     """One fact as the API shows it."""
-    return {"name": gauge.name, "value": gauge.value, "labels": dict(gauge.labels)}
+    return {
+        "name": gauge.name,
+        "help": gauge.help,
+        "value": gauge.value,
+        "labels": dict(gauge.labels),
+    }
 
 
 async def per_space_gauges(

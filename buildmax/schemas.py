@@ -318,6 +318,7 @@ class AttentionList(Schema):
 
 class GaugeOut(Schema):
     name = fields.String()
+    help = fields.String()
     value = fields.Float()
     labels = fields.Dict(keys=fields.String(), values=fields.String())
 

@@ -261,6 +261,7 @@ async def test_the_facts_show_the_disk_under_its_reserve(app, client, admin):
     assert body["attention"][0]["kind"] == "disk.reserve"  # critical first
     free = [f for f in body["facts"] if f["name"] == "buildmax_disk_free_bytes"]
     assert free and all(f["value"] == 1000 for f in free)
+    assert free[0]["help"] == "Free bytes where the server writes"  # as /metrics says
 
 
 async def _fail_sign_in(client: Any, name: str, headers: Any) -> int:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote
 
 from buildmax.problems import NotFound
+
+from .web import seg
 
 #: An action's route (under the space) and body, from the task's id and
 #: the posted form.
@@ -23,20 +24,16 @@ Call = tuple[str, dict[str, Any]]
 _NUMBER = re.compile(r"[0-9]{1,11}")
 
 
-def _seg(value: str) -> str:
-    return quote(value, safe="")
-
-
 def _cancel(task: str, form: Mapping[str, str]) -> Call:
     reason = form.get("reason", "")
     body: dict[str, Any] = {"reason": reason}
     if form.get("override"):
         body["override_reason"] = reason
-    return f"/tasks/{_seg(task)}/cancel", body
+    return f"/tasks/{seg(task)}/cancel", body
 
 
 def _retry(task: str, form: Mapping[str, str]) -> Call:
-    return f"/tasks/{_seg(task)}/retry", {}
+    return f"/tasks/{seg(task)}/retry", {}
 
 
 def _hold(task: str, form: Mapping[str, str]) -> Call:
@@ -49,13 +46,13 @@ def _hold(task: str, form: Mapping[str, str]) -> Call:
 
 
 def _lift(task: str, form: Mapping[str, str]) -> Call:
-    return f"/holds/{_seg(form.get('hold', ''))}/lift", {}
+    return f"/holds/{seg(form.get('hold', ''))}/lift", {}
 
 
 def _cancel_attempt(task: str, form: Mapping[str, str]) -> Call:
     generation = form.get("generation", "")
     reason = form.get("reason", "")
-    return f"/attempts/{_seg(form.get('attempt', ''))}/cancel", {
+    return f"/attempts/{seg(form.get('attempt', ''))}/cancel", {
         "generation": int(generation) if _NUMBER.fullmatch(generation) else generation,
         "reason": reason,
         "override_reason": reason,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from quart import Response, request
 
@@ -27,19 +27,15 @@ from buildmax.roles import PRINCIPAL_KINDS, SPACE_ROLES, SYSTEM_ROLES
 
 from . import admin_forms, admin_views
 from .session import checked_form
-from .web import api, blueprint, html, page, redirect, render, signed_in, space_path, ui_path
+from .web import api, blueprint, html, page, redirect, render, seg, signed_in, space_path, ui_path
 
 #: A page shown again after a post: its body for a refusal (``problem``)
 #: or for a new token (``issued``).
 Again = Callable[..., Awaitable[str]]
 
 
-def _seg(value: str) -> str:
-    return quote(value, safe="")
-
-
 def _principal_url(ref: str) -> str:
-    return f"/ui/principals/{_seg(ref)}"
+    return f"/ui/principals/{seg(ref)}"
 
 
 def _done(target: str, what: str) -> Response:
@@ -110,7 +106,7 @@ async def set_disabled(ref: str) -> Response:
     from_list = form.get("back") == "list"
     again: Again = _principals if from_list else _principal_again(ref)
     try:
-        await api().request("PATCH", f"/v1/principals/{_seg(ref)}", json={"disabled": disabled})
+        await api().request("PATCH", f"/v1/principals/{seg(ref)}", json={"disabled": disabled})
     except Problem as refused:
         return await _refused(again, refused)
     target = "/ui/principals" if from_list else _principal_url(ref)
@@ -164,7 +160,7 @@ async def rotate_token_of(ref: str, token: str) -> Response:
     """Rotate one of the principal's tokens (``POST
     /v1/tokens/{token}/rotate``): the new secret is on this answer only."""
     await checked_form(signed_in())
-    return await _issue(_principal_again(ref), f"/v1/tokens/{_seg(token)}/rotate", None)
+    return await _issue(_principal_again(ref), f"/v1/tokens/{seg(token)}/rotate", None)
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -214,7 +210,7 @@ async def rotate_token(token: str) -> Response:
     """Rotate one of the person's tokens (``POST /v1/tokens/{token}/rotate``):
     the new secret is on this answer only."""
     await checked_form(signed_in())
-    return await _issue(_tokens, f"/v1/tokens/{_seg(token)}/rotate", None)
+    return await _issue(_tokens, f"/v1/tokens/{seg(token)}/rotate", None)
 
 
 async def _issue(again: Again, path: str, body: dict[str, Any] | None) -> Response:
@@ -230,7 +226,7 @@ async def _issue(again: Again, path: str, body: dict[str, Any] | None) -> Respon
 async def _revoke(again: Again, back: str, token: str) -> Response:
     """Revoke ``token``; back to ``back``, or the page again with the refusal."""
     try:
-        await api().request("DELETE", f"/v1/tokens/{_seg(token)}")
+        await api().request("DELETE", f"/v1/tokens/{seg(token)}")
     except Problem as refused:
         return await _refused(again, refused)
     return _done(back, "revoked")

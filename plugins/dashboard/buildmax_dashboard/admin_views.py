@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import quote
 
 from buildmax.clock import from_rfc3339
 from buildmax.current import current_buildmax
 from buildmax.internal import InternalApi
 from buildmax.problems import Problem
+
+from .web import seg
 
 #: Principals, tokens and members a page lists before "next page".
 PAGE_SIZE = 50
@@ -25,10 +26,6 @@ HOLDS_PAGE = 100
 RECENT_HOLDS = 50
 #: Projects (to name a hold's) and members (to name who placed it) read.
 NAMES = 200
-
-
-def _seg(value: str) -> str:
-    return quote(value, safe="")
 
 
 def _paging(size: int, cursor: str | None) -> dict[str, str]:
@@ -47,7 +44,7 @@ async def principals_view(api: InternalApi, cursor: str | None) -> dict[str, Any
 async def principal_view(api: InternalApi, ref: str, cursor: str | None) -> dict[str, Any]:
     """A principal and a page of its tokens; ``tokens`` is ``None`` for a
     reader the API does not show them to (an operator)."""
-    principal = await api.get(f"/v1/principals/{_seg(ref)}")
+    principal = await api.get(f"/v1/principals/{seg(ref)}")
     try:
         tokens = await _tokens(api, {"principal": principal["id"]}, cursor)
     except Problem as refused:
@@ -81,7 +78,7 @@ def token_status(token: dict[str, Any], now: int) -> str:
 
 async def members_view(api: InternalApi, space: str, cursor: str | None) -> dict[str, Any]:
     """A space and a page of its members, by name."""
-    base = f"/v1/spaces/{_seg(space)}"
+    base = f"/v1/spaces/{seg(space)}"
     shown, members = await asyncio.gather(
         api.get(base), api.get(f"{base}/members", _paging(PAGE_SIZE, cursor))
     )
@@ -98,7 +95,7 @@ async def holds_view(api: InternalApi, space: str, cursor: str | None) -> dict[s
     among its :data:`RECENT_HOLDS` newest, its projects (by id: a hold's
     scope and the form's choices) and its members' names (who placed and
     lifted each)."""
-    base = f"/v1/spaces/{_seg(space)}"
+    base = f"/v1/spaces/{seg(space)}"
     shown, live, recent, projects, members = await asyncio.gather(
         api.get(base),
         api.get(f"{base}/holds", _paging(HOLDS_PAGE, cursor)),

@@ -18,7 +18,6 @@ import asyncio
 import json
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
-from urllib.parse import quote
 
 from quart import Response, request
 
@@ -27,7 +26,18 @@ from buildmax.clock import to_rfc3339
 from buildmax.internal import InternalApi
 from buildmax.problems import Problem
 
-from .web import api, blueprint, html, page, render, signed_in, space_path, ui_path
+from .web import (
+    api,
+    blueprint,
+    html,
+    page,
+    principal_names,
+    render,
+    seg,
+    signed_in,
+    space_path,
+    ui_path,
+)
 
 #: Events an audit page shows.
 PAGE_SIZE = 50
@@ -201,9 +211,7 @@ async def _names(api: InternalApi, caller: Caller, ids: set[str]) -> dict[str, s
     read any principal (system admins and operators); nobody else's."""
     if not (caller.is_admin or caller.is_operator) or not ids:
         return {}
-    ordered = sorted(ids)
-    shown = await asyncio.gather(*(_optional(api.get(f"/v1/principals/{_q(i)}")) for i in ordered))
-    return {i: p["name"] for i, p in zip(ordered, shown, strict=True) if p is not None}
+    return await principal_names(ids)
 
 
 def event_row(event: Mapping[str, Any], names: Mapping[str, str], caller: Caller) -> dict[str, Any]:
@@ -246,7 +254,7 @@ def target_href(event: Mapping[str, Any], caller: Caller) -> str | None:
         owner = details.get("principal_id") or event["actor"]["id"]
         return _token_href(owner, caller)
     if kind == "catalog_plugin" and not (space and action.startswith("activation.")):
-        return f"/ui/catalog/{_q(ident)}"
+        return f"/ui/catalog/{seg(ident)}"
     if not space:
         return None
     return _space_href(space, kind, ident, action, details)
@@ -254,7 +262,7 @@ def target_href(event: Mapping[str, Any], caller: Caller) -> str | None:
 
 def _principal_href(ident: str, space: str | None, action: str, caller: Caller) -> str | None:
     if caller.is_admin:
-        return f"/ui/principals/{_q(ident)}"
+        return f"/ui/principals/{seg(ident)}"
     if space and action.startswith("space.member."):
         return ui_path(space, "members")
     return None
@@ -265,7 +273,7 @@ def _token_href(owner: Any, caller: Caller) -> str | None:
         return None
     if owner == caller.actor.principal_id:
         return "/ui/tokens"
-    return f"/ui/principals/{_q(owner)}" if caller.is_admin else None
+    return f"/ui/principals/{seg(owner)}" if caller.is_admin else None
 
 
 def _space_href(
@@ -375,15 +383,3 @@ _UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _q(value: str) -> str:
-    return quote(value, safe="")
-
-
-async def _optional(reading: Any) -> Any:
-    """What ``reading`` answers, or ``None`` if the API refuses it."""
-    try:
-        return await reading
-    except Problem:
-        return None

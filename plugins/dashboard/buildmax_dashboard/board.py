@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
 from buildmax.internal import InternalApi
-from buildmax.problems import Problem
 
 from . import artifacts
+from .web import optional, seg
 
 #: The board's columns, in the order work moves through them.
 STATES = ("open", "ready", "claimed", "waiting", "done", "failed", "canceled")
@@ -39,12 +38,8 @@ SEVERITIES = ("blocker", "major", "minor", "note")
 FILTERS = ("state", "kind", "min_priority", "label", "agent", "q")
 
 
-def _seg(value: str) -> str:
-    return quote(value, safe="")
-
-
 async def _attention(api: InternalApi, space_id: str) -> list[dict[str, Any]]:
-    answer = await api.get(f"/v1/spaces/{_seg(space_id)}/attention")
+    answer = await api.get(f"/v1/spaces/{seg(space_id)}/attention")
     items: list[dict[str, Any]] = answer["items"]
     return items
 
@@ -55,7 +50,7 @@ async def _counts(
     """Tasks by state (of one project when given); ``None`` when the tasks
     plugin does not answer."""
     params = {"project": project_id} if project_id else None
-    counted = await _optional(api.get(f"/v1/spaces/{_seg(space_id)}/task-counts", params))
+    counted = await optional(api.get(f"/v1/spaces/{seg(space_id)}/task-counts", params))
     return counted["states"] if counted else None
 
 
@@ -77,14 +72,14 @@ async def spaces_with_attention(api: InternalApi) -> list[dict[str, Any]]:
 async def space_view(api: InternalApi, space: str) -> dict[str, Any]:
     """A space, its attention list, its projects, its pending decisions and
     the review work nobody has recorded yet."""
-    base = f"/v1/spaces/{_seg(space)}"
+    base = f"/v1/spaces/{seg(space)}"
     shown, attention, counts, projects, decisions, reviews = await asyncio.gather(
         api.get(base),
         _attention(api, space),
         _counts(api, space),
         api.get(f"{base}/projects", {"limit": "200"}),
         api.get(f"{base}/decisions", {"limit": "200"}),
-        _optional(api.get(f"{base}/reviews", {"kind": "review", "pending": "true", "limit": "50"})),
+        optional(api.get(f"{base}/reviews", {"kind": "review", "pending": "true", "limit": "50"})),
     )
     return {
         "space": shown,
@@ -101,9 +96,9 @@ async def board_view(
 ) -> dict[str, Any]:
     """A project's tasks by state. Without a state filter each column shows
     its newest :data:`COLUMN_SIZE`; with one, that column alone, paged."""
-    base = f"/v1/spaces/{_seg(space)}"
+    base = f"/v1/spaces/{seg(space)}"
     shown_space, shown_project, counts = await asyncio.gather(
-        api.get(base), api.get(f"{base}/projects/{_seg(project)}"), _counts(api, space, project)
+        api.get(base), api.get(f"{base}/projects/{seg(project)}"), _counts(api, space, project)
     )
     filters = {key: args[key] for key in FILTERS if args.get(key)}
     query = {"project": shown_project["id"], **filters}
@@ -145,8 +140,8 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
     decisions, artifacts (previewed), review work and findings, its audit
     trail when the person may read it, and the names of the space's members
     (who did what)."""
-    base = f"/v1/spaces/{_seg(space)}"
-    at = f"{base}/tasks/{_seg(task)}"
+    base = f"/v1/spaces/{seg(space)}"
+    at = f"{base}/tasks/{seg(task)}"
     shown_space, shown = await asyncio.gather(api.get(base), api.get(at))
     revisions, dependencies, attempts, submissions, decisions, members = await asyncio.gather(
         api.get(f"{at}/revisions", {"limit": "50"}),
@@ -157,9 +152,9 @@ async def task_view(api: InternalApi, space: str, task: str) -> dict[str, Any]:
         api.get(f"{base}/members", {"limit": "200"}),
     )
     project, artifact_page, review_page, audit = await asyncio.gather(
-        _optional(api.get(f"{base}/projects/{_seg(shown['project_id'])}")),
+        optional(api.get(f"{base}/projects/{seg(shown['project_id'])}")),
         api.get(f"{base}/artifacts", {"task": shown["id"], "limit": "50"}),
-        _optional(api.get(f"{base}/reviews", {"subject": shown["id"], "limit": "50"})),
+        optional(api.get(f"{base}/reviews", {"subject": shown["id"], "limit": "50"})),
         _audit_of(api, shown_space, shown["id"]),
     )
     shown_artifacts, checkpoints = await asyncio.gather(
@@ -191,8 +186,8 @@ async def _checkpoints(
     if not attempts:
         return None
     latest = max(attempts, key=lambda a: a["generation"])
-    page = await _optional(
-        api.get(f"{base}/attempts/{_seg(latest['id'])}/checkpoints", {"limit": str(CHECKPOINTS)})
+    page = await optional(
+        api.get(f"{base}/attempts/{seg(latest['id'])}/checkpoints", {"limit": str(CHECKPOINTS)})
     )
     if page is None:
         return None
@@ -204,8 +199,8 @@ async def _audit_of(
 ) -> list[dict[str, Any]] | None:
     """The audit trail of ``target`` (newest first), for those the audit
     plugin lets read the space's trail; ``None`` for the others."""
-    page = await _optional(
-        api.get(f"/v1/spaces/{_seg(space['id'])}/audit", {"target": target, "limit": "100"})
+    page = await optional(
+        api.get(f"/v1/spaces/{seg(space['id'])}/audit", {"target": target, "limit": "100"})
     )
     return page["items"] if page else None
 
@@ -214,20 +209,20 @@ async def review_view(api: InternalApi, space: str, work: str) -> dict[str, Any]
     """A review work item: what it reviews (the subject task and its
     submission, with the submission's artifacts, diffs first), what was
     recorded on it, and every finding on the subject's work so far."""
-    base = f"/v1/spaces/{_seg(space)}"
+    base = f"/v1/spaces/{seg(space)}"
     shown_space, item, work_task = await asyncio.gather(
         api.get(base),
-        api.get(f"{base}/reviews/{_seg(work)}"),
-        api.get(f"{base}/tasks/{_seg(work)}"),
+        api.get(f"{base}/reviews/{seg(work)}"),
+        api.get(f"{base}/tasks/{seg(work)}"),
     )
     subject, submission, findings, members = await asyncio.gather(
-        api.get(f"{base}/tasks/{_seg(item['subject_id'])}"),
-        api.get(f"{base}/submissions/{_seg(item['submission_id'])}"),
+        api.get(f"{base}/tasks/{seg(item['subject_id'])}"),
+        api.get(f"{base}/submissions/{seg(item['submission_id'])}"),
         api.get(f"{base}/findings", {"subject": item["subject_id"], "limit": "200"}),
         api.get(f"{base}/members", {"limit": "200"}),
     )
     metadata = await asyncio.gather(
-        *(_optional(api.get(f"{base}/artifacts/{_seg(a)}")) for a in submission["artifacts"])
+        *(optional(api.get(f"{base}/artifacts/{seg(a)}")) for a in submission["artifacts"])
     )
     shown_artifacts = await artifacts.previews(
         api, space, [a for a in metadata if a is not None], artifacts.REVIEW_PAGE_BYTES
@@ -259,16 +254,8 @@ def by_line(findings: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[s
 
 async def decisions_view(api: InternalApi, space: str) -> dict[str, Any]:
     """The space's pending decisions."""
-    base = f"/v1/spaces/{_seg(space)}"
+    base = f"/v1/spaces/{seg(space)}"
     shown_space, decisions = await asyncio.gather(
         api.get(base), api.get(f"{base}/decisions", {"limit": "200"})
     )
     return {"space": shown_space, "decisions": decisions["items"]}
-
-
-async def _optional(reading: Any) -> Any:
-    """What ``reading`` answers, or ``None`` if the API refuses it."""
-    try:
-        return await reading
-    except Problem:
-        return None

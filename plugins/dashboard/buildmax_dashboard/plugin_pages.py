@@ -25,7 +25,18 @@ from buildmax.problems import Problem, ValidationFailed
 from buildmax.streaming import allow_body
 
 from .session import checked_form, checked_upload
-from .web import api, blueprint, html, page, redirect, render, signed_in, space_path, ui_path
+from .web import (
+    api,
+    blueprint,
+    html,
+    page,
+    principal_names,
+    redirect,
+    render,
+    signed_in,
+    space_path,
+    ui_path,
+)
 
 #: Plugins of the catalog a page lists.
 CATALOG_PAGE = 100
@@ -190,7 +201,7 @@ async def _plugin_page(name: str, problem: Problem | None) -> Response:
     body = await render(
         "catalog_plugin.html",
         plugin=shown,
-        names=await _principal_names(
+        names=await principal_names(
             {r["published_by"] for r in shown["releases"]}
             | {r["eligible_by"] for r in shown["releases"] if r["eligible_by"]}
         ),
@@ -199,22 +210,6 @@ async def _plugin_page(name: str, problem: Problem | None) -> Response:
         version=request.args.get("version"),
     )
     return html(body, problem.status if problem else 200)
-
-
-async def _principal_names(ids: set[str]) -> dict[str, str]:
-    """The names of the principals ``ids`` the person may look up (a system
-    admin: all; anyone else: themselves); the others stay ids."""
-    reader = api()
-    found = await asyncio.gather(*(_optional_principal(reader, i) for i in sorted(ids)))
-    return {p["id"]: p["name"] for p in found if p is not None}
-
-
-async def _optional_principal(reader: InternalApi, principal_id: str) -> dict[str, Any] | None:
-    try:
-        shown: dict[str, Any] = await reader.get(f"/v1/principals/{quote(principal_id, safe='')}")
-    except Problem:
-        return None
-    return shown
 
 
 @blueprint.post("/ui/catalog/<name>/releases/<version>/eligibility")

@@ -11,6 +11,7 @@ called in-process as the signed-in person.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from functools import wraps
@@ -153,6 +154,32 @@ def safe_next(target: str) -> str:
 def html(body: str, status: int = 200) -> Response:
     """An HTML answer: a page shown again with a refusal keeps its status."""
     return Response(body, status=status, content_type="text/html; charset=utf-8")
+
+
+def seg(value: str) -> str:
+    """``value`` as one path segment, quoted whole (a typed id cannot reach
+    another route)."""
+    return quote(value, safe="")
+
+
+async def optional(reading: Awaitable[Any]) -> Any:
+    """What ``reading`` (an API call) answers, or ``None`` if the API
+    refuses it."""
+    try:
+        return await reading
+    except Problem:
+        return None
+
+
+async def principal_names(ids: set[str]) -> dict[str, str]:
+    """The names of the principals ``ids`` the person may look up (a system
+    admin or operator: any; anyone else: themselves); the others stay out."""
+    reader = api()
+    ordered = sorted(ids)
+    found = await asyncio.gather(
+        *(optional(reader.get(f"/v1/principals/{seg(i)}")) for i in ordered)
+    )
+    return {i: p["name"] for i, p in zip(ordered, found, strict=True) if p is not None}
 
 
 def space_path(space: str, *segments: str) -> str:

@@ -218,8 +218,13 @@ async def test_a_space_admin_holds_releases_and_cancels_in_bulk(
     held = await b.post(
         bulk,
         (
-            [("csrf", b.csrf), ("action", "hold"), ("strength", "suspended"), ("reason", "freeze")]
-            + picked
+            [
+                ("csrf", b.csrf),
+                ("action", "hold"),
+                ("strength", "suspended"),
+                ("reason", "freeze"),
+                *picked,
+            ]
         ),
     )
     page = await held.get_data(as_text=True)
@@ -229,13 +234,13 @@ async def test_a_space_admin_holds_releases_and_cancels_in_bulk(
         assert hold["reason"] == "freeze"
     assert len(audit_log.of("hold.created")) == 2
     released = await b.post(
-        bulk, ([("csrf", b.csrf), ("action", "release"), ("reason", "")] + picked)
+        bulk, ([("csrf", b.csrf), ("action", "release"), ("reason", ""), *picked])
     )
     assert released.status_code == 200
     for task in (one, two):
         assert (await _shown(client, team, task["id"]))["held_by"] == []
     canceled = await b.post(
-        bulk, ([("csrf", b.csrf), ("action", "cancel"), ("reason", "dropped")] + picked)
+        bulk, ([("csrf", b.csrf), ("action", "cancel"), ("reason", "dropped"), *picked])
     )
     assert canceled.status_code == 200
     assert {(await _shown(client, team, t["id"]))["state"] for t in (one, two)} == {"canceled"}
