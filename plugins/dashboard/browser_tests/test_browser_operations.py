@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 from playwright.async_api import Page, expect
 
 from .conftest import Site, _ok, sign_in
@@ -217,3 +218,70 @@ async def test_a_viewer_sees_no_editing_or_plugin_control_and_forged_posts_are_r
     assert (await _ok(await site.owner.get(f"{site.base}/plugins")))["items"] == []
     tasks = await _ok(await site.owner.get(f"{site.base}/tasks"))
     assert [(t["title"], t["state"]) for t in tasks["items"]] == [("guarded", "ready")]
+
+
+async def test_a_principal_and_its_token_are_made_in_the_browser_shown_once_and_revoked(
+    context, site
+):
+    page = await context.new_page()
+    await sign_in(page, site, site.admin_name, "/ui/principals")
+    await page.get_by_label("Kind").select_option("agent")
+    await page.get_by_label(re.compile("^Name")).fill("ci-bot")
+    await page.get_by_role("button", name="Create the principal").click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("ci-bot")
+    made = await _ok(await site.admin.get("/v1/principals/ci-bot"))
+    assert made["kind"] == "agent"
+
+    await page.get_by_label("Name", exact=True).fill("deploy")
+    await page.get_by_role("button", name="Create a token").click()
+    secret = await page.get_by_label("Its secret").input_value()
+    assert secret.startswith("bmx_")
+    await expect(page.locator("main")).to_contain_text("will not be shown again")
+    async with httpx.AsyncClient(
+        base_url=site.url, headers={"Authorization": f"Bearer {secret}"}
+    ) as bot:
+        assert (await _ok(await bot.get("/v1/principals/me")))["name"] == "ci-bot"
+        await page.goto(site.page_url(f"/ui/principals/{made['id']}"))
+        await expect(page.get_by_label("Its secret")).to_have_count(0)
+        assert secret not in await page.content()
+        await page.get_by_role("button", name="Revoke deploy").click()
+        await expect(page.locator("main")).to_contain_text("revoked")
+        assert (await bot.get("/v1/principals/me")).status_code == 401
+    audited = await _ok(
+        await site.admin.get("/v1/audit", params={"action": "token.", "limit": "10"})
+    )
+    sam = await _name_of(site, site.admin_name)
+    actions = {(e["action"], e["actor"]["id"]) for e in audited["items"]}
+    assert {("token.created", sam), ("token.revoked", sam)} <= actions
+
+
+async def test_a_viewer_gets_no_administration_control_and_forged_posts_are_refused(context, site):
+    page = await context.new_page()
+    await sign_in(page, site, site.viewer_name)
+    space = f"/ui/spaces/{site.space['id']}"
+    await page.goto(site.page_url(f"{space}/members"))
+    await expect(page.get_by_role("heading", name="Add a member")).to_have_count(0)
+    await page.goto(site.page_url(f"{space}/holds"))
+    await expect(page.get_by_role("heading", name="Place a hold")).to_have_count(0)
+    answer = await page.goto(site.page_url("/ui/principals"))
+    assert answer is not None and answer.status == 403
+    await page.goto(site.page_url(f"{space}/members"))
+    csrf = await _csrf(page)
+    vic = await _name_of(site, site.viewer_name)
+    forged = {
+        f"{space}/members": {"principal": site.viewer_name, "role": "owner"},
+        f"{space}/members/remove": {"principal": site.owner_name},
+        f"{space}/holds": {"target": "", "strength": "stopped", "reason": "x"},
+        "/ui/principals": {"kind": "human", "name": "mallory", "password": "x" * 20},
+        f"/ui/principals/{vic}/disabled": {"disabled": "false"},
+    }
+    for path, form in forged.items():
+        answer = await page.request.post(site.page_url(path), form={"csrf": csrf, **form})
+        assert answer.status in (403, 404), (path, answer.status)
+        without = await page.request.post(site.page_url(path), form=form)
+        assert without.status == 403, path
+    members = await _ok(await site.owner.get(f"{site.base}/members"))
+    roles = {m["name"]: m["role"] for m in members["items"]}
+    assert (roles[site.viewer_name], roles[site.owner_name]) == ("viewer", "owner")
+    assert (await _ok(await site.owner.get(f"{site.base}/holds")))["items"] == []
+    assert (await site.admin.get("/v1/principals/mallory")).status_code == 404
