@@ -285,3 +285,20 @@ async def test_a_viewer_gets_no_administration_control_and_forged_posts_are_refu
     assert (roles[site.viewer_name], roles[site.owner_name]) == ("viewer", "owner")
     assert (await _ok(await site.owner.get(f"{site.base}/holds")))["items"] == []
     assert (await site.admin.get("/v1/principals/mallory")).status_code == 404
+
+
+async def test_a_card_moves_by_keyboard_alone(context, site):
+    task = await _task(site, "keyboard only")
+    page = await context.new_page()
+    await sign_in(page, site, site.owner_name)
+    await page.goto(site.page_url(f"/ui/spaces/{site.space['id']}/projects/{site.project['id']}/"))
+    card = page.locator("li.card", has_text="keyboard only")
+    await card.locator("summary").focus()
+    await page.keyboard.press("Enter")
+    await page.keyboard.press("Tab")
+    await expect(card.get_by_label("Reason")).to_be_focused()
+    await page.keyboard.type("done by hand")
+    await page.keyboard.press("Enter")
+    await page.wait_for_url(re.compile(r"done=cancel"))
+    shown = await _ok(await site.owner.get(f"{site.base}/tasks/{task['id']}"))
+    assert shown["state"] == "canceled"
