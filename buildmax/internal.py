@@ -104,18 +104,22 @@ class InternalApi:
         idempotency_key: str | None = None,
         content: bytes | AsyncIterable[bytes] | None = None,
         content_type: str = "application/octet-stream",
+        content_length: int | None = None,
     ) -> Any:
         """The decoded answer of a 2xx (``None`` when empty); the answer's
         :class:`~buildmax.problems.Problem` for any other status. ``content``
         is the body of a route that takes raw bytes (an upload), sent as
         ``content_type``: bytes, or chunks the route reads as they come (a
-        relayed upload, never held whole); ``json`` that of every other
-        route."""
+        relayed upload, never held whole, whose declared ``content_length``
+        the route then sees, as it would the client's); ``json`` that of
+        every other route."""
         refuse_nested()
         _checked_path(path)
         headers: dict[bytes, bytes] = {}
         if content is not None:
             headers[b"content-type"] = _header_value("Content-Type", content_type)
+        if content_length is not None:
+            headers[b"content-length"] = str(content_length).encode()
         if idempotency_key is not None:
             headers[HEADER.lower().encode()] = _header_value(HEADER, idempotency_key)
         transport = httpx.ASGITransport(app=self._asgi)

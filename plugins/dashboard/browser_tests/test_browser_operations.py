@@ -65,6 +65,7 @@ async def test_a_task_with_a_prerequisite_is_made_in_the_browser_and_a_stale_edi
     await page.goto(site.page_url(f"{space}/projects/{site.project['id']}/"))
     await page.get_by_role("link", name="New task").click()
     await page.get_by_label("Title").fill("build the walls")
+    await page.get_by_label("Body").fill("first line\nsecond line")
     await page.get_by_label("Acceptance criteria").fill("they stand")
     await page.get_by_label(re.compile("lay the foundation")).check()
     await page.get_by_role("button", name="Create the task").click()
@@ -80,6 +81,8 @@ async def test_a_task_with_a_prerequisite_is_made_in_the_browser_and_a_stale_edi
     assert [p["id"] for p in deps["prerequisites"]] == [first["id"]]
 
     await page.get_by_role("link", name="Edit the task and its prerequisites").click()
+    await page.get_by_role("button", name="Save").click()  # untouched: nothing to save
+    await expect(page.get_by_role("status")).to_contain_text("Nothing changed")
     await _ok(
         await site.owner.patch(
             f"{site.base}/tasks/{task_id}",

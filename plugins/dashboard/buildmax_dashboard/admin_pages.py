@@ -16,18 +16,31 @@ could show it again). It is never put in a URL, logged or shown later.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
 from quart import Response, request
 
-from buildmax.problems import Problem
+from buildmax.problems import Conflict, NotFound, Problem
 from buildmax.roles import PRINCIPAL_KINDS, SPACE_ROLES, SYSTEM_ROLES
 
 from . import admin_forms, admin_views
 from .session import checked_form
-from .web import api, blueprint, html, page, redirect, render, seg, signed_in, space_path, ui_path
+from .web import (
+    api,
+    blueprint,
+    html,
+    page,
+    redirect,
+    render,
+    request_key,
+    seg,
+    signed_in,
+    space_path,
+    ui_path,
+)
 
 #: A page shown again after a post: its body for a refusal (``problem``)
 #: or for a new token (``issued``).
@@ -143,7 +156,8 @@ async def create_token_for(ref: str) -> Response:
     """Create a token for the principal (``POST /v1/tokens`` with
     ``principal_id``): its secret is on this answer only."""
     form = await checked_form(signed_in())
-    return await _issue(_principal_again(ref), "/v1/tokens", admin_forms.token_body(form, ref))
+    body = admin_forms.token_body(form, ref)
+    return await _issue(_principal_again(ref), "/v1/tokens", body, request_key(form))
 
 
 @blueprint.post("/ui/principals/<ref>/tokens/<token>/revoke")
@@ -151,6 +165,7 @@ async def create_token_for(ref: str) -> Response:
 async def revoke_token_of(ref: str, token: str) -> Response:
     """Revoke one of the principal's tokens (``DELETE /v1/tokens/{token}``)."""
     await checked_form(signed_in())
+    await _token_of(ref, token)
     return await _revoke(_principal_again(ref), _principal_url(ref), token)
 
 
@@ -159,8 +174,28 @@ async def revoke_token_of(ref: str, token: str) -> Response:
 async def rotate_token_of(ref: str, token: str) -> Response:
     """Rotate one of the principal's tokens (``POST
     /v1/tokens/{token}/rotate``): the new secret is on this answer only."""
-    await checked_form(signed_in())
-    return await _issue(_principal_again(ref), f"/v1/tokens/{seg(token)}/rotate", None)
+    form = await checked_form(signed_in())
+    await _token_of(ref, token)
+    _not_this_session(token)
+    path = f"/v1/tokens/{seg(token)}/rotate"
+    return await _issue(_principal_again(ref), path, None, request_key(form))
+
+
+async def _token_of(ref: str, token: str) -> None:
+    """404 unless ``token`` is a token of the principal ``ref`` (a page acts
+    on its own principal's tokens only)."""
+    principal, shown = await asyncio.gather(
+        api().get(f"/v1/principals/{seg(ref)}"), api().get(f"/v1/tokens/{seg(token)}")
+    )
+    if shown["principal_id"] != principal["id"]:
+        raise NotFound("no such token of this principal")
+
+
+def _not_this_session(token: str) -> None:
+    """Rotating the session this very request signed in with would end it
+    halfway: the person signs out instead."""
+    if token == signed_in().caller.actor.token_id:
+        raise Conflict("this is your sign-in session: sign out to end it")
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -193,7 +228,8 @@ async def create_token() -> Response:
     """Create a token for the person (``POST /v1/tokens``): its secret is
     on this answer only."""
     form = await checked_form(signed_in())
-    return await _issue(_tokens, "/v1/tokens", admin_forms.token_body(form, None))
+    body = admin_forms.token_body(form, None)
+    return await _issue(_tokens, "/v1/tokens", body, request_key(form))
 
 
 @blueprint.post("/ui/tokens/<token>/revoke")
@@ -209,15 +245,19 @@ async def revoke_token(token: str) -> Response:
 async def rotate_token(token: str) -> Response:
     """Rotate one of the person's tokens (``POST /v1/tokens/{token}/rotate``):
     the new secret is on this answer only."""
-    await checked_form(signed_in())
-    return await _issue(_tokens, f"/v1/tokens/{seg(token)}/rotate", None)
+    form = await checked_form(signed_in())
+    _not_this_session(token)
+    return await _issue(_tokens, f"/v1/tokens/{seg(token)}/rotate", None, request_key(form))
 
 
-async def _issue(again: Again, path: str, body: dict[str, Any] | None) -> Response:
+async def _issue(again: Again, path: str, body: dict[str, Any] | None, key: str | None) -> Response:
     """Create or rotate a token and answer with the page showing its secret,
-    this once (201, as the API answers); a refusal shows the page again."""
+    this once (201, as the API answers); a refusal shows the page again.
+    ``key`` is the form's idempotency key: the same form posted again (a
+    reload) makes no second token; the API revokes the secret of the first
+    answer, unseen now, and shows a fresh one."""
     try:
-        issued = await api().request("POST", path, json=body)
+        issued = await api().request("POST", path, json=body, idempotency_key=key)
     except Problem as refused:
         return await _refused(again, refused)
     return html(await again(issued=issued), 201)

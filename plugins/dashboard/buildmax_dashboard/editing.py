@@ -17,7 +17,7 @@ from typing import Any
 
 from quart import Response, request
 
-from buildmax.problems import Problem
+from buildmax.problems import NotFound, Problem
 
 from . import task_forms
 from .board import KINDS
@@ -197,13 +197,13 @@ async def bulk(space: str, project: str) -> Response:
     if action not in task_forms.BULK_ACTIONS:
         action = ""
     chosen, problem = task_forms.bulk_selection(posted)
-    outcomes: list[dict[str, Any]] = []
-    if problem is None and action:
-        for task in chosen:
-            outcomes.append(await _bulk_one(space, action, task, form))
     shown_space, shown_project = await asyncio.gather(
         api().get(space_path(space)), api().get(space_path(space, "projects", project))
     )
+    outcomes: list[dict[str, Any]] = []
+    if problem is None and action:
+        for task in chosen:
+            outcomes.append(await _bulk_one(space, shown_project["id"], action, task, form))
     body = await render(
         "bulk.html",
         space=shown_space,
@@ -229,10 +229,16 @@ def _bulk_status(problem: Problem | None, outcomes: list[dict[str, Any]]) -> int
 _NO_ACTION = task_forms.refused({"action": ["hold, release or cancel"]})
 
 
-async def _bulk_one(space: str, action: str, task: str, form: dict[str, str]) -> dict[str, Any]:
-    """One task's part of a bulk action: what happened to it."""
+async def _bulk_one(
+    space: str, project: str, action: str, task: str, form: dict[str, str]
+) -> dict[str, Any]:
+    """One task's part of a bulk action (a task of ``project`` only): what
+    happened to it."""
     reason = form.get("reason", "")
     try:
+        shown = await _task(space, task)
+        if shown["project_id"] != project:
+            raise NotFound("no such task in this project")
         if action == "hold":
             await api().request(
                 "POST",
@@ -245,13 +251,11 @@ async def _bulk_one(space: str, action: str, task: str, form: dict[str, str]) ->
                 },
             )
         elif action == "cancel":
-            await api().request(
-                "POST",
-                space_path(space, "tasks", task, "cancel"),
-                json={"reason": reason, "override_reason": reason},
-            )
+            body = {"reason": reason}
+            if form.get("override"):
+                body["override_reason"] = reason
+            await api().request("POST", space_path(space, "tasks", task, "cancel"), json=body)
         else:
-            shown = await _task(space, task)
             own = [h for h in shown["held_by"] if h["scope"].get("type") == "task"]
             if not own:
                 return {"task": task, "outcome": "had no hold of its own"}

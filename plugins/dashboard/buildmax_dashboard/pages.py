@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from quart import Response, g, render_template, request
 
@@ -163,8 +163,15 @@ async def task_action(space: str, task: str, action: str) -> Response:
         return html(page_body, refused.status)
     back = form.get("next", "")
     target = back if back and safe_next(back) == back else here
-    separator = "&" if "?" in target else "?"
-    return redirect(f"{target}{separator}" + urlencode({"done": action}), 303)
+    return redirect(_with_done(target, action), 303)
+
+
+def _with_done(target: str, action: str) -> str:
+    """``target`` saying that ``action`` was just done (once: a ``done`` it
+    said before is dropped)."""
+    path, _, query = target.partition("?")
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "done"]
+    return f"{path}?" + urlencode([*kept, ("done", action)])
 
 
 @blueprint.get("/ui/spaces/<space>/reviews/<work>")

@@ -248,7 +248,10 @@ async def publish() -> Response:
         raise _bad("name", "the plugin's name, as in its buildmax-plugin.toml")
     body = allow_body(MAX_UPLOAD_BYTES)
     released = await api().request(
-        "POST", _catalog_path(name, "releases"), content=body.__aiter__()
+        "POST",
+        _catalog_path(name, "releases"),
+        content=body.__aiter__(),
+        content_length=request.content_length,
     )
     target = f"/ui/catalog/{quote(name, safe='')}?" + urlencode(
         {"done": "published", "version": released["version"]}

@@ -35,12 +35,19 @@ def _words(text: str) -> list[str]:
     return [w for w in _SEPARATORS.split(text.strip()) if w]
 
 
+def _text(value: str) -> str:
+    """A textarea's text as it was typed: a browser sends its line breaks
+    as CR LF (the API keeps what it is given, so an untouched field would
+    differ from the task's own)."""
+    return value.replace("\r\n", "\n")
+
+
 def _fields(form: Mapping[str, str], errors: dict[str, list[str]]) -> dict[str, Any]:
     """The task's fields as the form holds them (numbers parsed)."""
     fields: dict[str, Any] = {
         "title": form.get("title", "").strip(),
-        "body": form.get("body", ""),
-        "criteria": form.get("criteria", ""),
+        "body": _text(form.get("body", "")),
+        "criteria": _text(form.get("criteria", "")),
         "labels": sorted(set(_words(form.get("labels", "")))),
         "agent": form.get("agent") or None,
     }
@@ -130,8 +137,7 @@ def form_values(task: Mapping[str, Any] | None, form: Mapping[str, str] | None) 
     return {**now, "labels": " ".join(now["labels"]), "agent": now["agent"] or ""}
 
 
-#: What a space admin may do to many tasks at once, and whether it needs a
-#: reason.
+#: What a space admin may do to many tasks at once.
 BULK_ACTIONS = ("hold", "release", "cancel")
 
 

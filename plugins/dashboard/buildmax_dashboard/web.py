@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 from collections.abc import Awaitable, Callable
 from functools import wraps
 from typing import Any, ParamSpec, Protocol
@@ -95,7 +96,11 @@ async def _problem(problem: Problem) -> Response:
 async def error_page(problem: Problem, session: Session | None) -> Response:
     """The error page of ``problem``, with its status and headers."""
     body = await render_template(
-        "dashboard/error.html", problem=problem, session=session, request_id=g.get("request_id")
+        "dashboard/error.html",
+        problem=problem,
+        session=session,
+        csrf_field=CSRF_FIELD,
+        request_id=g.get("request_id"),
     )
     response = Response(body, status=problem.status, content_type="text/html; charset=utf-8")
     response.headers.update(problem.headers)
@@ -135,8 +140,32 @@ async def render(template: str, **context: Any) -> str:
     ``can(space, role)``, which says whether to offer an action that needs
     ``role`` in ``space`` (the API route decides again when it is taken)."""
     return await render_template(
-        f"dashboard/{template}", session=signed_in(), csrf_field=CSRF_FIELD, can=_can, **context
+        f"dashboard/{template}",
+        session=signed_in(),
+        csrf_field=CSRF_FIELD,
+        can=_can,
+        request_key=new_request_key,
+        **context,
     )
+
+
+#: The form field carrying a form's own idempotency key, and its shape.
+REQUEST_KEY_FIELD = "request_key"
+_REQUEST_KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+
+def new_request_key() -> str:
+    """A fresh idempotency key for one rendered form: posting that form
+    again (a reload of its answer) replays the first answer, never a second
+    change."""
+    return secrets.token_urlsafe(16)
+
+
+def request_key(form: dict[str, str]) -> str | None:
+    """The idempotency key a posted form carries (``ui-`` and its field),
+    ``None`` when it carries none that fits."""
+    key = form.get(REQUEST_KEY_FIELD, "")
+    return f"ui-{key}" if _REQUEST_KEY.fullmatch(key) else None
 
 
 def _can(space: dict[str, Any], minimum: str) -> bool:

@@ -392,3 +392,61 @@ async def test_an_operator_reads_principals_but_is_offered_and_allowed_no_change
         answer = await b.post(path, {"csrf": b.csrf, **form})
         assert answer.status_code == status, path
     assert await _state(client, sysadmin, bot) == before
+
+
+_KEY = re.compile(r'name="request_key" value="([^"]+)"')
+
+
+async def test_a_token_form_posted_twice_leaves_one_live_token(
+    app, client, browser, person, sysadmin
+):
+    alice = await person()
+    b = await signed_in(browser, alice)
+    key = _KEY.search(await b.text("/ui/tokens"))
+    assert key, "the token form carries no key of its own"
+    form = {"csrf": b.csrf, "name": "laptop", "expires_in_seconds": "3600", "request_key": key[1]}
+    first = secret_in(await post_page(b, "/ui/tokens", form, 201))
+    again = secret_in(await post_page(b, "/ui/tokens", form, 201))  # a reload of the answer
+    assert again != first
+    laptops = [t for t in await tokens_of(client, sysadmin, alice) if t["name"] == "laptop"]
+    assert len([t for t in laptops if t["revoked_at"] is None]) == 1
+    await me(client, first, expect=401)
+    assert (await me(client, again))["id"] == alice.id
+
+
+async def test_rotating_this_very_session_is_refused_and_changes_nothing(
+    app, client, browser, person, sysadmin
+):
+    alice = await person()
+    b = await signed_in(browser, alice)
+    [session] = [t for t in await tokens_of(client, sysadmin, alice) if t["origin"] == "session"]
+    html = await post_page(b, f"/ui/tokens/{session['id']}/rotate", {}, 409)
+    assert "sign out to end it" in html
+    assert await audited(client, sysadmin, "token.rotated") == []
+    assert "this session" in await b.text("/ui/tokens")
+
+
+async def test_a_principal_page_acts_on_that_principals_tokens_only(
+    app, client, browser, sysadmin, make_principal
+):
+    alice = await make_principal("agent")
+    bot = await make_principal("agent")
+    token = await call(
+        client, "POST", "/v1/tokens", sysadmin, json={"principal_id": bot.id}, expect=201
+    )
+    b = await signed_in(browser, sysadmin)
+    for action in ("revoke", "rotate"):
+        answer = await b.post(
+            f"/ui/principals/{alice.id}/tokens/{token['id']}/{action}", {"csrf": b.csrf}
+        )
+        assert answer.status_code == 404, action
+    assert (await me(client, token["token"]))["id"] == bot.id
+
+
+async def test_the_error_page_signs_out(app, client, browser, person):
+    alice = await person()
+    b = await signed_in(browser, alice)
+    page = await b.text("/ui/diagnostics", status=403)
+    assert f'name="csrf" value="{b.csrf}"' in page
+    out = await b.post("/ui/sign-out", {"csrf": b.csrf})
+    assert out.status_code == 303

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from buildmax.spaces import put_member
 from buildmax.testing import call
 
 from .conftest import Team, make_task, signed_in
@@ -301,3 +302,146 @@ async def test_every_editing_form_refuses_a_missing_or_wrong_csrf_token(
             answer = await b.post(path, {**form, **token})
             assert answer.status_code == 403, (path, token)
     assert (await _tasks(client, team), len(audit_log.events)) == before
+
+
+async def test_an_untouched_edit_of_multi_line_text_changes_nothing(
+    app, client, team, browser, audit_log
+):
+    task = await make_task(
+        client, team, body="line one\nline two", criteria="\nstarts with a line break"
+    )
+    b = await signed_in(browser, team.owner)
+    edit = _ui(team, "tasks", task["id"], "edit")
+    page = await b.text(edit)
+    # A textarea drops one line break right after its tag: the page adds it.
+    assert ">\n\nstarts with a line break</textarea>" in page
+    form = {
+        "csrf": b.csrf,
+        "expected_revision": "1",
+        "title": task["title"],
+        "priority": "0",
+        "max_attempts": "3",
+        "labels": "",
+        "agent": "",
+        # What a browser sends for the untouched fields: CR LF line breaks.
+        "body": "line one\r\nline two",
+        "criteria": "\r\nstarts with a line break",
+    }
+    answer = await b.post(edit, form)
+    assert answer.headers["Location"].endswith("?done=unchanged")
+    assert audit_log.of("task.revised", task["id"]) == []
+
+
+async def test_a_claimed_task_is_canceled_from_its_card_by_an_admin_only(
+    app, client, team, browser, person
+):
+    task = await make_task(client, team, title="busy")
+    await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    member = await person()
+    async with app.db.write() as tx:
+        await put_member(tx, team.space.pk, member.pk, "member", app.clock.now_ms())
+    board = _ui(team, "projects", team.project) + "/"
+    m = await signed_in(browser, member)
+    assert 'data-to="canceled"' not in await m.text(board)
+    b = await signed_in(browser, team.owner)
+    page = await b.text(board)
+    assert 'data-to="canceled"' in page and 'name="override" value="1"' in page
+    moved = await b.post(
+        _ui(team, "tasks", task["id"], "cancel"),
+        {"csrf": b.csrf, "reason": "stop it", "override": "1", "next": board},
+    )
+    assert moved.status_code == 303 and moved.headers["Location"] == board + "?done=cancel"
+    assert (await _shown(client, team, task["id"]))["state"] == "canceled"
+
+
+async def test_an_admin_edits_a_claimed_task_with_an_override_reason(
+    app, client, team, browser, audit_log
+):
+    task = await make_task(client, team, title="busy")
+    await call(
+        client, "POST", f"{team.base}/tasks/{task['id']}/claim", team.agent, json={}, expect=201
+    )
+    b = await signed_in(browser, team.owner)
+    edit = _ui(team, "tasks", task["id"], "edit")
+    assert 'name="override_reason"' in await b.text(edit)
+    form = {
+        "csrf": b.csrf,
+        "expected_revision": "1",
+        "title": "busy, renamed",
+        "priority": "0",
+        "max_attempts": "3",
+        "labels": "",
+        "agent": "",
+        "body": "",
+        "criteria": "",
+    }
+    refused = await b.post(edit, form)
+    assert refused.status_code == 422 and "override_reason" in await refused.get_data(as_text=True)
+    saved = await b.post(edit, {**form, "override_reason": "the agent is stuck"})
+    assert saved.status_code == 303
+    [event] = audit_log.of("task.revised", task["id"])
+    assert event.admin_override and event.details["override_reason"] == "the agent is stuck"
+
+
+async def test_a_bulk_action_touches_tasks_of_its_project_only(app, client, team, browser):
+    other = await call(
+        client, "POST", f"{team.base}/projects", team.owner, json={"name": "other"}, expect=201
+    )
+    mine = await make_task(client, team, title="mine")
+    theirs = await call(
+        client,
+        "POST",
+        f"{team.base}/tasks",
+        team.owner,
+        json={"project": other["id"], "title": "theirs"},
+        expect=201,
+    )
+    b = await signed_in(browser, team.owner)
+    form = [("csrf", b.csrf), ("action", "cancel"), ("reason", "x")]
+    nowhere = await b.post(
+        _ui(team, "projects", "pj_nothing", "bulk"), [*form, ("task", mine["id"])]
+    )
+    assert nowhere.status_code == 404
+    answer = await b.post(
+        _ui(team, "projects", team.project, "bulk"), [*form, ("task", theirs["id"])]
+    )
+    assert answer.status_code == 404
+    assert "no such task in this project" in await answer.get_data(as_text=True)
+    for task in (mine, theirs):
+        assert (await _shown(client, team, task["id"]))["state"] == "ready"
+    too_many = await b.post(
+        _ui(team, "projects", team.project, "bulk"),
+        [*form, *(("task", f"ta_{n}") for n in range(101))],
+    )
+    assert too_many.status_code == 422
+
+
+async def test_a_form_without_a_revision_or_with_numbers_that_are_not_is_refused(
+    app, client, team, browser
+):
+    task = await make_task(client, team, title="kept")
+    b = await signed_in(browser, team.owner)
+    edit = _ui(team, "tasks", task["id"], "edit")
+    for revision in ("", "two", "1.5"):
+        answer = await b.post(edit, {"csrf": b.csrf, "expected_revision": revision, "title": "x"})
+        assert answer.status_code == 422, revision
+    assert (await _shown(client, team, task["id"]))["title"] == "kept"
+
+
+async def test_moving_twice_keeps_one_done_in_the_board_address(app, client, team, browser):
+    one, two = (
+        await make_task(client, team, title="one"),
+        await make_task(client, team, title="two"),
+    )
+    b = await signed_in(browser, team.owner)
+    board = _ui(team, "projects", team.project) + "/?kind=code"
+    first = await b.post(
+        _ui(team, "tasks", one["id"], "cancel"), {"csrf": b.csrf, "reason": "x", "next": board}
+    )
+    second = await b.post(
+        _ui(team, "tasks", two["id"], "cancel"),
+        {"csrf": b.csrf, "reason": "x", "next": first.headers["Location"]},
+    )
+    assert second.headers["Location"] == board + "&done=cancel"

@@ -281,3 +281,34 @@ async def test_an_operator_publishes_but_may_not_mark_eligibility(
     assert forged.status_code == 403
     again = await call(client, "GET", "/v1/catalog/runner/releases/1.0.0", operator, expect=200)
     assert again["eligible"] is False
+
+
+async def test_a_publish_from_another_site_or_an_unknown_move_is_refused(
+    app, client, team, browser, make_principal, audit_log
+):
+    admin = await _admin(app, make_principal)
+    b = await signed_in(browser, admin)
+    answer = await b.client.post(
+        "/ui/catalog/publish?name=lint-helpers",
+        data=release("lint-helpers", "1.0.0"),
+        headers={
+            "X-CSRF-Token": b.csrf,
+            "Content-Type": "application/octet-stream",
+            "Origin": "https://evil.test",
+        },
+    )
+    assert answer.status_code == 403
+    assert (await call(client, "GET", "/v1/catalog", admin, expect=200))["items"] == []
+    await _publish(client, admin, "lint-helpers", "1.0.0")
+    await call(
+        client,
+        "PUT",
+        f"{team.base}/plugins/lint-helpers",
+        team.owner,
+        json={"version": "1.0.0"},
+        expect=201,
+    )
+    before = len(audit_log.events)
+    unknown = await b.post(_ui(team, "plugins", "lint-helpers", "delete"), {"csrf": b.csrf})
+    assert unknown.status_code == 422
+    assert len(audit_log.events) == before
