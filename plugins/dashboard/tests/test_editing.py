@@ -31,6 +31,23 @@ def _ui(team: Team, *rest: str) -> str:
     return "/".join([f"/ui/spaces/{team.space.id}", *rest])
 
 
+def _edit_form(csrf: str, **fields: str) -> dict[str, str]:
+    """An edit form at revision 1 as a browser posts it: every field, with
+    ``fields`` as typed."""
+    return {
+        "csrf": csrf,
+        "expected_revision": "1",
+        "title": "t",
+        "priority": "0",
+        "max_attempts": "3",
+        "labels": "",
+        "agent": "",
+        "body": "",
+        "criteria": "",
+        **fields,
+    }
+
+
 def _new_task_form(csrf: str, **fields: Any) -> list[tuple[str, str]]:
     base = {"csrf": csrf, "title": "write the guide", "kind": "code", "priority": "5"}
     return [*base.items(), *fields.get("extra", [])]
@@ -105,16 +122,7 @@ async def test_an_edit_against_a_stale_revision_shows_the_conflict_and_changes_n
         json={"expected_revision": 1, "title": "their title"},
         expect=200,
     )
-    form = {
-        "csrf": b.csrf,
-        "expected_revision": "1",
-        "title": "my title",
-        "priority": "0",
-        "max_attempts": "3",
-        "labels": "",
-        "body": "",
-        "criteria": "",
-    }
+    form = _edit_form(b.csrf, title="my title")
     answer = await b.post(edit, form)
     shown_page = await answer.get_data(as_text=True)
     assert answer.status_code == 409
@@ -137,17 +145,7 @@ async def test_an_edit_sends_only_what_changed_and_an_unchanged_one_nothing(
     task = await make_task(client, team, title="t", labels=["a"], priority=3)
     b = await signed_in(browser, team.owner)
     edit = _ui(team, "tasks", task["id"], "edit")
-    form = {
-        "csrf": b.csrf,
-        "expected_revision": "1",
-        "title": "t",
-        "priority": "3",
-        "max_attempts": "3",
-        "labels": "a",
-        "body": "",
-        "criteria": "",
-        "agent": "",
-    }
+    form = _edit_form(b.csrf, priority="3", labels="a")
     unchanged = await b.post(edit, form)
     assert unchanged.headers["Location"].endswith("?done=unchanged")
     assert (await _shown(client, team, task["id"]))["revision"] == 1
@@ -315,18 +313,13 @@ async def test_an_untouched_edit_of_multi_line_text_changes_nothing(
     page = await b.text(edit)
     # A textarea drops one line break right after its tag: the page adds it.
     assert ">\n\nstarts with a line break</textarea>" in page
-    form = {
-        "csrf": b.csrf,
-        "expected_revision": "1",
-        "title": task["title"],
-        "priority": "0",
-        "max_attempts": "3",
-        "labels": "",
-        "agent": "",
-        # What a browser sends for the untouched fields: CR LF line breaks.
-        "body": "line one\r\nline two",
-        "criteria": "\r\nstarts with a line break",
-    }
+    # What a browser sends for the untouched fields: CR LF line breaks.
+    form = _edit_form(
+        b.csrf,
+        title=task["title"],
+        body="line one\r\nline two",
+        criteria="\r\nstarts with a line break",
+    )
     answer = await b.post(edit, form)
     assert answer.headers["Location"].endswith("?done=unchanged")
     assert audit_log.of("task.revised", task["id"]) == []
@@ -366,17 +359,7 @@ async def test_an_admin_edits_a_claimed_task_with_an_override_reason(
     b = await signed_in(browser, team.owner)
     edit = _ui(team, "tasks", task["id"], "edit")
     assert 'name="override_reason"' in await b.text(edit)
-    form = {
-        "csrf": b.csrf,
-        "expected_revision": "1",
-        "title": "busy, renamed",
-        "priority": "0",
-        "max_attempts": "3",
-        "labels": "",
-        "agent": "",
-        "body": "",
-        "criteria": "",
-    }
+    form = _edit_form(b.csrf, title="busy, renamed")
     refused = await b.post(edit, form)
     assert refused.status_code == 422 and "override_reason" in await refused.get_data(as_text=True)
     saved = await b.post(edit, {**form, "override_reason": "the agent is stuck"})

@@ -60,6 +60,19 @@ async def _plugins(client: Any, team: Team) -> dict[str, Any]:
     return shown
 
 
+async def _activated(client: Any, team: Team, admin: Any) -> None:
+    """lint-helpers 1.0.0, published and activated in the team's space."""
+    await _publish(client, admin, "lint-helpers", "1.0.0")
+    await call(
+        client,
+        "PUT",
+        f"{team.base}/plugins/lint-helpers",
+        team.owner,
+        json={"version": "1.0.0"},
+        expect=201,
+    )
+
+
 def _ui(team: Team, *rest: str) -> str:
     return "/".join([f"/ui/spaces/{team.space.id}", *rest])
 
@@ -148,15 +161,7 @@ async def test_a_viewer_sees_no_control_and_forged_posts_change_nothing(
     app, client, team, browser, make_principal, audit_log
 ):
     admin = await _admin(app, make_principal)
-    await _publish(client, admin, "lint-helpers", "1.0.0")
-    await call(
-        client,
-        "PUT",
-        f"{team.base}/plugins/lint-helpers",
-        team.owner,
-        json={"version": "1.0.0"},
-        expect=201,
-    )
+    await _activated(client, team, admin)
     b = await signed_in(browser, team.viewer)
     page = await b.text(_ui(team, "plugins"))
     assert "lint-helpers" in page
@@ -299,15 +304,7 @@ async def test_a_publish_from_another_site_or_an_unknown_move_is_refused(
     )
     assert answer.status_code == 403
     assert (await call(client, "GET", "/v1/catalog", admin, expect=200))["items"] == []
-    await _publish(client, admin, "lint-helpers", "1.0.0")
-    await call(
-        client,
-        "PUT",
-        f"{team.base}/plugins/lint-helpers",
-        team.owner,
-        json={"version": "1.0.0"},
-        expect=201,
-    )
+    await _activated(client, team, admin)
     before = len(audit_log.events)
     unknown = await b.post(_ui(team, "plugins", "lint-helpers", "delete"), {"csrf": b.csrf})
     assert unknown.status_code == 422
