@@ -239,6 +239,10 @@ async def test_a_principal_and_its_token_are_made_in_the_browser_shown_once_and_
     await page.get_by_role("button", name="Create a token").click()
     secret = await page.get_by_label("Its secret").input_value()
     assert secret.startswith("bmx_")
+    await context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await page.get_by_role("button", name="Copy the secret").click()
+    await expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    assert await page.evaluate("navigator.clipboard.readText()") == secret
     await expect(page.locator("main")).to_contain_text("will not be shown again")
     async with httpx.AsyncClient(
         base_url=site.url, headers={"Authorization": f"Bearer {secret}"}

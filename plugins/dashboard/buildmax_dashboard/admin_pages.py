@@ -315,13 +315,18 @@ async def put_member(space: str) -> Response:
 @blueprint.post("/ui/spaces/<space>/members/remove")
 @page
 async def remove_member(space: str) -> Response:
-    """Remove a member (``DELETE /v1/spaces/{space}/members/{principal}``)."""
+    """Remove a member (``DELETE /v1/spaces/{space}/members/{principal}``),
+    or leave the space (any member, the person named): back to the
+    overview."""
     form = await checked_form(signed_in())
     try:
         principal = admin_forms.member_named(form)
         await api().request("DELETE", space_path(space, "members", principal))
     except Problem as refused:
         return await _refused(_members_again(space), refused)
+    if principal == signed_in().caller.actor.principal_id:
+        # The person left: the space is no longer theirs to see.
+        return _done("/ui/", "left")
     return _done(ui_path(space, "members"), "removed")
 
 

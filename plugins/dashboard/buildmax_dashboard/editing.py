@@ -22,7 +22,18 @@ from buildmax.problems import NotFound, Problem
 from . import task_forms
 from .board import KINDS
 from .session import checked_form
-from .web import api, blueprint, html, page, redirect, render, signed_in, space_path, ui_path
+from .web import (
+    api,
+    blueprint,
+    html,
+    page,
+    redirect,
+    render,
+    request_key,
+    signed_in,
+    space_path,
+    ui_path,
+)
 
 #: Tasks of the project a form offers as prerequisites (the newest).
 CANDIDATES = 100
@@ -201,9 +212,12 @@ async def bulk(space: str, project: str) -> Response:
         api().get(space_path(space)), api().get(space_path(space, "projects", project))
     )
     outcomes: list[dict[str, Any]] = []
+    key = request_key(form)
     if problem is None and action:
         for task in chosen:
-            outcomes.append(await _bulk_one(space, shown_project["id"], action, task, form))
+            # One key per task: a reload of this answer replays each call.
+            each = f"{key}-{task}"[:200] if key else None
+            outcomes.append(await _bulk_one(space, shown_project["id"], action, task, form, each))
     body = await render(
         "bulk.html",
         space=shown_space,
@@ -230,7 +244,7 @@ _NO_ACTION = task_forms.refused({"action": ["hold, release or cancel"]})
 
 
 async def _bulk_one(
-    space: str, project: str, action: str, task: str, form: dict[str, str]
+    space: str, project: str, action: str, task: str, form: dict[str, str], key: str | None
 ) -> dict[str, Any]:
     """One task's part of a bulk action (a task of ``project`` only): what
     happened to it."""
@@ -243,6 +257,7 @@ async def _bulk_one(
             await api().request(
                 "POST",
                 space_path(space, "holds"),
+                idempotency_key=key,
                 json={
                     "scope": "task",
                     "target": task,
@@ -254,7 +269,9 @@ async def _bulk_one(
             body = {"reason": reason}
             if form.get("override"):
                 body["override_reason"] = reason
-            await api().request("POST", space_path(space, "tasks", task, "cancel"), json=body)
+            await api().request(
+                "POST", space_path(space, "tasks", task, "cancel"), json=body, idempotency_key=key
+            )
         else:
             own = [h for h in shown["held_by"] if h["scope"].get("type") == "task"]
             if not own:

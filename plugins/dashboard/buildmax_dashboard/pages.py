@@ -110,7 +110,7 @@ async def sign_out() -> Response:
 async def overview() -> str:
     """Every space the person may see, each with its attention list."""
     spaces = await board.spaces_with_attention(api())
-    return await render("overview.html", spaces=spaces)
+    return await render("overview.html", spaces=spaces, left=request.args.get("done") == "left")
 
 
 @blueprint.get("/ui/spaces/<space>/")

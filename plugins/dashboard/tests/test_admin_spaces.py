@@ -143,8 +143,11 @@ async def test_a_viewer_sees_the_members_without_a_control_and_is_refused_every_
     b = await signed_in(browser, team.viewer)
     page = await b.text(_at(team, "members"))
     assert team.owner.name in page and team.agent.name in page
-    assert "Add a member" not in page and "/members/remove" not in page
-    assert 'name="role"' not in page and 'method="post" action="/ui/spaces' not in page
+    assert "Add a member" not in page and "Remove <span" not in page
+    assert 'name="role"' not in page
+    # The one form: leaving, which names the viewer only.
+    assert page.count('method="post" action="/ui/spaces') == 1
+    assert f'name="principal" value="{team.viewer.id}"' in page
     before = await members(client, team)
     await post_page(b, _at(team, "members"), {"principal": team.agent.id, "role": "admin"}, 403)
     await post_page(b, _at(team, "members"), {"principal": team.viewer.id, "role": "owner"}, 403)
@@ -332,3 +335,18 @@ def _wrapped(html: str, field: str) -> bool:
     """Whether ``field`` sits inside a ``<label>`` of the page."""
     at = html.index(field)
     return html.rfind("<label", 0, at) > html.rfind("</label>", 0, at)
+
+
+async def test_a_viewer_leaves_the_space_from_the_members_page(app, client, team, browser):
+    b = await signed_in(browser, team.viewer)
+    page = await b.text(f"/ui/spaces/{team.space.id}/members")
+    assert "Your membership" in page and "Leave " in page
+    left = await b.post(
+        f"/ui/spaces/{team.space.id}/members/remove",
+        {"csrf": b.csrf, "principal": team.viewer.id},
+    )
+    assert (left.status_code, left.headers["Location"]) == (303, "/ui/?done=left")
+    assert "You left the space." in await b.text(left.headers["Location"])
+    members = await call(client, "GET", f"{team.base}/members", team.owner, expect=200)
+    assert team.viewer.id not in {m["principal_id"] for m in members["items"]}
+    await b.text(f"/ui/spaces/{team.space.id}/members", status=404)

@@ -6,6 +6,7 @@ nothing."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from buildmax.spaces import put_member
@@ -127,6 +128,7 @@ async def test_an_edit_against_a_stale_revision_shows_the_conflict_and_changes_n
     shown_page = await answer.get_data(as_text=True)
     assert answer.status_code == 409
     assert "This task changed since you opened it" in shown_page
+    assert "Attempts allowed" in shown_page
     assert "their title" in shown_page and 'value="my title"' in shown_page
     assert 'name="expected_revision" value="2"' in shown_page
     after = await _shown(client, team, task["id"])
@@ -428,3 +430,24 @@ async def test_moving_twice_keeps_one_done_in_the_board_address(app, client, tea
         {"csrf": b.csrf, "reason": "x", "next": first.headers["Location"]},
     )
     assert second.headers["Location"] == board + "&done=cancel"
+
+
+async def test_a_bulk_answer_posted_again_acts_once(app, client, team, browser, audit_log):
+    task = await make_task(client, team, title="held once")
+    b = await signed_in(browser, team.owner)
+    board = await b.text(_ui(team, "projects", team.project) + "/")
+    key = re.search(r'name="request_key" value="([^"]+)"', board)
+    assert key, "the bulk form carries no key of its own"
+    form = [
+        ("csrf", b.csrf),
+        ("request_key", key[1]),
+        ("action", "hold"),
+        ("strength", "suspended"),
+        ("reason", "freeze"),
+        ("task", task["id"]),
+    ]
+    for _ in range(2):  # the answer reloaded
+        answer = await b.post(_ui(team, "projects", team.project, "bulk"), form)
+        assert answer.status_code == 200
+    assert len((await _shown(client, team, task["id"]))["held_by"]) == 1
+    assert len(audit_log.of("hold.created")) == 1

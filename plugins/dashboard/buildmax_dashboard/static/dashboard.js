@@ -217,6 +217,24 @@
     });
   }
 
+  // A new secret's Copy button (shown where the clipboard can be written).
+  function copyButtons() {
+    document.querySelectorAll("button.copy[data-copy]").forEach(function (button) {
+      if (!navigator.clipboard) return;
+      button.hidden = false;
+      button.addEventListener("click", async function () {
+        const field = document.getElementById(button.dataset.copy);
+        try {
+          await navigator.clipboard.writeText(field.value);
+          button.textContent = "Copied";
+        } catch (err) {
+          field.select();
+          button.textContent = "Copy it by hand (selected)";
+        }
+      });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     const liveMain = document.querySelector("main[data-live]");
     if (liveMain) {
@@ -232,6 +250,7 @@
     reviewForm();
     boardMoves();
     publishForm();
+    copyButtons();
     const main = document.querySelector("main[data-live]");
     if (main && main.dataset.events && window.EventSource) listen(main.dataset.events);
     countdowns();
