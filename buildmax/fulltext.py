@@ -1,0 +1,234 @@
+"""Full-text search on both engines, for a plugin's searchable records.
+
+A :class:`TextIndex` is a plugin's index of some text fields of its records
+(a lesson's title and text, a task's title and criteria), each record
+indexed under its primary key and the key of the space it belongs to:
+
+- on SQLite, an FTS5 table whose rowid is the record's key, with the Porter
+  stemmer over Unicode words (diacritics folded);
+- on PostgreSQL, a table with a stored ``tsvector`` (the ``english``
+  configuration; the first field weighted above the others) and a GIN
+  index on it.
+
+The index is never a second source of truth: a plugin writes it in the
+same transaction as the record (:meth:`TextIndex.put`, one statement on
+either engine), and can rebuild it from its records at any time.
+
+A person's query is parsed here (:func:`parse_query`), never handed to an
+engine's query syntax: words and ``"quoted phrases"``, every one of which
+must match (stemmed: ``running`` finds ``runs``); anything else a query
+language would read as an operator is only text. :meth:`TextIndex.search`
+ranks by relevance and marks the matched words of a snippet between
+:data:`MARK_START` and :data:`MARK_END`, which no indexed text holds
+(control characters), so a client escapes the snippet and then marks them.
+
+The engines are close, not equal. The stemmers differ at the edges
+(SQLite's Porter keeps ``quickli`` for ``quickly``, PostgreSQL's Snowball
+makes it ``quick``), and PostgreSQL leaves English stop words (``the``,
+``or``, ``not``) out of documents and queries where SQLite keeps them: the
+same query may find a little more on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+
+#: What marks the start and the end of a matched word in a snippet.
+MARK_START = "\x02"
+MARK_END = "\x03"
+#: The longest query read, and the most words and phrases it may hold.
+MAX_QUERY_CHARS = 500
+MAX_QUERY_TERMS = 20
+#: About how many words a snippet shows.
+SNIPPET_WORDS = 16
+#: A word as the query parser reads it: letters and digits (any script).
+_WORD = re.compile(r"[^\W_]+")
+_PHRASE = re.compile(r'"([^"]*)"')
+#: The PostgreSQL text search configuration.
+_CONFIG = "english"
+
+
+class QueryRefused(ValueError):
+    """A query that cannot be searched: empty of words, or too long."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """A parsed query: every phrase (a tuple of words) must match; a
+    single word is a phrase of one."""
+
+    phrases: tuple[tuple[str, ...], ...]
+
+    def fts5(self) -> str:
+        """The query as an FTS5 ``MATCH`` expression: each phrase quoted
+        (its words hold letters and digits only, so nothing in it is FTS5
+        syntax), all of them required."""
+        return " ".join('"' + " ".join(words) + '"' for words in self.phrases)
+
+    def websearch(self) -> str:
+        """The query as ``websearch_to_tsquery`` text: each phrase quoted,
+        so no word is read as ``or`` or a negation."""
+        return " ".join('"' + " ".join(words) + '"' for words in self.phrases)
+
+
+def parse_query(text: str) -> Query:
+    """The words and ``"phrases"`` of a person's query, lowercased; an
+    unclosed quote is text. :class:`QueryRefused` when it has no word, is
+    longer than :data:`MAX_QUERY_CHARS` or holds more than
+    :data:`MAX_QUERY_TERMS` words and phrases."""
+    if len(text) > MAX_QUERY_CHARS:
+        raise QueryRefused(f"a query is at most {MAX_QUERY_CHARS} characters")
+    phrases: list[tuple[str, ...]] = []
+    rest = _PHRASE.sub(lambda m: _keep_phrase(m.group(1), phrases), text)
+    phrases.extend((word,) for word in _words(rest))
+    if not phrases:
+        raise QueryRefused("a query needs at least one word")
+    if len(phrases) > MAX_QUERY_TERMS:
+        raise QueryRefused(f"a query holds at most {MAX_QUERY_TERMS} words and phrases")
+    return Query(tuple(dict.fromkeys(phrases)))
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def _keep_phrase(text: str, phrases: list[tuple[str, ...]]) -> str:
+    words = _words(text)
+    if words:
+        phrases.append(tuple(words))
+    return " "
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A record a search found: its key, its relevance (higher is better;
+    comparable within one search only) and a snippet of its text."""
+
+    key: int
+    rank: float
+    snippet: str
+
+
+@dataclass(frozen=True)
+class TextIndex:
+    """The full-text index ``name`` (a table the plugin owns: its name
+    starts with the plugin's prefix) of the text ``fields`` of records; the
+    first field weighs most."""
+
+    name: str
+    fields: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for identifier in (self.name, *self.fields):
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", identifier):
+                raise ValueError(f"not a plain identifier: {identifier!r}")
+        if not self.fields or {"key", "scope", "document"} & set(self.fields):
+            raise ValueError("an index needs fields, none named key, scope or document")
+
+    async def create(self, tx: Transaction) -> None:
+        """Create the index (a migration's step)."""
+        for statement in self._ddl(tx.dialect):
+            await tx.execute(sa.text(statement))
+
+    def _ddl(self, dialect: str) -> list[str]:
+        columns = ", ".join(self.fields)
+        if dialect == "sqlite":
+            return [
+                f"CREATE VIRTUAL TABLE {self.name} USING fts5(scope UNINDEXED, {columns}, "
+                "tokenize = 'porter unicode61 remove_diacritics 2')"
+            ]
+        weighted = " || ".join(
+            f"setweight(to_tsvector('{_CONFIG}', coalesce({field}, '')), "
+            f"'{'A' if number == 0 else 'B'}')"
+            for number, field in enumerate(self.fields)
+        )
+        texts = ", ".join(f"{field} TEXT NOT NULL" for field in self.fields)
+        return [
+            f"CREATE TABLE {self.name} (key BIGINT PRIMARY KEY, scope BIGINT NOT NULL, "
+            f"{texts}, document tsvector GENERATED ALWAYS AS ({weighted}) STORED)",
+            f"CREATE INDEX {self.name}_document ON {self.name} USING GIN (document)",
+            f"CREATE INDEX {self.name}_scope ON {self.name} (scope)",
+        ]
+
+    async def put(self, tx: Transaction, key: int, scope: int, values: Mapping[str, str]) -> None:
+        """Index (or index again) record ``key`` of space ``scope`` with its
+        ``values`` for every field: one statement."""
+        missing = set(self.fields) - set(values)
+        if missing:
+            raise ValueError(f"no value for {sorted(missing)}")
+        columns = ", ".join(self.fields)
+        params = {"key": key, "scope": scope, **{f: values[f] for f in self.fields}}
+        placeholders = ", ".join(f":{f}" for f in self.fields)
+        if tx.dialect == "sqlite":
+            statement = (
+                f"INSERT OR REPLACE INTO {self.name} (rowid, scope, {columns}) "
+                f"VALUES (:key, :scope, {placeholders})"
+            )
+        else:
+            updates = ", ".join(f"{f} = excluded.{f}" for f in ("scope", *self.fields))
+            statement = (
+                f"INSERT INTO {self.name} (key, scope, {columns}) "
+                f"VALUES (:key, :scope, {placeholders}) "
+                f"ON CONFLICT (key) DO UPDATE SET {updates}"
+            )
+        await tx.execute(sa.text(statement), params)
+
+    async def remove(self, tx: Transaction, key: int) -> None:
+        """Take record ``key`` out of the index."""
+        column = "rowid" if tx.dialect == "sqlite" else "key"
+        await tx.execute(sa.text(f"DELETE FROM {self.name} WHERE {column} = :key"), {"key": key})
+
+    async def clear(self, tx: Transaction) -> None:
+        """Empty the index (before a rebuild)."""
+        await tx.execute(sa.text(f"DELETE FROM {self.name}"))
+
+    async def search(
+        self,
+        conn: Transaction,
+        scope: int,
+        query: Query,
+        *,
+        keys: Sequence[int] | None = None,
+        limit: int = 1000,
+    ) -> list[Hit]:
+        """The records of space ``scope`` (of ``keys``, when given) that
+        match ``query``, most relevant first (ties: the newer key first), at
+        most ``limit``, each with a snippet of the field that matched best."""
+        if keys is not None and not keys:
+            return []
+        params: dict[str, object] = {"scope": scope, "limit": limit}
+        if conn.dialect == "sqlite":
+            weights = ", ".join(["0"] + ["2" if n == 0 else "1" for n in range(len(self.fields))])
+            statement = (
+                f"SELECT rowid AS key, -bm25({self.name}, {weights}) AS rank, "
+                f"snippet({self.name}, -1, char(2), char(3), '…', {SNIPPET_WORDS}) AS snippet "
+                f"FROM {self.name} WHERE {self.name} MATCH :query AND scope = :scope"
+            )
+            params["query"] = query.fts5()
+            key_column = "rowid"
+        else:
+            text = " || ' ' || ".join(self.fields)
+            statement = (
+                f"SELECT key, ts_rank_cd(document, q) AS rank, "
+                f"ts_headline('{_CONFIG}', {text}, q, :headline) AS snippet "
+                f"FROM {self.name}, websearch_to_tsquery('{_CONFIG}', :query) AS q "
+                "WHERE document @@ q AND scope = :scope"
+            )
+            params["query"] = query.websearch()
+            params["headline"] = (
+                f"StartSel={MARK_START}, StopSel={MARK_END}, "
+                f"MaxWords={SNIPPET_WORDS + 8}, MinWords={SNIPPET_WORDS // 2}"
+            )
+            key_column = "key"
+        if keys is not None:
+            numbered = {f"k{n}": k for n, k in enumerate(keys)}
+            statement += f" AND {key_column} IN ({', '.join(':' + k for k in numbered)})"
+            params.update(numbered)
+        statement += f" ORDER BY rank DESC, {key_column} DESC LIMIT :limit"
+        rows = await conn.fetch_all(sa.text(statement), params)
+        return [Hit(int(r["key"]), float(r["rank"]), str(r["snippet"])) for r in rows]
