@@ -16,7 +16,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,3 +258,60 @@ async def page_problems(page: Page, label: str, width: int, axe: bool = True) ->
             targets = [node["target"] for node in violation["nodes"]][:3]
             found.append(f"{label}: {violation['id']} ({violation['impact']}) at {targets}")
     return found
+
+
+#: The widths and heights pages are shown at.
+SIZES = (("desktop", 1280, 800), ("phone", 320, 640))
+
+
+async def _visit(
+    page: Page, site: Site, name: str, path: str, variant: tuple[str, str, int], status: int
+) -> list[str]:
+    """Open ``path`` in ``variant`` (scheme, size, width): what is wrong
+    with it, and its screenshot saved."""
+    scheme, size, width = variant
+    answer = await page.goto(site.page_url(path))
+    found = await page_problems(
+        page, f"{name} {scheme} {size}", width, (scheme, size) in AXE_VARIANTS
+    )
+    if answer is None or answer.status != status:
+        found.append(f"{name} {scheme} {size}: answered {answer and answer.status}")
+    await page.screenshot(path=str(shots_dir(site) / f"{name}-{size}-{scheme}.png"), full_page=True)
+    return found
+
+
+async def every_variant(
+    browser: Browser,
+    site: Site,
+    who: str,
+    pages: Mapping[str, str],
+    *,
+    signed_out: Mapping[str, str] | None = None,
+    statuses: Mapping[str, int] | None = None,
+) -> list[str]:
+    """Show each of ``pages`` (name to path) signed in as ``who``, and each
+    of ``signed_out`` before that, light and dark at every size: what is
+    wrong with each (:func:`page_problems`, and a status other than the one
+    ``statuses`` names, 200 by default), with a screenshot of each saved."""
+    expected = statuses or {}
+    problems: list[str] = []
+    for scheme in ("light", "dark"):
+        for size, width, height in SIZES:
+            context = await browser.new_context(
+                viewport={"width": width, "height": height}, color_scheme=scheme
+            )
+            try:
+                page = await context.new_page()
+                variant = (scheme, size, width)
+                for name, path in (signed_out or {}).items():
+                    problems += await _visit(
+                        page, site, name, path, variant, expected.get(name, 200)
+                    )
+                await sign_in(page, site, who)
+                for name, path in pages.items():
+                    problems += await _visit(
+                        page, site, name, path, variant, expected.get(name, 200)
+                    )
+            finally:
+                await context.close()
+    return problems

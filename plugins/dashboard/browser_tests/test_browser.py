@@ -9,7 +9,7 @@ from typing import Any
 
 from playwright.async_api import Page, expect
 
-from .conftest import AXE_VARIANTS, PASSWORD, Site, Watch, _ok, page_problems, shots_dir, sign_in
+from .conftest import PASSWORD, Site, Watch, _ok, every_variant, sign_in
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -226,33 +226,14 @@ async def test_every_page_is_accessible_and_fits_from_320_px_light_and_dark(brow
         "decisions": f"{space}/decisions",
         "not-found": f"{space}/tasks/ta_nothing",
     }
-    shots = shots_dir(site)
-    problems: list[str] = []
-    for scheme in ("light", "dark"):
-        for width, height, size in ((1280, 800, "desktop"), (320, 640, "phone")):
-            context = await browser.new_context(
-                viewport={"width": width, "height": height}, color_scheme=scheme
-            )
-            try:
-                page = await context.new_page()
-                await page.goto(site.page_url("/ui/sign-in"))
-                problems += await page_problems(
-                    page, f"sign-in {scheme} {size}", width, (scheme, size) in AXE_VARIANTS
-                )
-                await page.screenshot(
-                    path=str(shots / f"sign-in-{size}-{scheme}.png"), full_page=True
-                )
-                await sign_in(page, site, site.owner_name)
-                for name, path in pages.items():
-                    await page.goto(site.page_url(path))
-                    problems += await page_problems(
-                        page, f"{name} {scheme} {size}", width, (scheme, size) in AXE_VARIANTS
-                    )
-                    await page.screenshot(
-                        path=str(shots / f"{name}-{size}-{scheme}.png"), full_page=True
-                    )
-            finally:
-                await context.close()
+    problems = await every_variant(
+        browser,
+        site,
+        site.owner_name,
+        pages,
+        signed_out={"sign-in": "/ui/sign-in"},
+        statuses={"not-found": 404},
+    )
     assert claim["attempt"]["id"]
     assert problems == [], "\n".join(problems)
 

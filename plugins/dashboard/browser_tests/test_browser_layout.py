@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import AXE_VARIANTS, Site, _ok, page_problems, shots_dir, sign_in
+from .conftest import Site, _ok, every_variant
 from .test_browser_operations import release
 
 
@@ -76,25 +76,5 @@ async def _setting(site: Site) -> dict[str, str]:
 
 async def test_every_operator_page_is_accessible_and_fits_from_320_px_light_and_dark(browser, site):
     pages = await _setting(site)
-    shots = shots_dir(site)
-    problems: list[str] = []
-    for scheme in ("light", "dark"):
-        for width, height, size in ((1280, 800, "desktop"), (320, 640, "phone")):
-            context = await browser.new_context(
-                viewport={"width": width, "height": height}, color_scheme=scheme
-            )
-            try:
-                page = await context.new_page()
-                await sign_in(page, site, site.admin_name)
-                for name, path in pages.items():
-                    answer = await page.goto(site.page_url(path))
-                    assert answer is not None and answer.status == 200, (name, answer)
-                    problems += await page_problems(
-                        page, f"{name} {scheme} {size}", width, (scheme, size) in AXE_VARIANTS
-                    )
-                    await page.screenshot(
-                        path=str(shots / f"{name}-{size}-{scheme}.png"), full_page=True
-                    )
-            finally:
-                await context.close()
+    problems = await every_variant(browser, site, site.admin_name, pages)
     assert problems == [], "\n".join(problems)

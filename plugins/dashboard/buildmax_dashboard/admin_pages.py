@@ -129,15 +129,7 @@ async def set_disabled(ref: str) -> Response:
 def _principal_again(ref: str) -> Again:
     async def again(*, problem: Problem | None = None, issued: dict[str, Any] | None = None) -> str:
         shown = await admin_views.principal_view(api(), ref, _cursor())
-        return await render(
-            "principal.html",
-            problem=problem,
-            issued=issued,
-            notice=_notice(),
-            lifetimes=admin_forms.LIFETIMES,
-            default_lifetime=admin_forms.DEFAULT_LIFETIME,
-            **shown,
-        )
+        return await _token_page("principal.html", shown, problem, issued)
 
     return again
 
@@ -203,8 +195,19 @@ def _not_this_session(token: str) -> None:
 
 async def _tokens(*, problem: Problem | None = None, issued: dict[str, Any] | None = None) -> str:
     shown = await admin_views.tokens_view(api(), _cursor())
+    return await _token_page("tokens.html", shown, problem, issued)
+
+
+async def _token_page(
+    template: str,
+    shown: dict[str, Any],
+    problem: Problem | None,
+    issued: dict[str, Any] | None,
+) -> str:
+    """A page with a token list and the token form (a principal's, or the
+    person's own), and the new secret when one was just issued."""
     return await render(
-        "tokens.html",
+        template,
         problem=problem,
         issued=issued,
         notice=_notice(),
