@@ -86,6 +86,7 @@ COPY plugins/marketplace/ plugins/marketplace/
 COPY plugins/graders/ plugins/graders/
 COPY plugins/mcp/ plugins/mcp/
 COPY plugins/dashboard/ plugins/dashboard/
+COPY plugins/lessons/ plugins/lessons/
 
 RUN pip install --no-cache-dir -r requirements-server.txt
 

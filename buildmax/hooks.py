@@ -291,13 +291,19 @@ class Hooks:
         )
 
     async def run_environment(
-        self, tx: Transaction, *, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+        self,
+        tx: Transaction,
+        *,
+        task: TaskRef,
+        attempt: AttemptRef,
+        agent_revision: AgentRevisionRef | None,
     ) -> list[Mapping[str, Any]]:
         """``buildmax_run_environment``: what each plugin adds to a run."""
         return await self._acall(
             "buildmax_run_environment",
             app=self.app,
             tx=tx,
+            task=task,
             attempt=attempt,
             agent_revision=agent_revision,
         )

@@ -16,6 +16,7 @@ from .records import (
     AttemptRef,
     BlobRef,
     Grade,
+    ProjectRef,
     SubmissionRef,
     TaskRef,
 )
@@ -189,6 +190,9 @@ class TaskQueue(Protocol):
 
     async def submissions(self, conn: Transaction, task_id: str) -> Sequence[SubmissionRef]:
         """Every submission of a task, oldest first."""
+
+    async def project(self, conn: Transaction, space_id: str, ref: str) -> ProjectRef | None:
+        """A project of the space ``space_id`` by public id or name, or ``None``."""
 
     async def policy(self, conn: Transaction, project_id: str) -> Mapping[str, Any]:
         """The project's current workflow policy: ``revision``,

@@ -177,6 +177,15 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class ProjectRef:
+    """A project as plugins see it: its public id, its space's and its name."""
+
+    id: str
+    space_id: str
+    name: str
+
+
+@dataclass(frozen=True)
 class TaskRef:
     """A task as plugins see it. ``stage``, ``slot``, ``subject_task_id``
     and ``submission_id`` are set on linked stage work. ``criteria_sha256``

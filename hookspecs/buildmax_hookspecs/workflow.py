@@ -139,13 +139,22 @@ def buildmax_attempt_submitted(
 
 @hookspec
 def buildmax_run_environment(
-    app: App, tx: Transaction, attempt: AttemptRef, agent_revision: AgentRevisionRef | None
+    app: App,
+    tx: Transaction,
+    task: TaskRef,
+    attempt: AttemptRef,
+    agent_revision: AgentRevisionRef | None,
 ) -> Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None:
-    """What a run must have, resolved when an attempt is claimed (plugin pins).
+    """What a run must have or should know, resolved when an attempt is
+    claimed (plugin pins, lessons that apply to the task).
 
     Called by the tasks plugin inside the claim's write transaction, before
-    the attempt row is written; ``agent_revision`` is the assigned agent's
-    current revision, or ``None`` for an agentless task. Return a JSON-able
+    the attempt row is written; ``task`` is the task being claimed and
+    ``agent_revision`` the assigned agent's current revision, or ``None``
+    for an agentless task. The claim answer and the attempt show what was
+    recorded (``attempt.run_environment``), so keep an answer small: a
+    claim is a hot path, and a plugin with nothing to add should return
+    ``None`` without a statement where it can. Return a JSON-able
     mapping with keys of your own (e.g. ``{"plugins": [...]}``); the answers
     of every plugin are merged and recorded on the attempt, and a key
     returned by two plugins is an error. Raise :class:`RunEnvironmentRefused`

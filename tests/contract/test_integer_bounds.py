@@ -134,6 +134,11 @@ def valid_bodies(world: World) -> dict[tuple[str, str], dict[str, Any]]:
             "findings": [finding],
         },
         ("POST", "/v1/spaces/{space}/tasks"): {"project": "main", "title": "x"},
+        ("POST", "/v1/spaces/{space}/lessons/{lesson}/revisions"): {
+            "revision": 1,
+            "reason": "contract test",
+        },
+        ("POST", "/v1/spaces/{space}/lessons/{lesson}/votes"): {"vote": "helpful"},
         ("PATCH", "/v1/spaces/{space}/tasks/{task}"): {
             "expected_revision": 1,
             "override_reason": "contract test",

@@ -69,6 +69,7 @@ class World:
     finding: str
     submission: str
     spare_token: str
+    lesson: str
 
     def path_parameters(self) -> dict[str, str]:
         """Every path parameter name of the OpenAPI document, mapped to an id
@@ -87,6 +88,7 @@ class World:
             "ident": self.review_item,
             "finding": self.finding,
             "submission": self.submission,
+            "lesson": self.lesson,
             "principal": self.agent_principal,
             "ref": self.human_principal,
             "token_id": self.spare_token,
@@ -193,6 +195,11 @@ async def seed(http: Http, admin_token: str, slug: str = "contract") -> World:
         "POST", f"{base}/tasks/{held}/decisions", json={"question": "go?", "options": ["yes", "no"]}
     )
     definition = await admin("POST", f"{base}/agents", json={"name": "contract-bot"})
+    lesson = await admin(
+        "POST",
+        f"{base}/lessons",
+        json={"kind": "gotcha", "title": "contract lesson", "text": "what the world learned"},
+    )
     await admin(
         "POST",
         f"/v1/catalog/{PLUGIN_NAME}/releases",
@@ -219,4 +226,5 @@ async def seed(http: Http, admin_token: str, slug: str = "contract") -> World:
         finding=review["findings"][0]["id"],
         submission=handed["submission"]["id"],
         spare_token=spare["id"],
+        lesson=lesson["id"],
     )

@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_artifacts.tables import artifacts
 from buildmax_audit.tables import events as audit_events
+from buildmax_lessons.tables import TABLES as LESSON_TABLES
 from buildmax_reviews.tables import TABLES as REVIEW_TABLES
 from buildmax_tasks.tables import TABLES as TASK_TABLES
 from buildmax_tasks.tables import attempts, submissions
@@ -21,7 +22,7 @@ async def snapshot(team: Team) -> dict[str, list[str]]:
     trail: what a refused call must leave as it was."""
     found = {}
     async with team.app.db.read() as conn:
-        for table in [*TASK_TABLES, *REVIEW_TABLES, artifacts, audit_events]:
+        for table in [*TASK_TABLES, *REVIEW_TABLES, *LESSON_TABLES, artifacts, audit_events]:
             rows = await conn.fetch_all(sa.select(table))
             found[table.name] = sorted(repr(sorted(dict(r).items())) for r in rows)
     return found
@@ -139,8 +140,8 @@ async def test_a_retried_submit_with_the_same_key_makes_one_submission(team: Tea
 
 async def _everything_in(team: Team) -> dict[str, Any]:
     """One of every record the tools name, in ``team``'s space: a task, an
-    attempt, a submission, review work with a finding, an artifact and a
-    decision. Returns the argument values that name them (a decision is
+    attempt, a submission, review work with a finding, an artifact, a
+    lesson and a decision. Returns the argument values that name them (a decision is
     named by no tool's path: it is listed)."""
     task = await team.task("theirs")
     claim = await team.api("POST", f"/tasks/{task['id']}/claim", team.author, json={}, expect=201)
@@ -182,7 +183,15 @@ async def _everything_in(team: Team) -> dict[str, Any]:
         json={"question": "which?", "options": ["a", "b"]},
         expect=201,
     )
+    lesson = await team.api(
+        "POST",
+        "/lessons",
+        team.author,
+        json={"kind": "gotcha", "title": "theirs", "text": "theirs"},
+        expect=201,
+    )
     return {
+        "lesson": lesson["id"],
         "task": task["id"],
         "attempt": attempt["id"],
         "submission": handed["submission"]["id"],
@@ -204,6 +213,10 @@ FILLERS: dict[str, Any] = {
     "content": "hi",
     "reason": "r",
     "resolution": "done",
+    "kind": "gotcha",
+    "title": "t",
+    "text": "x",
+    "vote": "helpful",
 }
 
 

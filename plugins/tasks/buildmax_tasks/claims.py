@@ -341,7 +341,7 @@ async def _claim(
         lease_expires_at=ch.now + lease_ms,
         agent_revision_id=agent_revision.id if agent_revision else None,
     )
-    environment = await _resolved_environment(ch, attempt, agent_revision)
+    environment = await _resolved_environment(ch, task, attempt, agent_revision)
     # The guard: only a ready task becomes claimed, whoever else tries.
     generation = await mark_claimed(ch, task.pk)
     if generation is None:
@@ -416,12 +416,12 @@ async def _claimable(ch: Change, task: TaskRow, queued: bool) -> TaskRow:
 
 
 async def _resolved_environment(
-    ch: Change, attempt: AttemptRef, agent_revision: AgentRevisionRow | None
+    ch: Change, task: TaskRow, attempt: AttemptRef, agent_revision: AgentRevisionRow | None
 ) -> dict[str, Any]:
     """The new attempt's run environment; :class:`Skip` (its reservations
     released) when the plugins cannot resolve it."""
     try:
-        return await _run_environment(ch, attempt, agent_revision)
+        return await _run_environment(ch, task, attempt, agent_revision)
     except RunEnvironmentRefused as exc:
         await ch.tx.execute(UNRESERVE, {"attempt_public_id": attempt.id})
         raise Skip(
@@ -598,11 +598,14 @@ async def _agent_revision(ch: Change, task: TaskRow) -> AgentRevisionRow | None:
 
 
 async def _run_environment(
-    ch: Change, attempt: AttemptRef, agent_revision: AgentRevisionRow | None
+    ch: Change, task: TaskRow, attempt: AttemptRef, agent_revision: AgentRevisionRow | None
 ) -> dict[str, Any]:
     ref = agent_revision_ref(agent_revision) if agent_revision else None
     merged: dict[str, Any] = {}
-    for answer in await ch.app.hooks.run_environment(ch.tx, attempt=attempt, agent_revision=ref):
+    answers = await ch.app.hooks.run_environment(
+        ch.tx, task=task_ref(task), attempt=attempt, agent_revision=ref
+    )
+    for answer in answers:
         for key, value in dict(answer).items():
             if key in merged:
                 raise RunEnvironmentRefused(f"two plugins both answered {key!r}")

@@ -11,6 +11,7 @@ from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
     AttemptRef,
+    ProjectRef,
     SubmissionRef,
     TaskRef,
     Transaction,
@@ -40,7 +41,15 @@ from .records import (
 )
 from .rows import AgentRevisionRow, AttemptRow, SubmissionRow, TaskRow
 from .settings import task_settings
-from .tables import agent_plugins, agent_revisions, agents, attempts, submissions, tasks
+from .tables import (
+    agent_plugins,
+    agent_revisions,
+    agents,
+    attempts,
+    projects,
+    submissions,
+    tasks,
+)
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -71,6 +80,17 @@ class SqlTaskQueue:
             SUBMISSION_SELECT.where(tasks.c.public_id == task_id).order_by(submissions.c.id)
         )
         return [submission_ref(SubmissionRow.of(r)) for r in rows]
+
+    async def project(self, conn: Transaction, space_id: str, ref: str) -> ProjectRef | None:
+        row = await conn.fetch_one(
+            sa.select(projects.c.public_id, projects.c.name)
+            .join(spaces, spaces.c.id == projects.c.space_id)
+            .where(
+                spaces.c.public_id == space_id,
+                sa.or_(projects.c.public_id == ref, projects.c.name == ref),
+            )
+        )
+        return ProjectRef(row["public_id"], space_id, row["name"]) if row is not None else None
 
     async def policy(self, conn: Transaction, project_id: str) -> Mapping[str, Any]:
         policy = await policy_of_project(conn, project_id)

@@ -1,0 +1,139 @@
+"""Finding lessons: the list's filters, and full-text search ranked by
+relevance, then usefulness, then recency.
+
+Without a query the list is newest first, paged by a keyset cursor. With
+one, the index (:data:`~.tables.SEARCH`) gives the space's
+:data:`MAX_HITS` most relevant lessons; the filters keep those they admit
+and the page is an offset into that ranking (a cursor holds it). Relevance
+is compared in steps of :data:`RELEVANCE_STEPS` of the best hit's, so two
+lessons about as relevant are ordered by their usefulness score
+(helpful - not helpful - 2 * wrong on the current revision), then the more
+recently changed first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Transaction
+
+from buildmax.fulltext import MARK_END, MARK_START, Query
+from buildmax.pagination import encode_cursor
+
+from .lessons import LESSON_SELECT, contains
+from .offers import path_applies
+from .tables import SEARCH, lessons
+
+#: How many of the most relevant lessons a search ranks.
+MAX_HITS = 1000
+#: Relevance within 1/20 of the best hit's is "as relevant".
+RELEVANCE_STEPS = 20
+
+__all__ = ["MARK_END", "MARK_START", "Filters", "listing", "search"]
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What a list or search keeps: ``project_id`` (its lessons, and the
+    common collection's unless ``common`` is ``exclude``), ``common``
+    (``include``, ``exclude``, ``only``), ``kind``, ``task_kind``, ``tag``,
+    ``path`` and ``superseded`` (``exclude``, ``include``, ``only``)."""
+
+    project_id: str | None = None
+    common: str = "include"
+    kind: str | None = None
+    task_kind: str | None = None
+    tag: str | None = None
+    path: str | None = None
+    superseded: str = "exclude"
+
+    def conditions(self, space_pk: int, dialect: str) -> list[Any]:
+        """The SQL conditions of every filter but ``path``."""
+        found: list[Any] = [lessons.c.space_id == space_pk]
+        common = lessons.c.project_id.is_(None)
+        if self.common == "only":
+            found.append(common)
+        elif self.project_id is not None:
+            mine = lessons.c.project_id == self.project_id
+            found.append(sa.or_(mine, common) if self.common == "include" else mine)
+        elif self.common == "exclude":
+            found.append(sa.not_(common))
+        if self.kind is not None:
+            found.append(lessons.c.kind == self.kind)
+        if self.task_kind is not None:
+            found.append(
+                sa.or_(
+                    lessons.c.task_kinds == "",
+                    contains(lessons.c.task_kinds, self.task_kind, dialect),
+                )
+            )
+        if self.tag is not None:
+            found.append(contains(lessons.c.tags, self.tag, dialect))
+        superseded = lessons.c.superseded_by.is_not(None)
+        if self.superseded == "exclude":
+            found.append(sa.not_(superseded))
+        elif self.superseded == "only":
+            found.append(superseded)
+        return found
+
+    def admits_path(self, row: Mapping[str, Any]) -> bool:
+        """The ``path`` filter (a lesson's globs match it, or it has none)."""
+        return self.path is None or path_applies(json.loads(row["applies_to"]), self.path)
+
+
+async def listing(
+    conn: Transaction, space_pk: int, filters: Filters, limit: int, after: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the lessons the filters keep, newest first, after lesson
+    ``after``; the rows and the next page's cursor."""
+    query = (
+        LESSON_SELECT.where(*filters.conditions(space_pk, conn.dialect))
+        .order_by(lessons.c.id.desc())
+        .limit(limit + 1)
+    )
+    if after is not None:
+        query = query.where(
+            lessons.c.id
+            < sa.select(lessons.c.id)
+            .where(lessons.c.space_id == space_pk, lessons.c.public_id == after)
+            .scalar_subquery()
+        )
+    rows = [dict(r) for r in await conn.fetch_all(query)]
+    cursor = encode_cursor([rows[limit - 1]["public_id"]]) if len(rows) > limit else None
+    return [r for r in rows[:limit] if filters.admits_path(r)], cursor
+
+
+async def search(
+    conn: Transaction, space_pk: int, query: Query, filters: Filters, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the lessons matching ``query`` that the filters keep, from
+    ``offset`` in the ranking; each row gains ``match`` (its snippet and
+    relevance). The rows and the next page's cursor."""
+    hits = await SEARCH.search(conn, space_pk, query, limit=MAX_HITS)
+    if not hits:
+        return [], None
+    rows = await conn.fetch_all(
+        LESSON_SELECT.where(
+            lessons.c.id.in_(sa.bindparam("keys", expanding=True)),
+            *filters.conditions(space_pk, conn.dialect),
+        ),
+        {"keys": [hit.key for hit in hits]},
+    )
+    found = {r["id"]: dict(r) for r in rows if filters.admits_path(r)}
+    best = max(hit.rank for hit in hits) or 1.0
+    ranked = []
+    for hit in hits:
+        row = found.get(hit.key)
+        if row is None:
+            continue
+        row["match"] = {"snippet": hit.snippet, "relevance": round(hit.rank / best, 4)}
+        step = round(hit.rank / best * RELEVANCE_STEPS)
+        ranked.append(((-step, -row["score"], -row["updated_at"], -row["id"]), row))
+    ranked.sort(key=lambda pair: pair[0])
+    page = [row for _, row in ranked[offset : offset + limit]]
+    more = len(ranked) > offset + limit
+    return page, encode_cursor([offset + limit]) if more else None

@@ -1,0 +1,171 @@
+"""Lessons over HTTP: publish, show, correct, supersede, vote, with their
+rows and audit events, on both engines."""
+
+from __future__ import annotations
+
+from .conftest import Lab
+
+
+async def test_a_lesson_is_published_in_a_project_shown_and_audited(lab: Lab) -> None:
+    made = await lab.lesson(
+        "Migrations need a lock timeout",
+        "Set lock_timeout before ALTER TABLE or the deploy hangs behind a long query.",
+        project="main",
+        kind="gotcha",
+        applies_to={"task_kinds": ["code"], "paths": ["migrations/**"], "tags": ["db"]},
+        sources=[{"type": "url", "url": "https://example.test/postmortem"}],
+    )
+    assert made["id"].startswith("ls_")
+    assert made["collection"] == "project" and made["project_id"].startswith("pj_")
+    assert made["revision"] == 1 and made["author_id"] == lab.agent.id
+    assert made["usefulness"] == {"helpful": 0, "not_helpful": 0, "wrong": 0, "score": 0}
+    shown = await lab.call("GET", f"/lessons/{made['id']}", lab.viewer, expect=200)
+    assert shown == made
+    (event,) = await lab.audit()
+    assert (event["action"], event["target_id"], event["actor_id"]) == (
+        "lesson.created",
+        made["id"],
+        lab.agent.id,
+    )
+    rows = await lab.rows()
+    assert [r["title"] for r in rows["revisions"]] == ["Migrations need a lock timeout"]
+    assert rows["lessons"][0]["tags"] == ",db," and rows["lessons"][0]["task_kinds"] == ",code,"
+
+
+async def test_a_common_lesson_has_no_project(lab: Lab) -> None:
+    made = await lab.lesson("Run the linter before pushing", kind="convention")
+    assert (made["collection"], made["project_id"]) == ("common", None)
+
+
+async def test_bad_lessons_are_refused_and_change_nothing(lab: Lab) -> None:
+    bad = [
+        ({"kind": "gotcha", "title": "", "text": "x"}, "validation-error"),
+        ({"kind": "rumour", "title": "t", "text": "x"}, "validation-error"),
+        ({"kind": "note", "title": "t", "text": "a\x02b"}, "validation-error"),
+        ({"kind": "note", "title": "t", "text": "x" * 20_001}, "validation-error"),
+        ({"kind": "note", "title": "t", "text": "x", "project": "nope"}, "not-found"),
+        ({"kind": "note", "title": "t", "text": "x", "extra": 1}, "validation-error"),
+        (
+            {
+                "kind": "note",
+                "title": "t",
+                "text": "x",
+                "sources": [{"type": "task", "id": "tk_x"}],
+            },
+            "invalid-lesson-source",
+        ),
+        (
+            {
+                "kind": "note",
+                "title": "t",
+                "text": "x",
+                "sources": [{"type": "url", "url": "ftp://x"}],
+            },
+            "validation-error",
+        ),
+        (
+            {"kind": "note", "title": "t", "text": "x", "applies_to": {"paths": ["../etc"]}},
+            "validation-error",
+        ),
+    ]
+    for body, slug in bad:
+        await lab.call("POST", "/lessons", lab.agent, json=body, problem=slug)
+    await lab.call(
+        "POST", "/lessons", lab.viewer, json={"kind": "note", "title": "t", "text": "x"}, expect=403
+    )
+    assert await lab.rows() == {"lessons": [], "revisions": [], "votes": []}
+    assert await lab.audit() == []
+
+
+async def test_a_correction_is_a_new_revision_against_the_current_one(lab: Lab) -> None:
+    made = await lab.lesson("Cache keys", "Keys include the locale.", project="main")
+    await lab.call(
+        "POST", f"/lessons/{made['id']}/votes", lab.agent2, json={"vote": "wrong"}, expect=200
+    )
+    fixed = await lab.call(
+        "POST",
+        f"/lessons/{made['id']}/revisions",
+        lab.agent2,
+        json={"revision": 1, "reason": "the locale moved", "text": "Keys include the tenant."},
+        expect=201,
+    )
+    assert (fixed["revision"], fixed["text"], fixed["title"]) == (
+        2,
+        "Keys include the tenant.",
+        "Cache keys",
+    )
+    assert fixed["revised_by"] == lab.agent2.id and fixed["author_id"] == lab.agent.id
+    assert fixed["usefulness"]["wrong"] == 0, "votes start afresh on a new revision"
+    await lab.call(
+        "POST",
+        f"/lessons/{made['id']}/revisions",
+        json={"revision": 1, "reason": "late", "text": "Keys include nothing."},
+        problem="lesson-changed",
+    )
+    page = await lab.call("GET", f"/lessons/{made['id']}/revisions", lab.viewer, expect=200)
+    assert [(r["number"], r["reason"]) for r in page["items"]] == [(2, "the locale moved"), (1, "")]
+    assert [e["action"] for e in await lab.audit()] == [
+        "lesson.created",
+        "lesson.voted",
+        "lesson.corrected",
+    ]
+    assert [h["id"] for h in await lab.search(q="tenant")] == [made["id"]]
+    assert await lab.search(q="locale") == []
+
+
+async def test_a_superseded_lesson_is_hidden_by_default_and_reachable_by_link(lab: Lab) -> None:
+    old = await lab.lesson("Deploy with make release", "make release builds the image")
+    new = await lab.lesson(
+        "Deploy with the release workflow", "the release workflow builds the image"
+    )
+    shown = await lab.call(
+        "POST",
+        f"/lessons/{old['id']}/supersede",
+        json={"by": new["id"], "reason": "moved"},
+        expect=200,
+    )
+    assert shown["superseded_by"] == new["id"]
+    assert [h["id"] for h in await lab.search(q="image")] == [new["id"]]
+    assert {h["id"] for h in await lab.search(q="image", superseded="include")} == {
+        old["id"],
+        new["id"],
+    }
+    assert [h["id"] for h in await lab.search()] == [new["id"]]
+    replacement = await lab.call("GET", f"/lessons/{new['id']}", expect=200)
+    assert replacement["supersedes"] == [old["id"]]
+    still = await lab.call("GET", f"/lessons/{old['id']}", lab.viewer, expect=200)
+    assert still["superseded_by"] == new["id"]
+    await lab.call(
+        "POST",
+        f"/lessons/{new['id']}/supersede",
+        json={"by": old["id"]},
+        problem="lesson-superseded",
+    )
+    await lab.call(
+        "POST",
+        f"/lessons/{old['id']}/revisions",
+        json={"revision": 1, "reason": "x", "text": "y"},
+        problem="lesson-superseded",
+    )
+
+
+async def test_one_vote_per_principal_and_revision(lab: Lab) -> None:
+    made = await lab.lesson("Use the fixture", "use the fixture")
+    path = f"/lessons/{made['id']}/votes"
+    first = await lab.call("POST", path, lab.agent2, json={"vote": "helpful"}, expect=200)
+    assert first["usefulness"] == {"helpful": 1, "not_helpful": 0, "wrong": 0, "score": 1}
+    again = await lab.call("POST", path, lab.agent2, json={"vote": "helpful"}, expect=200)
+    assert again["usefulness"]["helpful"] == 1
+    changed = await lab.call("POST", path, lab.agent2, json={"vote": "wrong"}, expect=200)
+    assert changed["usefulness"] == {"helpful": 0, "not_helpful": 0, "wrong": 1, "score": -2}
+    await lab.call("POST", path, lab.owner, json={"vote": "not_helpful"}, expect=200)
+    await lab.call("POST", path, lab.viewer, json={"vote": "helpful"}, expect=403)
+    await lab.call(
+        "POST", path, lab.owner, json={"vote": "helpful", "revision": 2}, problem="lesson-changed"
+    )
+    votes = await lab.call("GET", path, lab.viewer, expect=200)
+    assert sorted((v["principal_id"], v["vote"]) for v in votes["items"]) == sorted(
+        [(lab.agent2.id, "wrong"), (lab.owner.id, "not_helpful")]
+    )
+    assert len((await lab.rows())["votes"]) == 2
+    assert [e["action"] for e in await lab.audit("lesson.voted")] == ["lesson.voted"] * 3
