@@ -2,7 +2,7 @@
 it or not at all: the seam through which a plugin adds its own records to
 the tasks plugin's hand-in without importing it or touching its tables.
 
-A throwaway plugin takes ``lessons`` the way a lessons plugin would: it
+A throwaway plugin takes ``notes`` the way a lessons plugin would: it
 declares the name, refuses bad lessons in ``buildmax_submission_check`` and
 writes its own rows in ``buildmax_attempt_submitted``, in the submit's
 transaction.
@@ -36,7 +36,7 @@ learned = sa.Table(
 
 
 class Lessons:
-    """Takes ``extensions.lessons``: a list of short texts."""
+    """Takes ``extensions.notes``: a list of short texts."""
 
     def __init__(self) -> None:
         #: Refuse from buildmax_attempt_submitted (after writing) when a lesson says this.
@@ -46,24 +46,24 @@ class Lessons:
 
     @hookimpl
     def buildmax_migrations(self) -> list[Migration]:
-        return [Migration("lessons", 1, "lessons learned", create_tables(learned))]
+        return [Migration("notes", 1, "lessons learned", create_tables(learned))]
 
     @hookimpl
     def buildmax_submission_extensions(self) -> list[str]:
-        return ["lessons"]
+        return ["notes"]
 
     @hookimpl
     def buildmax_submission_check(self, submission: Any) -> Verdict | None:
-        lessons = submission.extensions.get("lessons") or []
+        lessons = submission.extensions.get("notes") or []
         self.seen.append(dict(submission.extensions))
         self.refs.append(submission)
         if not isinstance(lessons, list) or not all(isinstance(t, str) for t in lessons):
-            return Verdict("deny", "lessons are a list of texts")
+            return Verdict("deny", "notes are a list of texts")
         return None
 
     @hookimpl
     async def buildmax_attempt_submitted(self, app: App, tx: Transaction, submission: Any) -> None:
-        for text in submission.extensions.get("lessons") or []:
+        for text in submission.extensions.get("notes") or []:
             await tx.execute(learned.insert().values(submission_id=submission.id, text=text))
             if text == self.fail_on:
                 raise ValidationFailed("a lesson was refused after the others were written")
@@ -77,7 +77,7 @@ def lessons() -> Lessons:
 @pytest.fixture
 async def app(buildmax_settings, clock, lessons):
     application = create_app(
-        buildmax_settings, clock=clock, extra_plugins=[("lessons", lessons)], auto_migrate=True
+        buildmax_settings, clock=clock, extra_plugins=[("notes", lessons)], auto_migrate=True
     )
     async with application.test_app():
         yield application
@@ -96,10 +96,10 @@ async def test_two_lessons_are_committed_with_the_submission_and_not_kept_by_the
 ):
     claim = await work.claim((await work.task())["id"])
     two = ["run the migrations first", "the cache needs a warm-up"]
-    handed = await submit(work, claim, 201, extensions={"lessons": two})
+    handed = await submit(work, claim, 201, extensions={"notes": two})
     submission = handed["submission"]
     assert await learned_rows(work) == sorted((submission["id"], text) for text in two)
-    assert lessons.seen == [{"lessons": two}]
+    assert lessons.seen == [{"notes": two}]
     # The tasks plugin keeps none of it: not in its row, not in its views.
     assert "extensions" not in submission
     queue = app.services.get(TaskQueue)
@@ -111,9 +111,9 @@ async def test_two_lessons_are_committed_with_the_submission_and_not_kept_by_the
 async def test_a_refused_submission_commits_no_lesson(work, lessons, audit_log):
     claim = await work.claim((await work.task())["id"])
     before = await work.snapshot()
-    refused = await submit(work, claim, 422, extensions={"lessons": ["fine", 7]})
+    refused = await submit(work, claim, 422, extensions={"notes": ["fine", 7]})
     assert refused["type"] == PROBLEM + "submission-refused"
-    assert refused["detail"] == "lessons are a list of texts"
+    assert refused["detail"] == "notes are a list of texts"
     assert await learned_rows(work) == []
     assert await work.snapshot() == before
     assert audit_log.of("attempt.submitted") == []
@@ -124,7 +124,7 @@ async def test_a_plugin_refusing_after_writing_rolls_back_its_lessons_and_the_su
 ):
     claim = await work.claim((await work.task())["id"])
     before = await work.snapshot()
-    late = await submit(work, claim, 422, extensions={"lessons": ["kept?", "fail late"]})
+    late = await submit(work, claim, 422, extensions={"notes": ["kept?", "fail late"]})
     assert late["type"] == PROBLEM + "validation-error"
     assert await learned_rows(work) == []
     assert await work.snapshot() == before
@@ -135,7 +135,7 @@ async def test_data_for_a_name_no_plugin_takes_is_refused_before_anyone_is_asked
     claim = await work.claim((await work.task())["id"])
     before = await work.snapshot()
     refused = await submit(
-        work, claim, 422, extensions={"lessons": ["ok"], "lesons": ["a typo loses nothing"]}
+        work, claim, 422, extensions={"notes": ["ok"], "lesons": ["a typo loses nothing"]}
     )
     assert refused["type"] == PROBLEM + "validation-error"
     assert list(refused["errors"]["extensions"]) == ["lesons"]
@@ -147,7 +147,7 @@ async def test_data_for_a_name_no_plugin_takes_is_refused_before_anyone_is_asked
 async def test_extensions_are_bounded_and_optional(work, lessons):
     claim = await work.claim((await work.task())["id"])
     big = ["x" * 1000] * (MAX_SUBMISSION_EXTENSION_BYTES // 1000 + 1)
-    refused = await submit(work, claim, 422, extensions={"lessons": big})
+    refused = await submit(work, claim, 422, extensions={"notes": big})
     assert "extensions" in refused["errors"]
     handed = await submit(work, claim, 201)
     assert lessons.seen == [{}]
@@ -159,17 +159,17 @@ async def test_a_name_declared_by_two_plugins_stops_the_app(buildmax_settings, c
     app = create_app(
         buildmax_settings,
         clock=clock,
-        extra_plugins=[("lessons", Lessons()), ("more-lessons", Lessons())],
+        extra_plugins=[("notes", Lessons()), ("more-notes", Lessons())],
     )
-    with pytest.raises(StageError, match="'lessons' is declared by both"):
+    with pytest.raises(StageError, match="'notes' is declared by both"):
         stage_engine(app)
 
 
 async def test_the_data_is_read_only_for_the_hooks_and_null_is_a_value(work, lessons):
     claim = await work.claim((await work.task())["id"])
-    await submit(work, claim, 201, extensions={"lessons": None})
+    await submit(work, claim, 201, extensions={"notes": None})
     (ref,) = lessons.refs
-    assert ref.extensions == {"lessons": None}
+    assert ref.extensions == {"notes": None}
     with pytest.raises(TypeError):
         ref.extensions["injected"] = True  # type: ignore[index]
 
@@ -178,7 +178,7 @@ async def test_data_nested_past_what_json_encodes_is_refused_not_a_server_error(
     claim = await work.claim((await work.task())["id"])
     depth = 935
     raw = (
-        '{"generation": 1, "summary": "s", "extensions": {"lessons": '
+        '{"generation": 1, "summary": "s", "extensions": {"notes": '
         + "[" * depth
         + "]" * depth
         + "}}"
@@ -210,14 +210,14 @@ async def test_a_hand_in_through_the_task_queue_carries_extensions_too(work, les
             summary="s",
             candidate={},
             generation=claim["attempt"]["generation"],
-            extensions={"lessons": ["from a job"]},
+            extensions={"notes": ["from a job"]},
         )
     assert await learned_rows(work) == [(handed["submission_id"], "from a job")]
 
 
 @pytest.mark.parametrize(
     ("declared", "why"),
-    [("lessons", "as a string"), ([""], "1 to 64 characters"), ([7], "1 to 64 characters")],
+    [("notes", "as a string"), ([""], "1 to 64 characters"), ([7], "1 to 64 characters")],
 )
 async def test_a_malformed_declaration_stops_the_app(buildmax_settings, clock, declared, why):
     class Odd:
