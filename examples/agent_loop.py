@@ -16,12 +16,18 @@ Each round:
    the pinned plugin releases into ``WORKDIR/<attempt>/plugins/``, as
    ``buildmax run materialize`` does: each package's sha256 is checked
    before it is read, and a package that fails leaves no ``plugins/``;
-3. does the (trivial) work: writes ``WORKDIR/<attempt>/result.txt`` naming
-   the task, the attempt and every materialized plugin;
+3. reads the lessons the claim offers (``attempt.run_environment.lessons``:
+   what agents learned before in this project and the space's common
+   collection) into ``WORKDIR/<attempt>/lessons.md``, and does the
+   (trivial) work: writes ``WORKDIR/<attempt>/result.txt`` naming the task,
+   the attempt, every materialized plugin and the lessons it started with;
 4. uploads ``result.txt`` as an artifact of the attempt (at its
    generation), with its sha256, and each file given with ``--attach``;
 5. submits the attempt, naming the artifacts in the submission's
-   ``artifacts`` (the server refuses an artifact that is not this task's).
+   ``artifacts`` (the server refuses an artifact that is not this task's),
+   the first one carrying each ``--learn`` lesson in ``extensions.lessons``:
+   they are committed with the submission (or not at all) and offered to
+   the next claim in the project.
 
 ``--until-empty`` stops when no task is left for the agent; ``--max-tasks N``
 stops after N tasks (waiting ``--poll-seconds`` for work when there is none,
@@ -68,6 +74,8 @@ EXIT_UNAVAILABLE = 3
 
 #: The file the work produces in each attempt's directory.
 RESULT_NAME = "result.txt"
+#: The file the offered lessons are written to, in each attempt's directory.
+LESSONS_NAME = "lessons.md"
 
 
 class TaskFailed(Exception):
@@ -94,6 +102,10 @@ class Done:
     plugins: list[dict[str, str]]
     #: The artifacts of the ``--attach`` files, in their order.
     attached: list[str] = field(default_factory=list)
+    #: The ids of the lessons the claim offered.
+    offered: list[str] = field(default_factory=list)
+    #: How many lessons the submission carried.
+    learned: int = 0
 
 
 @dataclass
@@ -187,6 +199,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(repeatable)",
     )
     parser.add_argument(
+        "--learn",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a lesson to publish with the first submission, in its task's project: its "
+        "first line is the title, the rest its text (repeatable, at most 5)",
+    )
+    parser.add_argument(
         "--lease-seconds",
         type=int,
         metavar="S",
@@ -207,17 +227,52 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for path in args.attach:
         if not path.is_file():
             parser.error(f"--attach {path}: not a file")
+    if len(args.learn) > 5:
+        parser.error("--learn: a submission carries at most 5 lessons")
+    if any(not text.strip() for text in args.learn):
+        parser.error("--learn: a lesson needs a title")
     return args
 
 
-def result_text(task: dict[str, Any], attempt: dict[str, Any], pins: list[dict[str, Any]]) -> str:
-    """What the work produces: the task, the attempt and the plugins it ran with."""
+def carried_lessons(texts: Sequence[str]) -> list[dict[str, Any]]:
+    """``--learn`` texts as lessons a submission carries (``extensions.lessons``)."""
+    lessons = []
+    for text in texts:
+        title, _, rest = text.strip().partition("\n")
+        lessons.append({"kind": "note", "title": title[:200], "text": rest.strip() or title})
+    return lessons
+
+
+def lessons_text(offered: Sequence[dict[str, Any]]) -> str:
+    """The offered lessons as Markdown, for the work to read."""
+    if not offered:
+        return "No lessons were offered for this task.\n"
+    parts = []
+    for lesson in offered:
+        cut = " (shortened)" if lesson.get("truncated") else ""
+        parts.append(
+            f"## {lesson['title']}\n\n{lesson['kind']}, {lesson['collection']}, "
+            f"lesson {lesson['id']} revision {lesson['revision']}{cut}\n\n{lesson['text']}\n"
+        )
+    return "\n".join(parts)
+
+
+def result_text(
+    task: dict[str, Any],
+    attempt: dict[str, Any],
+    pins: list[dict[str, Any]],
+    offered: Sequence[dict[str, Any]] = (),
+) -> str:
+    """What the work produces: the task, the attempt, the plugins it ran
+    with and the lessons it started with."""
     lines = [
         f"task {task['id']}: {task['title']}",
         f"attempt {attempt['id']} generation {attempt['generation']}",
         f"plugins: {len(pins)}",
     ]
     lines += [f"plugin {p['name']} {p['version']} {p['sha256']}" for p in pins]
+    lines.append(f"lessons: {len(offered)}")
+    lines += [f"lesson {lesson['id']} {lesson['title']}" for lesson in offered]
     return "\n".join(lines) + "\n"
 
 
@@ -227,11 +282,14 @@ def do_task(
     claim: dict[str, Any],
     workdir: Path,
     attach: Sequence[Path] = (),
+    learn: Sequence[str] = (),
 ) -> Done:
-    """Materialize, work, upload (the result and each ``attach`` file) and
-    submit one claimed task with the claim's run token; :class:`TaskFailed`
-    (the attempt marked failed) when any of it is refused."""
+    """Materialize, read the offered lessons, work, upload (the result and
+    each ``attach`` file) and submit one claimed task, carrying the
+    ``learn`` lessons, with the claim's run token; :class:`TaskFailed` (the
+    attempt marked failed) when any of it is refused."""
     task, attempt = claim["task"], claim["attempt"]
+    offered = list((attempt.get("run_environment") or {}).get("lessons") or [])
     home = workdir / attempt["id"]
     with Client(url, claim["token"]) as run:
         tasks = TasksClient(run)
@@ -245,8 +303,9 @@ def do_task(
                 print(
                     f"warning: {name} reads {', '.join(variables)}, not set here", file=sys.stderr
                 )
+            (home / LESSONS_NAME).write_text(lessons_text(offered), encoding="utf-8")
             result = home / RESULT_NAME
-            result.write_text(result_text(task, attempt, pins), encoding="utf-8")
+            result.write_text(result_text(task, attempt, pins, offered), encoding="utf-8")
             artifacts = ArtifactsClient(run)
             artifact = artifacts.upload(
                 space,
@@ -268,6 +327,7 @@ def do_task(
                 f"{RESULT_NAME} for {task['title']!r} with {len(pins)} plugin(s)",
                 evidence={"plugins": pins},
                 artifacts=[artifact["id"], *attached],
+                extensions={"lessons": carried_lessons(learn)} if learn else None,
             )
         except (MaterializationFailed, BuildMaxError, OSError) as exc:
             reason = str(exc)
@@ -286,6 +346,8 @@ def do_task(
         result=str(result),
         plugins=pins,
         attached=attached,
+        offered=[lesson["id"] for lesson in offered],
+        learned=len(learn),
     )
 
 
@@ -304,7 +366,8 @@ def loop(args: argparse.Namespace, tally: Tally) -> int:
                 time.sleep(args.poll_seconds)
                 continue
             try:
-                done = do_task(agent.url, args.space, claim, args.workdir, args.attach)
+                learn = () if tally.submitted else args.learn
+                done = do_task(agent.url, args.space, claim, args.workdir, args.attach, learn)
             except TaskFailed as failed:
                 print(f"error: {failed}", file=sys.stderr)
                 tally.failed.append(
