@@ -166,6 +166,7 @@ async def test_no_route_an_attempts_token_may_use_serves_a_removed_member(
         "artifact": artifact["id"],
         "name": "notes",
         "finding": "fi_none",
+        "lesson": "ls_none",
     }
     document = await (await client.get("/v1/openapi.json")).get_json()
     operations = _attempt_scoped(document)

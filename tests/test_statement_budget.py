@@ -25,7 +25,11 @@ from buildmax.testing import PrincipalHandle, SpaceHandle, call
 from buildmax.testing.statements import StatementLog, watching_statements
 
 #: Statements per operation, by engine, measured on the first-party plugin
-#: set. Raise one only on purpose, with the reason in the commit. On
+#: set. Raise one only on purpose, with the reason in the commit. A claim
+#: in a project with no lesson reads none (the lessons plugin remembers it);
+#: with one, it reads the lessons to offer (one statement). A submission
+#: carrying a lesson writes it: its row, its revision, its index entry and
+#: its space's key (four; its audit event joins the submission's). On
 #: PostgreSQL publishing events is one statement in the transaction (into
 #: the outbox, no lock) and one after its commit (the sequencer numbers and
 #: notifies); on SQLite it is one plus one per event.
@@ -39,6 +43,8 @@ BUDGET: dict[str, dict[str, int]] = {
         "checkpoint": 12,
         "artifact upload": 18,
         "submit": 29,
+        "claim offering a lesson": 18,
+        "submit carrying a lesson": 33,
         "review submit": 49,
     },
     "postgresql": {
@@ -50,6 +56,8 @@ BUDGET: dict[str, dict[str, int]] = {
         "checkpoint": 10,
         "artifact upload": 16,
         "submit": 26,
+        "claim offering a lesson": 17,
+        "submit carrying a lesson": 30,
         "review submit": 45,
     },
 }
@@ -90,7 +98,7 @@ async def test_hot_operations_stay_within_their_statement_budget(
                 owner, "POST", "/tasks", json={"project": "main", "title": f"t{n}"}, expect=201
             )
         )["id"]
-        for n in range(4)
+        for n in range(6)
     ]
     counted: dict[str, StatementLog] = {}
 
@@ -121,6 +129,11 @@ async def test_hot_operations_stay_within_their_statement_budget(
         claims.append(await as_(agent, "POST", f"/tasks/{task}/claim", json={}, expect=201))
 
     await twice("claim", lambda: claim(left[0]), lambda: claim(left[1]))
+    # A lesson in the project: a claim reads the lessons it offers.
+    lesson = {"project": "main", "kind": "note", "title": "a lesson", "text": "offered"}
+    await as_(owner, "POST", "/lessons", json=lesson, expect=201)
+    await twice("claim offering a lesson", lambda: claim(left[2]), lambda: claim(left[3]))
+    assert claims[-1]["attempt"]["run_environment"]["lessons"][0]["title"] == "a lesson"
     attempts = [c["attempt"] for c in claims]
 
     def on(
@@ -157,6 +170,13 @@ async def test_hot_operations_stay_within_their_statement_budget(
         "submit",
         on(attempts[0], "submit", 201, summary="done"),
         on(attempts[1], "submit", 201, summary="done"),
+    )
+
+    carried = {"lessons": [{"kind": "note", "title": "learned", "text": "carried"}]}
+    await twice(
+        "submit carrying a lesson",
+        on(attempts[4], "submit", 201, summary="done", extensions=carried),
+        on(attempts[5], "submit", 201, summary="done", extensions=carried),
     )
 
     items = [await as_(reviewer, "POST", "/claims", json={"kind": "review"}, expect=201)]

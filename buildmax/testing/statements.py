@@ -31,8 +31,10 @@ class StatementLog:
         self.statements: list[str] = []
 
     def seen(self, sql: str) -> None:
-        """Record one statement, if it was sent for the watched work."""
-        if _WATCHED.get() is self:
+        """Record one statement, if it was sent for the watched work. What
+        SQLite runs inside a statement (an FTS5 table's writes to its own
+        tables, traced as ``-- ...``) is part of that statement, not another."""
+        if _WATCHED.get() is self and not sql.startswith("--"):
             self.statements.append(" ".join(sql.split()))
 
     def __len__(self) -> int:
