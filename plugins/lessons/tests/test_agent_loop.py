@@ -61,7 +61,15 @@ async def test_the_agent_loop_reads_offered_lessons_and_publishes_what_it_learne
     assert published["title"] == "Pin the linter"
     assert published["sources"][2] == {"type": "submission", "id": first["submission"]}
     assert (second["offered"], second["learned"]) == ([published["id"]], 0)
-    notes = (tmp_path / second["attempt"] / "lessons.md").read_text()
+    notes, result, none = _read(
+        tmp_path / second["attempt"] / "lessons.md",
+        Path(second["result"]),
+        tmp_path / first["attempt"] / "lessons.md",
+    )
     assert "## Pin the linter" in notes and "A moving linter version" in notes
-    assert f"lesson {published['id']} Pin the linter" in Path(second["result"]).read_text()
-    assert "No lessons were offered" in (tmp_path / first["attempt"] / "lessons.md").read_text()
+    assert f"lesson {published['id']} Pin the linter" in result
+    assert "No lessons were offered" in none
+
+
+def _read(*paths: Path) -> list[str]:
+    return [path.read_text(encoding="utf-8") for path in paths]
