@@ -1,4 +1,4 @@
-"""The journeys this repository ships: all of J01-J20 are there, every
+"""The journeys this repository ships: all of J01-J21 are there, every
 written one loads, and each declares what the product description asks of
 it. Deleting a journey, or marking a red one "not built", fails here."""
 
@@ -40,7 +40,7 @@ def journeys() -> dict[str, Journey]:
 
 
 def test_every_critical_journey_is_there(journeys: dict[str, Journey]) -> None:
-    assert sorted(journeys) == [f"J{n:02d}" for n in range(1, 21)]
+    assert sorted(journeys) == [f"J{n:02d}" for n in range(1, 22)]
     assert [j for j, journey in journeys.items() if journey.status == NOT_BUILT] == []
 
 
@@ -97,6 +97,32 @@ def test_j19_agents_act_only_through_the_mcp_sdk(journeys: dict[str, Journey]) -
         ("integrator", "claim_integration"),
         ("integrator", "submit"),
     } <= calls
+
+
+def test_j21_lessons_travel_with_submissions_and_are_searched(
+    journeys: dict[str, Journey],
+) -> None:
+    """J21's lessons half: an agent's submission carries lessons (one
+    common), the next claims are read for the lessons they offer, the
+    lessons are searched by words and by a phrase, corrected, superseded,
+    and named from another space."""
+    steps = journeys["J21"].steps
+    carried = [
+        lesson
+        for s in steps
+        if s.kind == "request" and str(s.spec["path"]).endswith("/submit")
+        for lesson in s.spec["json"].get("extensions", {}).get("lessons", [])
+    ]
+    assert any(lesson.get("common") for lesson in carried)
+    assert any(not lesson.get("common") for lesson in carried)
+    claims = [s for s in steps if str(s.spec.get("path", "")).endswith("/claim")]
+    assert len(claims) >= 3
+    queries = [str(s.spec.get("params", {}).get("q", "")) for s in steps]
+    assert any(q and '"' not in q for q in queries) and any(q.startswith('"') for q in queries)
+    paths = [str(s.spec.get("path", "")) for s in steps]
+    assert any(p.endswith("/revisions") for p in paths)
+    assert any(p.endswith("/supersede") for p in paths)
+    assert any(s.spec.get("as") == "outsider" for s in steps)
 
 
 def test_written_journeys_run_the_examples(journeys: dict[str, Journey]) -> None:
