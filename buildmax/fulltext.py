@@ -12,15 +12,18 @@ indexed under its primary key and the key of the space it belongs to:
 
 The index is never a second source of truth: a plugin writes it in the
 same transaction as the record (:meth:`TextIndex.put`, one statement on
-either engine), and can rebuild it from its records at any time.
+either engine), and can rebuild it from its records at any time
+(:meth:`TextIndex.clear`, then :meth:`TextIndex.fill` from a select of
+them: one statement too).
 
 A person's query is parsed here (:func:`parse_query`), never handed to an
 engine's query syntax: words and ``"quoted phrases"``, every one of which
 must match (stemmed: ``running`` finds ``runs``); anything else a query
 language would read as an operator is only text. :meth:`TextIndex.search`
 ranks by relevance and marks the matched words of a snippet between
-:data:`MARK_START` and :data:`MARK_END`, which no indexed text holds
-(control characters), so a client escapes the snippet and then marks them.
+:data:`MARK_START` and :data:`MARK_END`, control characters no indexed
+text holds (a record's own are indexed as spaces), so a client escapes the
+snippet and then marks them.
 
 The engines are close, not equal. The stemmers differ at the edges
 (SQLite's Porter keeps ``quickli`` for ``quickly``, PostgreSQL's Snowball
@@ -34,9 +37,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
+from sqlalchemy.dialects import postgresql
 
 #: What marks the start and the end of a matched word in a snippet.
 MARK_START = "\x02"
@@ -104,6 +109,16 @@ def _keep_phrase(text: str, phrases: list[tuple[str, ...]]) -> str:
     return " "
 
 
+def _unmarked(text: str) -> str:
+    """``text`` with any mark a snippet could show as a match made a space."""
+    return text.replace(MARK_START, " ").replace(MARK_END, " ")
+
+
+def _unmarked_column(column: Any) -> Any:
+    """:func:`_unmarked` in SQL."""
+    return sa.func.replace(sa.func.replace(column, MARK_START, " "), MARK_END, " ")
+
+
 @dataclass(frozen=True)
 class Hit:
     """A record a search found: its key, its relevance (higher is better;
@@ -157,12 +172,14 @@ class TextIndex:
 
     async def put(self, tx: Transaction, key: int, scope: int, values: Mapping[str, str]) -> None:
         """Index (or index again) record ``key`` of space ``scope`` with its
-        ``values`` for every field: one statement."""
+        ``values`` for every field: one statement. A mark
+        (:data:`MARK_START`, :data:`MARK_END`) in a value is indexed as a
+        space, so that a snippet's marks are the search's own."""
         missing = set(self.fields) - set(values)
         if missing:
             raise ValueError(f"no value for {sorted(missing)}")
         columns = ", ".join(self.fields)
-        params = {"key": key, "scope": scope, **{f: values[f] for f in self.fields}}
+        params = {"key": key, "scope": scope, **{f: _unmarked(values[f]) for f in self.fields}}
         placeholders = ", ".join(f":{f}" for f in self.fields)
         if tx.dialect == "sqlite":
             statement = (
@@ -177,6 +194,36 @@ class TextIndex:
                 f"ON CONFLICT (key) DO UPDATE SET {updates}"
             )
         await tx.execute(sa.text(statement), params)
+
+    async def fill(self, tx: Transaction, rows: sa.Select[Any]) -> None:
+        """Index (or index again) every row of the select ``rows``, whose
+        columns are, in order, the record's key, its space's key and the
+        text of each field (never ``NULL``: ``coalesce`` what may be), at
+        most one row per key: one ``INSERT ... SELECT`` statement. Marks
+        in the text are indexed as spaces, as by :meth:`put`."""
+        if len(rows.selected_columns) != 2 + len(self.fields):
+            raise ValueError(
+                f"the select needs {2 + len(self.fields)} columns: key, scope, "
+                + ", ".join(self.fields)
+            )
+        source = rows.subquery()
+        key, scope, *texts = source.c
+        rows = sa.select(key, scope, *map(_unmarked_column, texts))
+        if tx.dialect == "sqlite":
+            columns = ["rowid", "scope", *self.fields]
+            index = sa.table(self.name, *map(sa.column, columns))
+            statement: sa.Insert = (
+                sa.insert(index).from_select(columns, rows).prefix_with("OR REPLACE")
+            )
+        else:
+            columns = ["key", "scope", *self.fields]
+            index = sa.table(self.name, *map(sa.column, columns))
+            upsert = postgresql.insert(index).from_select(columns, rows)
+            statement = upsert.on_conflict_do_update(
+                index_elements=["key"],
+                set_={name: upsert.excluded[name] for name in ("scope", *self.fields)},
+            )
+        await tx.execute(statement)
 
     async def remove(self, tx: Transaction, key: int) -> None:
         """Take record ``key`` out of the index."""
@@ -195,10 +242,14 @@ class TextIndex:
         *,
         keys: Sequence[int] | None = None,
         limit: int = 1000,
+        snippets: bool = True,
     ) -> list[Hit]:
         """The records of space ``scope`` (of ``keys``, when given) that
         match ``query``, most relevant first (ties: the newer key first), at
-        most ``limit``, each with a snippet of the field that matched best."""
+        most ``limit``, each with a snippet of the field that matched best
+        (an empty one without ``snippets``: a snippet costs far more than a
+        rank, so a search that ranks many records and shows a few asks for
+        theirs with ``keys``)."""
         if keys is not None and not keys:
             return []
         params: dict[str, object] = {"scope": scope, "limit": limit}
@@ -206,7 +257,12 @@ class TextIndex:
             weights = ", ".join(["0"] + ["2" if n == 0 else "1" for n in range(len(self.fields))])
             statement = (
                 f"SELECT rowid AS key, -bm25({self.name}, {weights}) AS rank, "
-                f"snippet({self.name}, -1, char(2), char(3), '…', {SNIPPET_WORDS}) AS snippet "
+                + (
+                    f"snippet({self.name}, -1, char(2), char(3), '…', {SNIPPET_WORDS}) "
+                    if snippets
+                    else "'' "
+                )
+                + "AS snippet "
                 f"FROM {self.name} WHERE {self.name} MATCH :query AND scope = :scope"
             )
             params["query"] = query.fts5()
@@ -214,16 +270,18 @@ class TextIndex:
         else:
             text = " || ' ' || ".join(self.fields)
             statement = (
-                f"SELECT key, ts_rank_cd(document, q) AS rank, "
-                f"ts_headline('{_CONFIG}', {text}, q, :headline) AS snippet "
+                "SELECT key, ts_rank_cd(document, q) AS rank, "
+                + (f"ts_headline('{_CONFIG}', {text}, q, :headline) " if snippets else "'' ")
+                + "AS snippet "
                 f"FROM {self.name}, websearch_to_tsquery('{_CONFIG}', :query) AS q "
                 "WHERE document @@ q AND scope = :scope"
             )
             params["query"] = query.websearch()
-            params["headline"] = (
-                f"StartSel={MARK_START}, StopSel={MARK_END}, "
-                f"MaxWords={SNIPPET_WORDS + 8}, MinWords={SNIPPET_WORDS // 2}"
-            )
+            if snippets:
+                params["headline"] = (
+                    f"StartSel={MARK_START}, StopSel={MARK_END}, "
+                    f"MaxWords={SNIPPET_WORDS + 8}, MinWords={SNIPPET_WORDS // 2}"
+                )
             key_column = "key"
         if keys is not None:
             numbered = {f"k{n}": k for n, k in enumerate(keys)}

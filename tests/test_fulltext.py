@@ -94,6 +94,23 @@ async def test_a_snippet_marks_the_matched_words(app, index):
     assert f"{MARK_START}cold{MARK_END}" in hit.snippet
 
 
+async def test_a_search_ranks_without_snippets_and_snippets_the_keys_asked(app, index):
+    async with app.db.read() as conn:
+        ranked = await index.search(conn, 1, parse_query("running"), snippets=False)
+        assert {h.key for h in ranked} == {1, 4} and {h.snippet for h in ranked} == {""}
+        shown = await index.search(conn, 1, parse_query("running"), keys=[ranked[0].key])
+    assert [h.key for h in shown] == [ranked[0].key] and MARK_START in shown[0].snippet
+
+
+async def test_a_snippet_marks_only_what_matched(app, index):
+    async with app.db.write() as tx:
+        await index.put(tx, 12, 1, {"title": "x", "body": f"gravel {MARK_START}forged{MARK_END}"})
+    async with app.db.read() as conn:
+        [hit] = await index.search(conn, 1, parse_query("gravel"))
+    assert f"{MARK_START}gravel{MARK_END}" in hit.snippet
+    assert hit.snippet.count(MARK_START) == hit.snippet.count(MARK_END) == 1
+
+
 async def test_put_again_replaces_and_remove_takes_out(app, index):
     async with app.db.write() as tx:
         await index.put(tx, 2, 1, {"title": "Release checklist", "body": "sign the tarball"})
@@ -105,6 +122,54 @@ async def test_put_again_replaces_and_remove_takes_out(app, index):
     async with app.db.write() as tx:
         await index.clear(tx)
     assert await _keys(app, index, "running") == []
+
+
+async def test_fill_indexes_every_row_of_a_select(app, index):
+    source = sa.Table(
+        f"test_source_{secrets.token_hex(4)}",
+        sa.MetaData(),
+        sa.Column("id", sa.BigInteger, primary_key=True),
+        sa.Column("space", sa.BigInteger, nullable=False),
+        sa.Column("heading", sa.Text, nullable=False),
+        sa.Column("text", sa.Text, nullable=True),
+    )
+    async with app.db.write() as tx:
+        await tx.execute(sa.schema.CreateTable(source))
+        for key, space, heading, text in (
+            (2, 1, "Release checklist", "sign the tarball"),  # indexed already: replaced
+            (20, 1, f"Parsing {MARK_START}tarballs{MARK_END}", None),
+            (21, 2, "Another space's tarball", "kept apart"),
+            (22, 1, "Left out", "a tarball the select does not take"),
+        ):
+            await tx.execute(
+                source.insert().values(id=key, space=space, heading=heading, text=text)
+            )
+    rows = sa.select(
+        source.c.id,
+        source.c.space,
+        source.c.heading,
+        sa.func.coalesce(source.c.text, ""),
+    ).where(source.c.heading != "Left out")
+    try:
+        async with app.db.write() as tx:
+            with pytest.raises(ValueError):
+                await index.fill(tx, sa.select(source.c.id, source.c.space, source.c.heading))
+            await index.fill(tx, rows)
+        assert await _keys(app, index, "tarball") == [20, 2]  # title first, then the newer key
+        async with app.db.read() as conn:
+            hits = await index.search(conn, 1, parse_query("parsing"))
+        assert [h.snippet.count(MARK_START) for h in hits] == [1]  # a stored mark is a space
+        assert await _keys(app, index, "wheel") == []  # key 2's old text is gone
+        assert await _keys(app, index, "tarball", scope=2) == [21]
+        assert set(await _keys(app, index, "running")) == {1, 4}  # the others untouched
+        async with app.db.write() as tx:
+            await index.clear(tx)
+            await index.fill(tx, rows)  # a rebuild: clear, then fill
+        assert await _keys(app, index, "tarball") == [20, 2]
+        assert await _keys(app, index, "running") == []
+    finally:
+        async with app.db.write() as tx:
+            await tx.execute(sa.schema.DropTable(source))
 
 
 async def test_query_syntax_of_either_engine_is_only_text(app, index):

@@ -218,7 +218,7 @@ async def test_the_board_filters_by_priority(app, client, team, browser):
     assert 'name="min_priority" type="number"' in html and 'value="10"' in html
 
 
-async def test_the_board_filters_by_kind_label_agent_and_title(app, client, team, browser):
+async def test_the_board_filters_by_kind_label_agent_and_search(app, client, team, browser):
     await make_task(client, team, "parser work", labels=["backend"])
     await make_task(client, team, "docs work", kind="general", labels=["docs"])
     b = await signed_in(browser, team.owner)
@@ -226,10 +226,13 @@ async def test_the_board_filters_by_kind_label_agent_and_title(app, client, team
     for query, shown, hidden in (
         ("kind=general", "docs work", "parser work"),
         ("label=backend", "parser work", "docs work"),
-        ("q=pars", "parser work", "docs work"),
+        ("q=parsers", "parser work", "docs work"),
     ):
         html = await b.text(f"{board}?{query}")
         assert shown in html and hidden not in html, query
+    # A search with no word is the API's 422 naming q, shown as a page.
+    refused = await b.text(f"{board}?q=%22%2A%22", status=422)
+    assert "validation-error" in refused and "at least one word" in refused
     # An agent the space has no profile for is the API's 422, shown as a page.
     assert "validation-error" in await b.text(f"{board}?agent=nobody", status=422)
 

@@ -45,6 +45,8 @@ from buildmax.client import (
 from buildmax.client import (
     NameTaken as NameTaken,  # the kernel's, raised for a project or agent name too
 )
+from buildmax.fulltext import MARK_END as MARK_END
+from buildmax.fulltext import MARK_START as MARK_START
 from buildmax_tasks import problems
 
 # -- errors -------------------------------------------------------------------
@@ -298,9 +300,31 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
         agent: str | None = None,
         q: str | None = None,
     ) -> _Many:
-        """Tasks matching every filter given, newest first; ``q`` searches titles."""
+        """Tasks matching every filter given, newest first; with ``q``, a
+        search (:meth:`search_tasks`)."""
         params = present(state=state, kind=kind, label=label, project=project, agent=agent, q=q)
         return self._many(space_path(space, "tasks"), params)
+
+    def search_tasks(
+        self,
+        space: str,
+        text: str,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        label: str | None = None,
+        project: str | None = None,
+        agent: str | None = None,
+    ) -> _Many:
+        """Tasks whose title and acceptance criteria hold every word (stemmed)
+        and ``"quoted phrase"`` of ``text``, and match every filter given:
+        the most relevant first (ties: newest first), of the first 1,000
+        matches. Each has ``match["snippet"]``, its matched words between
+        :data:`MARK_START` and :data:`MARK_END`. A ``text`` with no word is
+        refused (:class:`~buildmax.client.ValidationError`)."""
+        return self.list_tasks(
+            space, state=state, kind=kind, label=label, project=project, agent=agent, q=text
+        )
 
     def list_ready(
         self,

@@ -27,6 +27,7 @@ from .attempt_tokens import TOKEN_KIND, attempt_token_reminter
 from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
+from .search import create_index as create_search_index
 from .settings import task_settings
 from .tables import TABLES, TABLES_2, TASKS_BY_PROJECT_STATE, TASKS_BY_SPACE
 
@@ -48,6 +49,12 @@ def buildmax_migrations() -> list[Migration]:
         ),
         Migration("tasks", 2, "the artifacts a submission names", create_tables(*TABLES_2)),
         Migration("tasks", 3, "the task list's indexes", _index_task_lists),
+        Migration(
+            "tasks",
+            4,
+            "task search: a full-text index of each task's title and criteria",
+            create_search_index,
+        ),
     ]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from buildmax_hookspecs import App
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
+from buildmax.fulltext import MAX_QUERY_CHARS, MAX_QUERY_TERMS
 from buildmax.schemas import (
     NAME_PATTERN,
     BoundedInteger,
@@ -178,6 +179,27 @@ class TaskOut(Schema):
 
 class TaskPage(Schema):
     items = fields.List(fields.Nested(TaskOut))
+    next_cursor = fields.String(allow_none=True)
+
+
+class TaskMatch(Schema):
+    snippet = fields.String(
+        metadata={
+            "description": "A few words of the title or criteria around what matched, each "
+            "matched word between U+0002 and U+0003 (control characters no title or criteria "
+            "shows there otherwise): escape the snippet, then mark them"
+        }
+    )
+
+
+class ListedTask(TaskOut):
+    match = fields.Nested(
+        TaskMatch, metadata={"description": "Why a search found the task (only with q)"}
+    )
+
+
+class TaskListPage(Schema):
+    items = fields.List(fields.Nested(ListedTask))
     next_cursor = fields.String(allow_none=True)
 
 
@@ -521,7 +543,16 @@ class TaskListQuery(QueueQuery):
     state = fields.String(
         validate=validate.OneOf(TASK_STATES), metadata={"description": "Only tasks in this state"}
     )
-    q = fields.String(validate=validate.Length(max=200), metadata={"description": "Title contains"})
+    q = fields.String(
+        validate=validate.Length(max=MAX_QUERY_CHARS),
+        metadata={
+            "description": "Full-text search of the title and acceptance criteria: words "
+            '(stemmed: "fail" finds "failing") and "quoted phrases", every one of which must '
+            "match; anything else is only text. Answers in relevance order (ties: newest "
+            "first), each item with match.snippet; at most "
+            f"{MAX_QUERY_TERMS} words and phrases. Empty: no search"
+        },
+    )
     min_priority = BoundedInteger(
         -1000, 1000, text=True, metadata={"description": "Only tasks of at least this priority"}
     )

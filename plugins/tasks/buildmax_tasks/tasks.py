@@ -24,13 +24,15 @@ from .lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_ta
 from .problems import InvalidState, RevisionConflict
 from .records import agent_pk, find_project, load_task, task_or_404
 from .rows import TaskRow
+from .search import index_task
 from .tables import attempts, dependencies, task_revisions, tasks
 
 
 async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
     """A new task of the project ``data["project"]`` (for the agent
-    ``data["agent"]``, if any) with its first revision and prerequisites:
-    ``ready``, or ``open`` until every prerequisite is done. Its public id."""
+    ``data["agent"]``, if any) with its first revision and prerequisites,
+    indexed for search: ``ready``, or ``open`` until every prerequisite is
+    done. Its public id."""
     project = await find_project(ch.tx, ch.space_pk, data["project"])
     agent = await agent_pk(ch.tx, ch.space_pk, data["agent"])
     if data["prerequisites"]:
@@ -71,6 +73,7 @@ async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
             created_by=creator_pk,
         )
     )
+    await index_task(ch.tx, pk, ch.space_pk, data["title"], data["criteria"])
     for prereq in prereqs:
         await ch.tx.execute(
             dependencies.insert().values(task_id=pk, prerequisite_id=prereq.pk, created_at=ch.now)
@@ -132,8 +135,9 @@ async def revise_task(
     changes: dict[str, Any],
 ) -> None:
     """Apply ``changes`` (title, body, criteria, priority, labels,
-    resources, agent, max_attempts) as the next revision; 409 when the task
-    is not at ``expected_revision``."""
+    resources, agent, max_attempts) as the next revision, indexed again
+    for search when its title or criteria change; 409 when the task is not
+    at ``expected_revision``."""
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
     if row.revision != expected_revision:
         raise RevisionConflict(
@@ -152,18 +156,21 @@ async def revise_task(
     for name in ("labels", "resources"):
         if name in changes:
             values[name] = json.dumps(sorted(set(changes[name])))
+    title, criteria = changes.get("title", row.title), changes.get("criteria", row.criteria)
     await ch.tx.execute(
         task_revisions.insert().values(
             task_id=row.pk,
             number=values["revision"],
-            title=changes.get("title", row.title),
+            title=title,
             body=changes.get("body", row.body),
-            criteria=changes.get("criteria", row.criteria),
+            criteria=criteria,
             created_at=ch.now,
             created_by=editor.principal_pk,
         )
     )
     await set_task(ch, row.pk, **values)
+    if ("title" in changes or "criteria" in changes) and row.subject_task_pk is None:
+        await index_task(ch.tx, row.pk, row.space_pk, title, criteria)
     await ch.audit(
         "task.revised",
         "task",

@@ -327,8 +327,13 @@ async def test_edits_dependencies_and_the_ways_work_ends(team: Team) -> None:
         team.agent, "task", "edit", first["id"], "--title", "x", "--expected-revision", "1"
     )
     assert stale.exit_code == 1 and stale.stderr.startswith("error: 409 revision-conflict: ")
-    found = table(await team.run(team.agent, "task", "list", "--state", "ready", "--search", "tab"))
-    assert [row[0] for row in found[1:]] == [first["id"]]
+    found = table(
+        await team.run(team.agent, "task", "list", "--state", "ready", "--search", "table")
+    )
+    assert found[0][-1] == "match"
+    assert [(row[0], row[-1]) for row in found[1:]] == [(first["id"], "[tables]")]
+    refused = await team.run(team.agent, "task", "list", "--search", '""')
+    assert refused.exit_code == 1 and refused.stderr.startswith("error: 422 validation-error: ")
 
     claim = await team.run(team.agent, "task", "claim-next", "--project", "shop", "--json")
     attempt = json.loads(ok(claim).stdout)["attempt"]

@@ -266,18 +266,23 @@ async def test_the_task_list_of_one_project_reads_the_project_index(work):
 
 async def test_migration_3_indexes_a_database_made_before_it(work):
     """A database migrated before the task list's indexes existed gets them
-    from migration 3."""
+    from migration 3, and task search, with its tasks indexed, from
+    migration 4."""
     app = work.app
+    made = await work.task("Made before search", criteria="found by its criteria")
     async with app.db.write() as tx:
         await tx.execute(sa.text("DROP INDEX task_tasks_space"))
         await tx.execute(sa.text("DROP INDEX task_tasks_project_state"))
+        await tx.execute(sa.text("DROP TABLE task_search"))
         await tx.execute(
             sa.delete(schema_migrations).where(
-                schema_migrations.c.plugin == "tasks", schema_migrations.c.version == 3
+                schema_migrations.c.plugin == "tasks", schema_migrations.c.version >= 3
             )
         )
     applied = await migrate(app.db, app.migrations(), app.clock)
-    assert [(m.plugin, m.version) for m in applied] == [("tasks", 3)]
+    assert [(m.plugin, m.version) for m in applied] == [("tasks", 3), ("tasks", 4)]
+    found = await work.call("GET", "/tasks?q=criteria", work.viewer, expect=200)
+    assert [t["id"] for t in found["items"]] == [made["id"]]
     catalog = (
         "SELECT name FROM sqlite_master WHERE type = 'index'"
         if app.db.dialect == "sqlite"

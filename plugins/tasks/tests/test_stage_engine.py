@@ -27,6 +27,7 @@ from buildmax_hookspecs import (
     Verdict,
     hookimpl,
 )
+from buildmax_tasks.search import rebuild
 from buildmax_tasks.tables import (
     agent_plugins,
     agent_revisions,
@@ -845,3 +846,30 @@ async def test_a_policy_read_again_after_its_revision_in_one_transaction_is_the_
         assert again is not None
         assert (again["revision"], again["approvals_required"]) == (1, 3)
         assert (await current_policy(tx, pk))["approvals_required"] == 3
+
+
+# -- search ---------------------------------------------------------------------
+
+
+async def test_stage_work_is_left_out_of_search_and_its_subject_found(work):
+    """Stage work is not indexed when the engine creates it, nor when it is
+    edited, nor by a rebuild: a search finds the subject task it examines."""
+    subject, handed = await submitted_subject(work)
+
+    async def searched(q: str) -> list[str]:
+        page = await work.call("GET", f"/tasks?q={q}", work.viewer, expect=200)
+        return [t["id"] for t in page["items"]]
+
+    assert await searched("subject") == [subject["id"]]
+    item = handed["work_ids"][0]
+    await work.call(
+        "PATCH",
+        f"/tasks/{item}",
+        json={"expected_revision": 1, "title": "edited check"},
+        expect=200,
+    )
+    assert await searched("edited") == []
+    async with work.app.db.write() as tx:
+        assert await rebuild(tx) == 1
+    assert await searched("subject") == [subject["id"]]
+    assert await searched("edited") == []

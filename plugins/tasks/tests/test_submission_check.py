@@ -169,17 +169,18 @@ async def test_submissions_made_before_migration_2_show_no_artifacts(work, app):
     handed = await submit(work, claim, 201)
     async with app.db.write() as tx:
         await tx.execute(sa.text("DROP TABLE task_submission_artifacts"))
+        await tx.execute(sa.text("DROP TABLE task_search"))
         await tx.execute(
             sa.delete(schema_migrations).where(
                 schema_migrations.c.plugin == "tasks", schema_migrations.c.version >= 2
             )
         )
     refused = create_app(app.settings, auto_migrate=False)
-    with pytest.raises(Exception, match=r"pending migrations: tasks \(2\)"):
+    with pytest.raises(Exception, match=r"pending migrations: tasks \(3\)"):
         async with refused.test_app():
             pass
     applied = await migrate(app.db, app.migrations(), app.clock)
-    assert [(m.plugin, m.version) for m in applied] == [("tasks", 2), ("tasks", 3)]
+    assert [(m.plugin, m.version) for m in applied] == [("tasks", 2), ("tasks", 3), ("tasks", 4)]
     shown = await work.call(
         "GET", f"/submissions/{handed['submission']['id']}", work.viewer, expect=200
     )

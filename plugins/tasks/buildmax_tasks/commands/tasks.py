@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any
 
 import click
 
 from buildmax.commands.identity import render_table
+from buildmax.commands.server import (
+    config_option,
+    data_dir_option,
+    database_option,
+    load_settings,
+    with_app,
+)
 
+from ..client import MARK_END, MARK_START
 from ..tables import TASK_KINDS, TASK_STATES
 from .attempts import ATTEMPT_COLUMNS
 from .options import filter_options, lease_option, override_option
@@ -132,7 +142,11 @@ def task_create(
 
 @task_group.command("list")
 @click.option("--state", type=click.Choice(TASK_STATES), help="Only tasks in this state.")
-@click.option("--search", metavar="TEXT", help="Only tasks whose title contains TEXT.")
+@click.option(
+    "--search",
+    metavar="TEXT",
+    help='Search titles and criteria for every word (stemmed) and "quoted phrase" of TEXT.',
+)
 @filter_options
 @in_space
 def task_list(
@@ -144,16 +158,38 @@ def task_list(
     label: str | None,
     agent: str | None,
 ) -> None:
-    """List tasks, newest first.
+    """List tasks, newest first; with --search, the most relevant first,
+    each with the words that matched (in bold on a terminal, else between
+    [ and ]).
 
     \b
-    Example:
+    Examples:
       buildmax task list --state ready --project shop --label frontend
+      buildmax task list --search 'login "flaky test"'
     """
-    found = r.tasks.list_tasks(
-        r.space, state=state, kind=kind, label=label, project=project, agent=agent, q=search
-    )
-    r.show_all(found, TASK_COLUMNS)
+    filters = dict(state=state, kind=kind, label=label, project=project, agent=agent)
+    if search is None:
+        r.show_all(r.tasks.list_tasks(r.space, **filters), TASK_COLUMNS)
+        return
+    found = r.tasks.search_tasks(r.space, search, **filters)
+    if not r.as_json:
+        bold = sys.stdout.isatty()
+        found = [{**item, "match": marked(item["match"]["snippet"], bold)} for item in found]
+    r.show_all(found, (*TASK_COLUMNS, "match"))
+
+
+def marked(snippet: str, bold: bool) -> str:
+    """A search's snippet on one line, its matched words in bold (``bold``:
+    for a terminal) or between ``[`` and ``]``."""
+    if bold:
+        shown = _MARKED.sub(lambda m: click.style(m.group(1), bold=True), snippet)
+    else:
+        shown = snippet.replace(MARK_START, "[").replace(MARK_END, "]")
+    return " ".join(shown.replace(MARK_START, "").replace(MARK_END, "").split())
+
+
+#: A matched word of a snippet.
+_MARKED = re.compile(f"{MARK_START}([^{MARK_END}]*){MARK_END}")
 
 
 @task_group.command("ready")
@@ -362,3 +398,30 @@ def task_claim_next(
 def task_attempts(r: SpaceRemote, task: str) -> None:
     """List TASK's attempts by generation, ended ones included."""
     r.show_all(r.tasks.list_attempts(r.space, task), ATTEMPT_COLUMNS)
+
+
+@task_group.command("reindex")
+@config_option
+@data_dir_option
+@database_option
+def task_reindex(config_path: str | None, data_dir: str | None, database_url: str | None) -> None:
+    """Rebuild task search from the tasks (on the server's machine: it
+    reads the database directly, like `buildmax db`).
+
+    Empties the search index and indexes every task's title and current
+    acceptance criteria again, in one transaction: searches see the old
+    index until it commits. Maintenance only: the index is kept with every
+    change, and never holds anything the tasks do not.
+    """
+    from buildmax_hookspecs import App
+
+    from ..search import rebuild
+
+    settings = load_settings(config_path, data_dir=data_dir, database_url=database_url)
+
+    async def work(app: App) -> int:
+        async with app.db.write() as tx:
+            return await rebuild(tx)
+
+    indexed = with_app(settings, work, schema_of=("tasks",))
+    click.echo(f"Indexed {indexed} task(s) for search.")

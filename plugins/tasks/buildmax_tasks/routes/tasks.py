@@ -15,11 +15,13 @@ from buildmax.apidoc import api, query_args
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
+from buildmax.fulltext import Query, QueryRefused, parse_query
 from buildmax.idempotency import Reply, Work
-from buildmax.pagination import page_body, page_request
+from buildmax.pagination import PageRequest, page_body, page_request
 from buildmax.problems import (
     BadCursor,
     TokenScopeRefused,
+    ValidationFailed,
 )
 
 from .. import tasks as tasks_domain
@@ -48,11 +50,13 @@ from ..schemas import (
     TaskCountQuery,
     TaskCounts,
     TaskCreate,
+    TaskListPage,
     TaskListQuery,
     TaskOut,
     TaskPage,
     TaskUpdate,
 )
+from ..search import SEARCH_LIMIT, ranked_matches, snippets
 from ..tables import (
     attempts,
     task_revisions,
@@ -125,51 +129,115 @@ def _list_conditions(filters: ClaimFilters, query: dict[str, Any]) -> list[Any]:
         conditions.append(tasks.c.agent_id == filters.agent_pk)
     if query.get("state") is not None:
         conditions.append(tasks.c.state == query["state"])
-    if query.get("q") is not None:
-        conditions.append(tasks.c.title.icontains(query["q"], autoescape=True))
     if query.get("min_priority") is not None:
         conditions.append(tasks.c.priority >= int(query["min_priority"]))
     return conditions
 
 
 #: Task list filters no index serves in the list's order.
-_SCANNING_FILTERS = ("q", "label", "kind", "agent", "min_priority")
+_SCANNING_FILTERS = ("label", "kind", "agent", "min_priority")
+
+
+def _search_query(query: dict[str, Any]) -> Query | None:
+    """The parsed ``q`` (``None`` when absent or blank); 422 naming ``q``
+    when it holds no word or too many."""
+    text = query.get("q")
+    if text is None or not text.strip():
+        return None
+    try:
+        return parse_query(text)
+    except QueryRefused as exc:
+        message = str(exc)
+        raise ValidationFailed(message, errors={"q": [f"{message.capitalize()}."]}) from None
+
+
+def _search_offset(page: PageRequest) -> int:
+    """Where a search's page starts among its ranked matches: the offset
+    its cursor carries (400 ``bad-cursor`` when out of range)."""
+    if page.after is None:
+        return 0
+    offset: int = page.after[0]
+    if not 0 < offset < SEARCH_LIMIT:
+        raise BadCursor("the cursor is not one this server issued")
+    return offset
 
 
 @blueprint.get("/v1/spaces/<space>/tasks")
 @api(
     "List and search tasks (viewers)",
-    response=TaskPage,
+    response=TaskListPage,
     query=TaskListQuery,
     tags=["tasks"],
     role="viewer",
     action="tasks.read",
 )
 async def list_tasks(access: SpaceAccess) -> Response:
-    """Filters: ``state``, ``kind``, ``label``, ``project``, ``agent``, ``q``
-    (title contains), ``min_priority``; newest first."""
+    """Filters: ``state``, ``kind``, ``label``, ``project``, ``agent``,
+    ``min_priority``; newest first. With ``q``, a full-text search of the
+    title and acceptance criteria (words, stemmed, and ``"quoted
+    phrases"``, all of which must match): the most relevant of the first
+    1,000 matches first (ties: newest first), each with
+    ``match.snippet``, its matched words between U+0002 and U+0003; a ``q``
+    with no word, or with more than 20 words and phrases, is 422. Stage
+    work (review and integration items) is not searched: search finds the
+    task it examines."""
     app = current_buildmax()
-    page = page_request()
     query = query_args()
+    searched = _search_query(query)
+    page = page_request((int,) if searched is not None else (str,))
     # The space's, a state's and a project's tasks are read newest first
     # from an index; any other filter may scan the space's whole history,
-    # which is no read for the event loop.
-    scanning = any(query.get(name) is not None for name in _SCANNING_FILTERS)
+    # and a search may rank a thousand matches: no read for the event loop.
+    scanning = searched is not None or any(
+        query.get(name) is not None for name in _SCANNING_FILTERS
+    )
     async with app.db.read(background=scanning) as conn:
         filters = await _queue_filters(conn, access, query)
+        conditions = _list_conditions(filters, query)
+        if searched is not None:
+            body = await _search_page(conn, access, searched, conditions, filters, page)
+            return json_response(body)
         after = page.after[0] if page.after is not None else None
-        query = task_list_statement(
-            access.pk,
-            _list_conditions(filters, query),
-            page.limit + 1,
-            after,
-            project_pk=filters.project_pk,
+        statement = task_list_statement(
+            access.pk, conditions, page.limit + 1, after, project_pk=filters.project_pk
         )
-        rows = [TaskRow.of(r) for r in await conn.fetch_all(query)]
+        rows = [TaskRow.of(r) for r in await conn.fetch_all(statement)]
         items = await render_tasks(
             conn, rows[: page.limit], app.clock.now_ms(), tasks_state(app).engine
         )
     return json_response(page_body(items, rows, page.limit, lambda r: (r.id,)))
+
+
+async def _search_page(
+    conn: Transaction,
+    access: SpaceAccess,
+    searched: Query,
+    conditions: list[Any],
+    filters: ClaimFilters,
+    page: PageRequest,
+) -> dict[str, Any]:
+    """A page of the ranked matches of a search, each task with its
+    snippet; the cursor carries the offset of the next page."""
+    app = current_buildmax()
+    offset = _search_offset(page)
+    hits = await ranked_matches(conn, access.pk, searched, conditions, filters.project_pk)
+    shown = hits[offset : offset + page.limit + 1]
+    keys = [hit.key for hit in shown[: page.limit]]
+    if not keys:
+        return page_body([], shown, page.limit, lambda _: (offset + page.limit,))
+    marked = await snippets(conn, access.pk, searched, keys)
+    found = {
+        task.pk: task
+        for task in map(
+            TaskRow.of,
+            await conn.fetch_all(_TASKS_OF_SPACE_BY_PK, {"pks": keys, "space_pk": access.pk}),
+        )
+    }
+    rows = [found[key] for key in keys if key in found]
+    items = await render_tasks(conn, rows, app.clock.now_ms(), tasks_state(app).engine)
+    for row, item in zip(rows, items, strict=True):
+        item["match"] = {"snippet": marked.get(row.pk, "")}
+    return page_body(items, shown, page.limit, lambda _: (offset + page.limit,))
 
 
 @blueprint.get("/v1/spaces/<space>/task-counts")
@@ -192,6 +260,7 @@ async def count_tasks(access: SpaceAccess) -> Response:
 
 
 _TASKS_BY_PK = TASK_SELECT.where(tasks.c.id.in_(sa.bindparam("pks", expanding=True)))
+_TASKS_OF_SPACE_BY_PK = _TASKS_BY_PK.where(tasks.c.space_id == sa.bindparam("space_pk"))
 
 
 @blueprint.get("/v1/spaces/<space>/ready")
