@@ -48,7 +48,9 @@ def buildmax_blueprints(app: App) -> list[Any]:
 @hookimpl
 def buildmax_register_commands(cli: click.Group) -> None:
     from .commands import lesson_group
+    from .reindex import reindex_command
 
+    lesson_group.add_command(reindex_command)
     cli.add_command(lesson_group)
 
 
