@@ -113,7 +113,7 @@ async def search(
     """A page of the lessons matching ``query`` that the filters keep, from
     ``offset`` in the ranking; each row gains ``match`` (its snippet and
     relevance). The rows and the next page's cursor."""
-    hits = await SEARCH.search(conn, space_pk, query, limit=MAX_HITS)
+    hits = await SEARCH.search(conn, space_pk, query, limit=MAX_HITS, snippets=False)
     if not hits:
         return [], None
     rows = await conn.fetch_all(
@@ -130,10 +130,18 @@ async def search(
         row = found.get(hit.key)
         if row is None:
             continue
-        row["match"] = {"snippet": hit.snippet, "relevance": round(hit.rank / best, 4)}
+        row["match"] = {"relevance": round(hit.rank / best, 4)}
         step = round(hit.rank / best * RELEVANCE_STEPS)
         ranked.append(((-step, -row["score"], -row["updated_at"], -row["id"]), row))
     ranked.sort(key=lambda pair: pair[0])
     page = [row for _, row in ranked[offset : offset + limit]]
+    # Snippets only for the page shown: making them is most of a search's work.
+    keys = [row["id"] for row in page]
+    marked = {
+        hit.key: hit.snippet
+        for hit in await SEARCH.search(conn, space_pk, query, keys=keys, limit=len(keys))
+    }
+    for row in page:
+        row["match"]["snippet"] = marked.get(row["id"], "")
     more = len(ranked) > offset + limit
-    return page, encode_cursor([offset + limit]) if more else None
+    return page, encode_cursor([offset + limit - 1]) if more else None
