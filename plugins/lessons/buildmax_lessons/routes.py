@@ -4,8 +4,8 @@
 (viewers); ``GET /lessons/{id}`` shows one as it stands, superseded or not;
 ``/revisions`` lists and adds corrections, ``/supersede`` names a
 replacement, ``/votes`` records and lists usefulness votes. An attempt's
-token reads, makes and votes on lessons of its space, so an agent at work
-needs no other.
+token reads, makes and votes on lessons of its attempt's space (404 in
+any other), so an agent at work needs no other.
 """
 
 from __future__ import annotations
@@ -62,6 +62,18 @@ async def _project_id(conn: Transaction, access: SpaceAccess, ref: str | None) -
     return project.id
 
 
+async def _own_space(caller: Caller, access: SpaceAccess) -> None:
+    """An attempt's token reaches the lessons of its attempt's space only:
+    404 in any other, as if the space did not exist."""
+    if caller.actor.scope_type != "attempt":
+        return
+    app = current_buildmax()
+    async with app.db.read() as conn:
+        attempt = await app.services.get(TaskQueue).attempt(conn, str(caller.actor.scope_id))
+    if attempt is None or attempt.space_id != access.public_id:
+        raise NotFound("no such space")
+
+
 async def _check_artifacts(caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> None:
     """Every artifact a source names is one of the space's (through the
     artifacts plugin's route, as the caller): 422 naming the first that is not."""
@@ -100,6 +112,7 @@ async def create_lesson(caller: Caller, access: SpaceAccess, data: dict[str, Any
     the space's common collection, offered in every project. Sources name
     records of this space (task, attempt, submission, artifact) or a URL."""
     app = current_buildmax()
+    await _own_space(caller, access)
     await _check_artifacts(caller, access, data)
 
     async def work(tx: Transaction) -> Reply:
@@ -129,7 +142,7 @@ async def create_lesson(caller: Caller, access: SpaceAccess, data: dict[str, Any
     action="lessons.read",
     tags=TAGS,
 )
-async def list_lessons(access: SpaceAccess) -> Response:
+async def list_lessons(caller: Caller, access: SpaceAccess) -> Response:
     """Without ``q``, newest first. With ``q`` (words and ``"phrases"``,
     all required, stemmed: ``failing`` finds ``fails``), the most relevant
     first (of the 1,000 most relevant), then the most useful, then the most
@@ -138,6 +151,7 @@ async def list_lessons(access: SpaceAccess) -> Response:
     ``superseded`` is ``include`` or ``only``. ``project`` keeps that
     project's lessons and (unless ``common=exclude``) the common ones."""
     app = current_buildmax()
+    await _own_space(caller, access)
     args = query_args()
     text = args.get("q")
     try:
@@ -181,9 +195,10 @@ async def list_lessons(access: SpaceAccess) -> Response:
     action="lessons.read",
     tags=TAGS,
 )
-async def show_lesson(lesson: str, access: SpaceAccess) -> Response:
+async def show_lesson(lesson: str, caller: Caller, access: SpaceAccess) -> Response:
     """Its current revision, usefulness, what superseded it and what it supersedes."""
     app = current_buildmax()
+    await _own_space(caller, access)
     async with app.db.read() as conn:
         row = await domain.find(conn, access.pk, lesson)
         return json_response(await _shown(conn, access, row))
@@ -198,9 +213,10 @@ async def show_lesson(lesson: str, access: SpaceAccess) -> Response:
     action="lessons.read",
     tags=TAGS,
 )
-async def list_revisions(lesson: str, access: SpaceAccess) -> Response:
+async def list_revisions(lesson: str, caller: Caller, access: SpaceAccess) -> Response:
     """Each with its author and the reason it was corrected."""
     app = current_buildmax()
+    await _own_space(caller, access)
     page = page_request((int,))
     async with app.db.read() as conn:
         row = await domain.find(conn, access.pk, lesson)
@@ -252,6 +268,7 @@ async def correct_lesson(
     votes start afresh on the new revision. A superseded lesson is not
     corrected (409 ``lesson-superseded``): correct its replacement."""
     app = current_buildmax()
+    await _own_space(caller, access)
     await _check_artifacts(caller, access, data)
 
     async def work(tx: Transaction) -> Reply:
@@ -289,6 +306,7 @@ async def supersede_lesson(
     superseded lesson leaves default lists and searches and claims' offers;
     its id still shows it, with ``superseded_by``."""
     app = current_buildmax()
+    await _own_space(caller, access)
 
     async def work(tx: Transaction) -> Reply:
         row = await domain.supersede(
@@ -324,6 +342,7 @@ async def vote_lesson(
     The vote is on the current revision (naming another is 409
     ``lesson-changed``)."""
     app = current_buildmax()
+    await _own_space(caller, access)
 
     async def work(tx: Transaction) -> Reply:
         row, _ = await domain.vote(
@@ -349,9 +368,10 @@ async def vote_lesson(
     action="lessons.read",
     tags=TAGS,
 )
-async def list_votes(lesson: str, access: SpaceAccess) -> Response:
+async def list_votes(lesson: str, caller: Caller, access: SpaceAccess) -> Response:
     """Votes on every revision (each names its revision)."""
     app = current_buildmax()
+    await _own_space(caller, access)
     page = page_request((int, str))
     async with app.db.read() as conn:
         row = await domain.find(conn, access.pk, lesson)

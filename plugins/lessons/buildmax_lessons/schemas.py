@@ -38,7 +38,7 @@ TAG = fields.String(validate=TAG_PATTERN)
 PATH = fields.String(
     validate=Pattern(r"^(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._*?\[\]{}!/@+=,-]{1,200}$")
 )
-#: A public id of the tasks or artifacts plugin (``tk_...``, ``at_...``).
+#: A public id of the tasks or artifacts plugin (``ta_...``, ``at_...``).
 RECORD_ID = Pattern(r"^[A-Za-z0-9_-]{1,64}$", error="Not a valid id.")
 SOURCE_TYPES = ("task", "attempt", "submission", "artifact", "url")
 

@@ -144,4 +144,4 @@ async def search(
     for row in page:
         row["match"]["snippet"] = marked.get(row["id"], "")
     more = len(ranked) > offset + limit
-    return page, encode_cursor([offset + limit - 1]) if more else None
+    return page, encode_cursor([offset + limit]) if more else None

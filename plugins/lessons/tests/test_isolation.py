@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from buildmax.spaces import put_member
 from buildmax.testing import PrincipalHandle
 
 from .conftest import Lab
@@ -92,3 +93,35 @@ async def test_a_search_in_one_space_never_finds_another_spaces_lessons(
         json={"kind": "note", "title": "t", "text": "x", "project": "web"},
         problem="not-found",
     )
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES)
+async def test_an_attempts_token_reaches_no_lesson_of_another_space_its_agent_is_in(
+    lab: Lab, make_space: Any, method: str, path: str, body: Any
+) -> None:
+    """The agent is a member of both spaces; the token of its claim in the
+    other space is refused (404) on every lesson route of this one."""
+    secret = await lab.lesson("The secret handshake", "a secret only this space knows")
+    other = await make_space(lab.owner)
+    async with lab.app.db.write() as tx:
+        await put_member(tx, other.pk, lab.agent.pk, "member", lab.app.clock.now_ms())
+    there = f"/v1/spaces/{other.id}"
+    await lab.call("POST", f"{there}/projects", json={"name": "main"}, expect=201)
+    task = await lab.call(
+        "POST", f"{there}/tasks", json={"project": "main", "title": "t"}, expect=201
+    )
+    claim = await lab.call(
+        "POST", f"{there}/tasks/{task['id']}/claim", lab.agent, json={}, expect=201
+    )
+    before = (await lab.rows(), await lab.audit())
+    url = lab.base + path.replace("{l}", secret["id"])
+    sent = None
+    if body is not None:
+        sent = {
+            k: (v.replace("{l}", secret["id"]) if isinstance(v, str) else v)
+            for k, v in body.items()
+        }
+    await lab.call(method, url, claim["token"], json=sent, problem="not-found")
+    assert (await lab.rows(), await lab.audit()) == before
+    # Its own space's lessons it reaches.
+    await lab.call("GET", f"{there}/lessons", claim["token"], expect=200)
