@@ -6,7 +6,8 @@ one (by its work item's task id, or a review's or integration's id) with its
 findings. ``POST /reviews/{task}`` records a review on a review work item:
 the reviewer who holds it hands it in, or a human reviews an unheld one in
 one request. ``GET /findings`` and ``POST /findings/{id}/resolve`` read and
-resolve findings.
+resolve findings. An attempt's token reaches these routes of its attempt's
+space only (404 in any other).
 """
 
 from __future__ import annotations
@@ -292,6 +293,18 @@ async def list_reviews(access: SpaceAccess) -> Response:
     return json_response(page_body(items, rows, page.limit, lambda r: (r["work_task_id"],)))
 
 
+async def _own_space(caller: Caller, access: SpaceAccess) -> None:
+    """An attempt's token reaches the reviews and findings of its attempt's
+    space only: 404 in any other, as if the space did not exist."""
+    if caller.actor.scope_type != "attempt":
+        return
+    app = current_buildmax()
+    async with app.db.read() as conn:
+        attempt = await app.services.get(TaskQueue).attempt(conn, str(caller.actor.scope_id))
+    if attempt is None or attempt.space_id != access.public_id:
+        raise NotFound("no such space")
+
+
 async def _find(conn: Transaction, access: SpaceAccess, ident: str) -> dict[str, Any]:
     """An item by its work item's task id, its review's or its integration's id."""
     query = _ITEM_SELECT.where(
@@ -317,9 +330,10 @@ async def _find(conn: Transaction, access: SpaceAccess, ident: str) -> dict[str,
     action="reviews.read",
     tags=["reviews"],
 )
-async def show_review(ident: str, access: SpaceAccess) -> Response:
+async def show_review(ident: str, caller: Caller, access: SpaceAccess) -> Response:
     """By its work item's task id, a review id (``rv_``) or an integration id (``ig_``)."""
     app = current_buildmax()
+    await _own_space(caller, access)
     async with app.db.read() as conn:
         row = await _find(conn, access, ident)
         (item,) = await _render(conn, [row])
@@ -350,6 +364,7 @@ async def record_review(
     task = ident
     app = current_buildmax()
     queue = app.services.get(TaskQueue)
+    await _own_space(caller, access)
 
     async def work(tx: Transaction) -> Reply:
         row = await _find(tx, access, task)
@@ -389,10 +404,11 @@ def _present(finding: dict[str, Any]) -> dict[str, Any]:
     role="viewer",
     action="reviews.read",
 )
-async def list_findings(access: SpaceAccess) -> Response:
+async def list_findings(caller: Caller, access: SpaceAccess) -> Response:
     """Filters: ``subject`` (the reviewed task), ``review``, ``state``
     (``open`` or ``resolved``)."""
     app = current_buildmax()
+    await _own_space(caller, access)
     page = page_request()
     query = (
         FINDING_SELECT.where(findings.c.space_id == access.pk)
@@ -434,6 +450,7 @@ async def resolve_finding(
 ) -> Work:
     """Resolving twice keeps the first resolution (and answers it)."""
     app = current_buildmax()
+    await _own_space(caller, access)
 
     async def work(tx: Transaction) -> Reply:
         row = await resolve(
