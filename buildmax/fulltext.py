@@ -54,6 +54,8 @@ SNIPPET_WORDS = 16
 #: A word as the query parser reads it: letters and digits (any script).
 _WORD = re.compile(r"[^\W_]+")
 _PHRASE = re.compile(r'"([^"]*)"')
+#: A possessive's ``'s`` (or with U+2019 for the apostrophe) after a word.
+_POSSESSIVE = re.compile(r"(?<=[^\W_])['\u2019][sS](?![^\W_])")
 #: The PostgreSQL text search configuration.
 _CONFIG = "english"
 
@@ -83,14 +85,16 @@ class Query:
 
 def parse_query(text: str) -> Query:
     """The words and ``"phrases"`` of a person's query, lowercased; an
-    unclosed quote is text. :class:`QueryRefused` when it has no word, is
+    unclosed quote is text, and a possessive's ``'s`` is left out of a word
+    (``table's`` is ``table``: the engines index the ``s`` apart, and
+    PostgreSQL drops it). :class:`QueryRefused` when it has no word, is
     longer than :data:`MAX_QUERY_CHARS` or holds more than
     :data:`MAX_QUERY_TERMS` words and phrases."""
     if len(text) > MAX_QUERY_CHARS:
         raise QueryRefused(f"a query is at most {MAX_QUERY_CHARS} characters")
     phrases: list[tuple[str, ...]] = []
     rest = _PHRASE.sub(lambda m: _keep_phrase(m.group(1), phrases), text)
-    phrases.extend((word,) for word in _words(rest))
+    phrases.extend((word,) for word in _words(_POSSESSIVE.sub("", rest)))
     if not phrases:
         raise QueryRefused("a query needs at least one word")
     if len(phrases) > MAX_QUERY_TERMS:

@@ -63,6 +63,10 @@ async def test_a_word_finds_its_stemmed_forms(app, index):
     assert await _keys(app, index, "migration") == [4]
 
 
+async def test_a_possessive_finds_the_word_on_both_engines(app, index):
+    assert await _keys(app, index, "runner's cache") == [3]
+
+
 async def test_every_word_must_match_and_a_phrase_keeps_its_order(app, index):
     assert await _keys(app, index, "test merge") == [1]
     assert await _keys(app, index, '"merge queue"') == [5]
@@ -194,6 +198,8 @@ def test_a_query_is_parsed_into_words_and_phrases():
     )
     assert parse_query('"unclosed phrase').phrases == (("unclosed",), ("phrase",))
     assert parse_query("a a A").phrases == (("a",),)
+    assert parse_query("the runner\u2019s cache").phrases == (("the",), ("runner",), ("cache",))
+    assert parse_query("tables' rows").phrases == (("tables",), ("rows",))
     for empty in ("", "   ", '""', "*** ---", "_"):
         with pytest.raises(QueryRefused):
             parse_query(empty)

@@ -13,13 +13,13 @@ first claim after it commits on this process, and within
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import App, TaskRef, Transaction
+from wcmatch import glob
 
 from buildmax.tables import spaces
 
@@ -113,12 +113,19 @@ def applies(applies_to: Mapping[str, Any], task: TaskRef) -> bool:
     return not tags or bool(set(tags) & set(task.labels))
 
 
+#: How a lesson's path globs read: ``*`` and ``?`` within one folder, ``**``
+#: across folders, ``{a,b}`` either, and names starting with a dot matched too.
+_GLOB = glob.GLOBSTAR | glob.BRACE | glob.DOTGLOB
+
+
 def path_applies(applies_to: Mapping[str, Any], path: str) -> bool:
     """Whether a lesson's paths (none: any) admit ``path``: a glob matches
-    it, or names a folder it is under."""
+    the whole of it (``src/*.py``, ``src/**``, ``**/*.sql``), or names a
+    folder it is under (``src/auth``)."""
     globs = applies_to.get("paths") or []
     return not globs or any(
-        fnmatch.fnmatchcase(path, glob) or path.startswith(glob.rstrip("/") + "/") for glob in globs
+        glob.globmatch(path, pattern, flags=_GLOB) or path.startswith(pattern.rstrip("/") + "/")
+        for pattern in globs
     )
 
 

@@ -30,6 +30,8 @@ from .tables import SEARCH, lessons
 
 #: How many of the most relevant lessons a search ranks.
 MAX_HITS = 1000
+#: The most lessons a path-filtered list reads for one page.
+MAX_SCANNED = 2000
 #: Relevance within 1/20 of the best hit's is "as relevant".
 RELEVANCE_STEPS = 20
 
@@ -89,22 +91,37 @@ async def listing(
     conn: Transaction, space_pk: int, filters: Filters, limit: int, after: str | None
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of the lessons the filters keep, newest first, after lesson
-    ``after``; the rows and the next page's cursor."""
-    query = (
-        LESSON_SELECT.where(*filters.conditions(space_pk, conn.dialect))
-        .order_by(lessons.c.id.desc())
-        .limit(limit + 1)
+    ``after``; the rows and the next page's cursor. The ``path`` filter is
+    applied as rows are read, reading on (at most :data:`MAX_SCANNED` rows)
+    until the page is full."""
+    base = LESSON_SELECT.where(*filters.conditions(space_pk, conn.dialect)).order_by(
+        lessons.c.id.desc()
     )
-    if after is not None:
-        query = query.where(
-            lessons.c.id
-            < sa.select(lessons.c.id)
-            .where(lessons.c.space_id == space_pk, lessons.c.public_id == after)
-            .scalar_subquery()
+    page: list[dict[str, Any]] = []
+    scanned = 0
+    while True:
+        query = base.limit(limit + 1)
+        if after is not None:
+            query = query.where(
+                lessons.c.id
+                < sa.select(lessons.c.id)
+                .where(lessons.c.space_id == space_pk, lessons.c.public_id == after)
+                .scalar_subquery()
+            )
+        rows = [dict(r) for r in await conn.fetch_all(query)]
+        for row in rows[:limit]:
+            after = row["public_id"]
+            scanned += 1
+            if filters.admits_path(row):
+                page.append(row)
+                if len(page) == limit:
+                    break
+        more = len(rows) > limit or (
+            len(page) == limit and bool(rows) and after != rows[-1]["public_id"]
         )
-    rows = [dict(r) for r in await conn.fetch_all(query)]
-    cursor = encode_cursor([rows[limit - 1]["public_id"]]) if len(rows) > limit else None
-    return [r for r in rows[:limit] if filters.admits_path(r)], cursor
+        if len(page) == limit or not more or scanned >= MAX_SCANNED:
+            break
+    return page, encode_cursor([after]) if more and after is not None else None
 
 
 async def search(
@@ -124,12 +141,12 @@ async def search(
         {"keys": [hit.key for hit in hits]},
     )
     found = {r["id"]: dict(r) for r in rows if filters.admits_path(r)}
-    best = max(hit.rank for hit in hits) or 1.0
+    kept = [hit for hit in hits if hit.key in found]
+    # Relevance is measured against the best lesson shown, not one filtered out.
+    best = max((hit.rank for hit in kept), default=1.0) or 1.0
     ranked = []
-    for hit in hits:
-        row = found.get(hit.key)
-        if row is None:
-            continue
+    for hit in kept:
+        row = found[hit.key]
         row["match"] = {"relevance": round(hit.rank / best, 4)}
         step = round(hit.rank / best * RELEVANCE_STEPS)
         ranked.append(((-step, -row["score"], -row["updated_at"], -row["id"]), row))

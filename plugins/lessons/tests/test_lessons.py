@@ -3,6 +3,8 @@ rows and audit events, on both engines."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .conftest import Lab
 
 
@@ -169,3 +171,44 @@ async def test_one_vote_per_principal_and_revision(lab: Lab) -> None:
     )
     assert len((await lab.rows())["votes"]) == 2
     assert [e["action"] for e in await lab.audit("lesson.voted")] == ["lesson.voted"] * 3
+
+
+async def test_paths_are_globs_of_folders_and_a_path_filtered_list_fills_its_pages(
+    lab: Lab,
+) -> None:
+    src = await lab.lesson("Source rule", applies_to={"paths": ["src/*.py"]})
+    deep = await lab.lesson("Deep rule", applies_to={"paths": ["src/**"]})
+    folder = await lab.lesson("Folder rule", applies_to={"paths": ["src/auth"]})
+    for n in range(5):
+        await lab.lesson(f"Docs rule {n}", applies_to={"paths": ["docs/{guides,api}/*.md"]})
+    everywhere = await lab.lesson("No paths")
+
+    def titles(items: list[dict[str, Any]]) -> set[str]:
+        return {i["title"] for i in items}
+
+    assert titles(await lab.search(path="src/a.py")) == {"Source rule", "Deep rule", "No paths"}
+    assert titles(await lab.search(path="src/auth/login.py")) == {
+        "Deep rule",
+        "Folder rule",
+        "No paths",
+    }
+    assert len(await lab.search(path="docs/api/x.md")) == 6
+    assert titles(await lab.search(path="docs/x.md")) == {"No paths"}
+    # The newest five do not apply to src/a.py: a page of two still has two.
+    page = await lab.call("GET", "/lessons?path=src/a.py&limit=2", expect=200)
+    assert [i["id"] for i in page["items"]] == [everywhere["id"], deep["id"]]
+    rest = await lab.call(
+        "GET", f"/lessons?path=src/a.py&limit=2&cursor={page['next_cursor']}", expect=200
+    )
+    assert [i["id"] for i in rest["items"]] == [src["id"]]
+    assert rest["next_cursor"] is None
+    assert folder["id"] not in {i["id"] for i in page["items"] + rest["items"]}
+
+
+async def test_relevance_is_measured_against_the_best_lesson_shown(lab: Lab) -> None:
+    await lab.lesson("Tombstone " * 19, "tombstone " * 200, project="main")
+    twice = await lab.lesson("Compaction", "tombstone tombstone and other words", project="web")
+    once = await lab.lesson("Compaction later", "tombstone and other words here", project="web")
+    found = await lab.search(q="tombstone", project="web", common="exclude")
+    assert [f["id"] for f in found] == [twice["id"], once["id"]]
+    assert found[0]["match"]["relevance"] == 1.0
