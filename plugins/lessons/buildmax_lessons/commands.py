@@ -115,6 +115,9 @@ def _in_space(command: Callable[..., None]) -> Callable[..., None]:
 
 # -- reading what the person typed ---------------------------------------------------
 
+#: What a lesson's id looks like (the server checks it is one).
+_LESSON_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
 
 def _sources(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[Source]:
     found = []
@@ -124,6 +127,12 @@ def _sources(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
         except ValueError as exc:
             raise click.BadParameter(str(exc), ctx, param) from None
     return found
+
+
+def _lesson_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not _LESSON_ID.fullmatch(value):
+        raise click.BadParameter(f"{value!r} is not a lesson id (ls_...)", ctx, param)
+    return value
 
 
 def _vote(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -140,9 +149,13 @@ def _read_text(text: str | None, file: IO[str] | None, *, required: bool) -> str
     if file is not None:
         # What the server takes and a little more: a longer text reaches
         # the server, which refuses it, rather than being cut here.
-        read = file.read(MAX_TEXT + 1)
-        if len(read) > MAX_TEXT:
-            read += file.read(4096)
+        try:
+            read = file.read(MAX_TEXT + 1)
+            if len(read) > MAX_TEXT:
+                read += file.read(4096)
+        except UnicodeDecodeError as exc:
+            name = getattr(file, "name", "the text")
+            raise CommandError(f"{name}: not UTF-8 text (byte {exc.start})") from None
         text = read.rstrip("\n")
     if text is None and required:
         raise click.UsageError("give the lesson's text: --text TEXT, or FILE (- for stdin)")
@@ -469,7 +482,7 @@ def search_command(
 
 
 @lesson_group.command("show")
-@click.argument("lesson")
+@click.argument("lesson", callback=_lesson_id)
 @_in_space
 def show_command(desk: _Desk, lesson: str) -> None:
     """Show LESSON as it stands (its current revision) with its provenance:
@@ -484,7 +497,7 @@ def show_command(desk: _Desk, lesson: str) -> None:
 
 
 @lesson_group.command("correct")
-@click.argument("lesson")
+@click.argument("lesson", callback=_lesson_id)
 @file_argument
 @click.option("--reason", required=True, metavar="TEXT", help="Why it is corrected (required).")
 @click.option(
@@ -578,8 +591,14 @@ def _changed(lesson: str, asked: int, current: int | None) -> CommandError:
 
 
 @lesson_group.command("supersede")
-@click.argument("lesson")
-@click.option("--by", required=True, metavar="LESSON", help="The lesson that replaces it.")
+@click.argument("lesson", callback=_lesson_id)
+@click.option(
+    "--by",
+    required=True,
+    metavar="LESSON",
+    callback=_lesson_id,
+    help="The lesson that replaces it.",
+)
 @click.option("--reason", default="", metavar="TEXT", help="Why it is replaced.")
 @_in_space
 def supersede_command(desk: _Desk, lesson: str, by: str, reason: str) -> None:
@@ -594,7 +613,7 @@ def supersede_command(desk: _Desk, lesson: str, by: str, reason: str) -> None:
 
 
 @lesson_group.command("vote")
-@click.argument("lesson")
+@click.argument("lesson", callback=_lesson_id)
 @click.argument("vote", metavar="helpful|not-helpful|wrong", callback=_vote)
 @click.option("--note", metavar="TEXT", help="Why (kept with your vote).")
 @click.option(
@@ -633,7 +652,7 @@ def vote_command(
 
 
 @lesson_group.command("revisions")
-@click.argument("lesson")
+@click.argument("lesson", callback=_lesson_id)
 @_in_space
 def revisions_command(desk: _Desk, lesson: str) -> None:
     """List LESSON's revisions, newest first: who wrote each and why."""
@@ -660,7 +679,7 @@ def revisions_command(desk: _Desk, lesson: str) -> None:
 
 
 @lesson_group.command("votes")
-@click.argument("lesson")
+@click.argument("lesson", callback=_lesson_id)
 @_in_space
 def votes_command(desk: _Desk, lesson: str) -> None:
     """List the votes on LESSON, newest revision first."""

@@ -21,7 +21,7 @@ from buildmax_hookspecs import Actor, App, TaskQueue, Transaction
 
 from buildmax.clock import to_rfc3339
 from buildmax.ids import new_id
-from buildmax.problems import NotFound
+from buildmax.problems import NotFound, ValidationFailed
 
 from .offers import forget_absence
 from .problems import BadSource, LessonChanged, LessonSuperseded
@@ -170,14 +170,31 @@ async def _add_revision(
 async def find(
     conn: Transaction, space_pk: int, ident: str, *, for_update: bool = False
 ) -> dict[str, Any]:
-    """The lesson ``ident`` of the space with its current revision, or 404."""
+    """The lesson ``ident`` of the space with its current revision, or 404;
+    ``for_update`` locks the lesson's row first (until the transaction
+    ends), so the revision read is the one a write then builds on."""
+    if for_update:
+        await lock(conn, space_pk, [ident])
     query = LESSON_SELECT.where(lessons.c.space_id == space_pk, lessons.c.public_id == ident)
-    if for_update and conn.dialect == "postgresql":
-        query = query.with_for_update(of=lessons)
     row = await conn.fetch_one(query)
     if row is None:
         raise NotFound("no such lesson in this space")
     return dict(row)
+
+
+async def lock(tx: Transaction, space_pk: int, idents: Sequence[str]) -> None:
+    """Lock the rows of the space's lessons ``idents``, in one order (so two
+    writers locking the same two never wait on each other), on PostgreSQL;
+    SQLite's one writer has them already. The lock is taken on the lesson
+    row alone: a read joined to a revision, locked as it is changed, would
+    lose the row it waited for."""
+    if tx.dialect == "postgresql":
+        await tx.fetch_all(
+            sa.select(lessons.c.id)
+            .where(lessons.c.space_id == space_pk, lessons.c.public_id.in_(sorted(idents)))
+            .order_by(lessons.c.id)
+            .with_for_update()
+        )
 
 
 def current_data(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -204,7 +221,8 @@ async def correct(
     """A new revision of lesson ``ident``: what ``data`` (a validated
     :class:`Correction`) changes over the current revision, which it must
     name (409 ``lesson-changed`` otherwise; 409 ``lesson-superseded`` for a
-    superseded lesson). Its votes start afresh. The lesson as it now stands."""
+    superseded lesson; 422 when nothing differs). Its votes start afresh.
+    The lesson as it now stands."""
     space_pk, space_id = space
     row = await find(tx, space_pk, ident, for_update=True)
     if row["superseded_by"] is not None:
@@ -218,6 +236,11 @@ async def correct(
     changed = sorted(
         name for name in fresh if name in data and _canonical(data[name]) != _canonical(fresh[name])
     )
+    if not changed:
+        raise ValidationFailed(
+            "a correction changes the kind, title, text, applies_to or sources",
+            errors={"_schema": ["Nothing differs from the current revision."]},
+        )
     fresh.update({name: data[name] for name in changed})
     number = row["revision"] + 1
     now = app.clock.now_ms()
@@ -272,7 +295,8 @@ async def supersede(
     space_pk, space_id = space
     if by == ident:
         raise BadSource("a lesson cannot supersede itself", errors={"by": ["Name another lesson."]})
-    row = await find(tx, space_pk, ident, for_update=True)
+    await lock(tx, space_pk, [ident, by])
+    row = await find(tx, space_pk, ident)
     if row["superseded_by"] == by:
         return row
     if row["superseded_by"] is not None:
@@ -323,9 +347,12 @@ async def vote(
     """Record ``actor``'s vote on the lesson's current revision (a revision
     named must be it: 409 ``lesson-changed`` otherwise). One vote per
     principal and revision: voting again replaces it. The lesson as it now
-    stands, and whether anything changed."""
+    stands, and whether anything changed. A superseded lesson takes no
+    vote (409 ``lesson-superseded``)."""
     space_pk, space_id = space
     row = await find(tx, space_pk, ident, for_update=True)
+    if row["superseded_by"] is not None:
+        raise LessonSuperseded(f"the lesson was superseded by {row['superseded_by']}: vote on it")
     revision = data["revision"] if data["revision"] is not None else row["revision"]
     if revision != row["revision"]:
         raise LessonChanged(

@@ -13,13 +13,13 @@ first claim after it commits on this process, and within
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from buildmax_hookspecs import App, TaskRef, Transaction
-from wcmatch import glob
 
 from buildmax.tables import spaces
 
@@ -28,6 +28,10 @@ from .tables import lessons, revisions
 #: The most lessons a claim offers, and the most bytes of their JSON.
 MAX_OFFERED = 5
 MAX_OFFERED_BYTES = 8 * 1024
+#: The most bytes one lesson takes of them (a long one leaves room for others).
+MAX_ONE_OFFER_BYTES = MAX_OFFERED_BYTES // 2
+#: The shortest text a shortened offer keeps (else it is left out).
+MIN_TEXT = 200
 #: How many of the most useful lessons a claim weighs before it picks.
 CANDIDATES = 50
 #: How long this process trusts that a project has no live lesson.
@@ -113,27 +117,77 @@ def applies(applies_to: Mapping[str, Any], task: TaskRef) -> bool:
     return not tags or bool(set(tags) & set(task.labels))
 
 
-#: How a lesson's path globs read: ``*`` and ``?`` within one folder, ``**``
-#: across folders, ``{a,b}`` either, and names starting with a dot matched too.
-_GLOB = glob.GLOBSTAR | glob.BRACE | glob.DOTGLOB
-
-
 def path_applies(applies_to: Mapping[str, Any], path: str) -> bool:
     """Whether a lesson's paths (none: any) admit ``path``: a glob matches
     the whole of it (``src/*.py``, ``src/**``, ``**/*.sql``), or names a
     folder it is under (``src/auth``)."""
     globs = applies_to.get("paths") or []
     return not globs or any(
-        glob.globmatch(path, pattern, flags=_GLOB) or path.startswith(pattern.rstrip("/") + "/")
+        glob_matches(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
         for pattern in globs
     )
+
+
+def glob_matches(path: str, pattern: str) -> bool:
+    """Whether the glob ``pattern`` matches all of ``path``, folder by
+    folder: ``**`` is any number of folders, and within one, ``*`` any
+    characters, ``?`` one and ``[...]`` one of a set. Matched by folders
+    (at most folders(path) x folders(pattern) steps), never by one regular
+    expression over the whole path, whose backtracking a pattern such as
+    ``**/a*/**/a*/**/b`` turns into minutes."""
+    names, parts = path.split("/"), pattern.split("/")
+    known: dict[tuple[int, int], bool] = {}
+
+    def match(at: int, part: int) -> bool:
+        if (at, part) not in known:
+            if part == len(parts):
+                found = at == len(names)
+            elif parts[part] == "**":
+                found = match(at, part + 1) or (at < len(names) and match(at + 1, part))
+            else:
+                found = (
+                    at < len(names)
+                    and fnmatch.fnmatchcase(names[at], parts[part])
+                    and match(at + 1, part + 1)
+                )
+            known[at, part] = found
+        return known[at, part]
+
+    return match(0, 0)
+
+
+def _size(item: Mapping[str, Any]) -> int:
+    """Bytes of ``item`` as JSON, as the attempt records it (non-ASCII
+    escaped: the bound holds for the stored and the sent form)."""
+    return len(json.dumps(item))
+
+
+def _shortened(item: dict[str, Any], budget: int) -> dict[str, Any] | None:
+    """``item`` with its text cut to fit ``budget`` bytes (marked
+    ``truncated``), or ``None`` when less than :data:`MIN_TEXT` of its
+    text would."""
+    item = {**item, "truncated": True}
+    text = item["text"]
+    while text:
+        item["text"] = text + "…"
+        over = _size(item) - budget
+        if over <= 0:
+            break
+        # Cut by the share of the text's bytes over budget, and a little more.
+        share = over / max(1, _size({"t": text}))
+        text = text[: max(0, int(len(text) * (1 - share)) - 1)]
+    if len(text) < MIN_TEXT:
+        return None
+    return item
 
 
 def _pick(rows: list[dict[str, Any]], task: TaskRef) -> list[dict[str, Any]]:
     """The applicable lessons, those tagged with a label of the task first,
     then the project's before the common ones, then by usefulness; cut to
-    :data:`MAX_OFFERED` and :data:`MAX_OFFERED_BYTES` (a long text is
-    shortened and marked ``truncated``)."""
+    :data:`MAX_OFFERED` and :data:`MAX_OFFERED_BYTES`, each lesson at most
+    :data:`MAX_ONE_OFFER_BYTES` (a long text is shortened and marked
+    ``truncated``; one that cannot keep
+    :data:`MIN_TEXT` characters is left for a shorter lesson)."""
     labels = set(task.labels)
     chosen = []
     for position, row in enumerate(rows):
@@ -146,7 +200,9 @@ def _pick(rows: list[dict[str, Any]], task: TaskRef) -> list[dict[str, Any]]:
     chosen.sort(key=lambda pair: pair[0])
     offered: list[dict[str, Any]] = []
     budget = MAX_OFFERED_BYTES
-    for _, row in chosen[:MAX_OFFERED]:
+    for _, row in chosen:
+        if len(offered) == MAX_OFFERED:
+            break
         item = {
             "id": row["public_id"],
             "kind": row["kind"],
@@ -156,13 +212,10 @@ def _pick(rows: list[dict[str, Any]], task: TaskRef) -> list[dict[str, Any]]:
             "text": row["text"],
             "score": row["score"],
         }
-        size = len(json.dumps(item, ensure_ascii=False).encode())
-        if size > budget:
-            room = budget - (size - len(row["text"].encode())) - 64
-            if room < 200:
-                break
-            item["text"] = row["text"].encode()[:room].decode(errors="ignore") + "…"
-            item["truncated"] = True
-        offered.append(item)
-        budget -= len(json.dumps(item, ensure_ascii=False).encode())
+        room = min(budget, MAX_ONE_OFFER_BYTES)
+        fitting = item if _size(item) <= room else _shortened(item, room)
+        if fitting is None:
+            continue  # no room for it: a shorter one may still fit
+        offered.append(fitting)
+        budget -= _size(fitting)
     return offered

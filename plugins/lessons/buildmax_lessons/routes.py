@@ -27,7 +27,7 @@ from buildmax.fulltext import QueryRefused, parse_query
 from buildmax.idempotency import Reply, Work
 from buildmax.internal import InternalApi
 from buildmax.pagination import page_body, page_request
-from buildmax.problems import BadCursor, NotFound, ValidationFailed
+from buildmax.problems import BadCursor, NotFound, Problem, ValidationFailed
 
 from . import lessons as domain
 from .problems import BadSource
@@ -83,7 +83,9 @@ async def _check_artifacts(caller: Caller, access: SpaceAccess, data: dict[str, 
             continue
         try:
             await api_.get(f"/v1/spaces/{access.public_id}/artifacts/{source['id']}")
-        except NotFound:
+        except Problem as refused:
+            if refused.status != 404:
+                raise
             raise BadSource(
                 f"no artifact {source['id']!r} in this space",
                 errors={"sources": {str(number): ["No such artifact in this space."]}},

@@ -23,24 +23,37 @@ MAX_TAGS = 20
 MAX_PATHS = 20
 MAX_SOURCES = 20
 MAX_REASON = 2_000
-#: The most lessons one submission may carry.
+#: The most lessons one submission may carry, and the most sources one
+#: names besides its task, attempt and submission.
 MAX_CARRIED = 5
+CARRIED_SOURCES = MAX_SOURCES - 3
 #: Task kinds a lesson may apply to (the tasks plugin's kinds).
 TASK_KINDS = ("code", "review", "integration", "general")
 
 #: Control characters (tab, newline and carriage return aside): never in a
 #: lesson, so the search's snippet marks (U+0002, U+0003) are unambiguous.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+#: A letter or a digit: what a title, a text or a reason holds at least one of.
+_WORDY = re.compile(r"[^\W_]")
 #: A tag: what a task's label may be, so a tag can match a label.
 TAG_PATTERN = Pattern(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$", error="Not a valid tag.")
 TAG = fields.String(validate=TAG_PATTERN)
-#: A path or glob (``src/auth/**``, ``*.sql``): relative, no ``..`` segment.
+#: A path or glob (``src/auth/**``, ``**/*.sql``): relative, no ``..``
+#: segment, at most 32 folders deep.
 PATH = fields.String(
-    validate=Pattern(r"^(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._*?\[\]{}!/@+=,-]{1,200}$")
+    validate=[
+        Pattern(r"^(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._*?\[\]!/@+=,-]{1,200}$"),
+        lambda value: _shallow(value, 32),
+    ]
 )
 #: A public id of the tasks or artifacts plugin (``ta_...``, ``at_...``).
 RECORD_ID = Pattern(r"^[A-Za-z0-9_-]{1,64}$", error="Not a valid id.")
 SOURCE_TYPES = ("task", "attempt", "submission", "artifact", "url")
+
+
+def _shallow(value: str, depth: int) -> None:
+    if value.count("/") >= depth:
+        raise ValidationError(f"At most {depth} folders deep.")
 
 
 def _plain_text(value: str) -> None:
@@ -49,8 +62,8 @@ def _plain_text(value: str) -> None:
 
 
 def _not_blank(value: str) -> None:
-    if not value.strip():
-        raise ValidationError("Must not be blank.")
+    if not _WORDY.search(value):
+        raise ValidationError("Must hold a letter or a digit.")
 
 
 TITLE = dict(validate=[validate.Length(min=1, max=MAX_TITLE), _plain_text, _not_blank])
@@ -128,9 +141,16 @@ class LessonIn(Schema):
 
 class CarriedLesson(LessonIn):
     """A lesson a submission carries: its project is the task's unless
-    ``common`` puts it in the space's common collection."""
+    ``common`` puts it in the space's common collection. Its sources start
+    with the task, the attempt and the submission, so it names at most
+    :data:`CARRIED_SOURCES` more."""
 
     common = StrictBoolean(load_default=False)
+    sources = fields.List(
+        fields.Nested(LessonSource),
+        load_default=list,
+        validate=validate.Length(max=CARRIED_SOURCES),
+    )
 
     @validates_schema(pass_original=True)
     def _no_project(self, data: dict[str, Any], original: Any, **_: Any) -> None:

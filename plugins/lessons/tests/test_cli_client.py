@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -541,3 +542,23 @@ def test_help_explains_each_command_with_examples(buildmax_cli: click.Group) -> 
         assert shown.exit_code == 0 and example in shown.stdout, (name, shown.stdout)
         for option in ("--space SPACE", "--url URL", "--token TOKEN", "--json"):
             assert option in shown.stdout
+
+
+@pytest.mark.engine_independent
+def test_text_that_is_not_utf8_and_an_id_that_is_a_dot_are_one_line_errors(
+    tmp_path: Path,
+) -> None:
+    """Refused before any request: no traceback, no server needed."""
+    lesson_group = commands.lesson_group
+    runner = CliRunner()
+    where = ["--url", "http://127.0.0.1:9", "--token", "t", "--space", "s"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe")
+    result = runner.invoke(
+        lesson_group, ["add", "--kind", "note", "--title", "t", str(bad), *where]
+    )
+    assert result.exit_code == 1 and "not UTF-8 text" in result.output, result.output
+    assert "Traceback" not in result.output
+    for command in (["show", "."], ["vote", "..", "helpful"], ["supersede", "ls_a", "--by", "."]):
+        result = runner.invoke(lesson_group, [*command, *where])
+        assert result.exit_code == 2 and "is not a lesson id" in result.output, result.output

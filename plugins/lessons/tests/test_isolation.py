@@ -125,3 +125,21 @@ async def test_an_attempts_token_reaches_no_lesson_of_another_space_its_agent_is
     assert (await lab.rows(), await lab.audit()) == before
     # Its own space's lessons it reaches.
     await lab.call("GET", f"{there}/lessons", claim["token"], expect=200)
+
+
+async def test_a_claim_in_another_space_is_offered_none_of_this_spaces_lessons(
+    lab: Lab, make_space: Any
+) -> None:
+    await lab.lesson("The secret handshake", "a secret only this space knows")
+    other = await make_space(lab.owner)
+    async with lab.app.db.write() as tx:
+        await put_member(tx, other.pk, lab.agent.pk, "member", lab.app.clock.now_ms())
+    there = f"/v1/spaces/{other.id}"
+    await lab.call("POST", f"{there}/projects", json={"name": "main"}, expect=201)
+    task = await lab.call(
+        "POST", f"{there}/tasks", json={"project": "main", "title": "t"}, expect=201
+    )
+    claim = await lab.call(
+        "POST", f"{there}/tasks/{task['id']}/claim", lab.agent, json={}, expect=201
+    )
+    assert "lessons" not in claim["attempt"]["run_environment"]
