@@ -247,20 +247,24 @@ class TextIndex:
         keys: Sequence[int] | None = None,
         limit: int = 1000,
         snippets: bool = True,
+        ranked: bool = True,
     ) -> list[Hit]:
         """The records of space ``scope`` (of ``keys``, when given) that
         match ``query``, most relevant first (ties: the newer key first), at
         most ``limit``, each with a snippet of the field that matched best
         (an empty one without ``snippets``: a snippet costs far more than a
         rank, so a search that ranks many records and shows a few asks for
-        theirs with ``keys``)."""
+        theirs with ``keys``, and ``ranked=False``: their ``rank`` is then
+        0 and their order the keys', as ranking weighs every match in the
+        index, not only the keys)."""
         if keys is not None and not keys:
             return []
         params: dict[str, object] = {"scope": scope, "limit": limit}
         if conn.dialect == "sqlite":
             weights = ", ".join(["0"] + ["2" if n == 0 else "1" for n in range(len(self.fields))])
+            rank = f"-bm25({self.name}, {weights})" if ranked else "0.0"
             statement = (
-                f"SELECT rowid AS key, -bm25({self.name}, {weights}) AS rank, "
+                f"SELECT rowid AS key, {rank} AS rank, "
                 + (
                     f"snippet({self.name}, -1, char(2), char(3), '…', {SNIPPET_WORDS}) "
                     if snippets
@@ -273,8 +277,9 @@ class TextIndex:
             key_column = "rowid"
         else:
             text = " || ' ' || ".join(self.fields)
+            rank = "ts_rank_cd(document, q)" if ranked else "0.0"
             statement = (
-                "SELECT key, ts_rank_cd(document, q) AS rank, "
+                f"SELECT key, {rank} AS rank, "
                 + (f"ts_headline('{_CONFIG}', {text}, q, :headline) " if snippets else "'' ")
                 + "AS snippet "
                 f"FROM {self.name}, websearch_to_tsquery('{_CONFIG}', :query) AS q "
@@ -291,6 +296,7 @@ class TextIndex:
             numbered = {f"k{n}": k for n, k in enumerate(keys)}
             statement += f" AND {key_column} IN ({', '.join(':' + k for k in numbered)})"
             params.update(numbered)
-        statement += f" ORDER BY rank DESC, {key_column} DESC LIMIT :limit"
+        order = f"rank DESC, {key_column} DESC" if ranked else f"{key_column} DESC"
+        statement += f" ORDER BY {order} LIMIT :limit"
         rows = await conn.fetch_all(sa.text(statement), params)
         return [Hit(int(r["key"]), float(r["rank"]), str(r["snippet"])) for r in rows]

@@ -161,7 +161,10 @@ async def list_lessons(caller: Caller, access: SpaceAccess) -> Response:
     except QueryRefused as exc:
         raise ValidationFailed(str(exc), errors={"q": [str(exc)]}) from None
     page = page_request((int,) if parsed is not None else (str,))
-    async with app.db.read() as conn:
+    # A search ranks up to a thousand matches, and a path filter may read
+    # many rows: no read for the event loop's connection.
+    searching = parsed is not None or args.get("path") is not None
+    async with app.db.read(background=searching) as conn:
         filters = Filters(
             project_id=await _project_id(conn, access, args.get("project")),
             common=args.get("common", "include"),

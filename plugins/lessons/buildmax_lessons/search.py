@@ -26,7 +26,15 @@ from buildmax.pagination import encode_cursor
 
 from .lessons import LESSON_SELECT, contains
 from .offers import path_applies
-from .tables import SEARCH, lessons
+from .tables import SEARCH, lessons, revisions
+
+#: A lesson's current applicability (what the path filter reads).
+_CURRENT_APPLIES = (
+    sa.select(revisions.c.applies_to)
+    .where(revisions.c.lesson_id == lessons.c.id, revisions.c.number == lessons.c.revision)
+    .scalar_subquery()
+    .label("applies_to")
+)
 
 #: How many of the most relevant lessons a search ranks.
 MAX_HITS = 1000
@@ -133,8 +141,12 @@ async def search(
     hits = await SEARCH.search(conn, space_pk, query, limit=MAX_HITS, snippets=False)
     if not hits:
         return [], None
+    # What ranking and the filters need of every hit; the rest for the page only.
+    columns: list[Any] = [lessons.c.id, lessons.c.score, lessons.c.updated_at]
+    if filters.path is not None:
+        columns.append(_CURRENT_APPLIES)
     rows = await conn.fetch_all(
-        LESSON_SELECT.where(
+        sa.select(*columns).where(
             lessons.c.id.in_(sa.bindparam("keys", expanding=True)),
             *filters.conditions(space_pk, conn.dialect),
         ),
@@ -151,12 +163,22 @@ async def search(
         step = round(hit.rank / best * RELEVANCE_STEPS)
         ranked.append(((-step, -row["score"], -row["updated_at"], -row["id"]), row))
     ranked.sort(key=lambda pair: pair[0])
-    page = [row for _, row in ranked[offset : offset + limit]]
+    shown = [row for _, row in ranked[offset : offset + limit]]
+    keys = [row["id"] for row in shown]
+    full = {
+        r["id"]: dict(r)
+        for r in await conn.fetch_all(
+            LESSON_SELECT.where(lessons.c.id.in_(sa.bindparam("keys", expanding=True))),
+            {"keys": keys},
+        )
+    }
+    page = [{**full[row["id"]], "match": row["match"]} for row in shown if row["id"] in full]
     # Snippets only for the page shown: making them is most of a search's work.
-    keys = [row["id"] for row in page]
     marked = {
         hit.key: hit.snippet
-        for hit in await SEARCH.search(conn, space_pk, query, keys=keys, limit=len(keys))
+        for hit in await SEARCH.search(
+            conn, space_pk, query, keys=keys, limit=len(keys), ranked=False
+        )
     }
     for row in page:
         row["match"]["snippet"] = marked.get(row["id"], "")

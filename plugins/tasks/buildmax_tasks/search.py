@@ -93,5 +93,7 @@ async def snippets(
 ) -> dict[int, str]:
     """The snippet of each of the tasks ``task_pks`` (of space
     ``space_pk``) that match ``query``, by key."""
-    hits = await TASK_SEARCH.search(conn, space_pk, query, keys=task_pks, limit=len(task_pks))
+    hits = await TASK_SEARCH.search(
+        conn, space_pk, query, keys=task_pks, limit=len(task_pks), ranked=False
+    )
     return {hit.key: hit.snippet for hit in hits}
