@@ -30,8 +30,11 @@ from buildmax.database import servers
 #: How long the load runs before, during and after the backup, at most.
 DEADLINE_SECONDS = 60.0
 #: Tables whose row counts the restore itself changes: its token, its audit
-#: events, the events of the attempts it ended, and their reservations.
-RESTORE_WRITES = {"tokens", "audit_events", "events", "task_reservations"}
+#: events, the events of the attempts it ended, and their reservations; and,
+#: on PostgreSQL, the event outbox: events committed just before the
+#: snapshot but not yet numbered are in the restored outbox, and the
+#: restored server numbers them into ``events`` (see buildmax.backups.restore).
+RESTORE_WRITES = {"tokens", "audit_events", "events", "event_outbox", "task_reservations"}
 _TOKEN = re.compile(r"shown once, keep it safe\):\s+(bmx_\S+)")
 
 

@@ -3,9 +3,11 @@
 The corpus is generated from a seed: technical sentences drawn from a
 vocabulary, spread over the projects ``main`` and ``web`` and the common
 collection, the five kinds, task kinds, tags and paths; among them the
-needles, lessons whose words the tests search for. Every lesson is
-published over HTTP (a thousand take a few seconds), so every test has a
-corpus of its own to correct, supersede and vote on.
+needles, lessons whose words the tests search for. The bulk is published
+by the plugin's own ``create`` (the rows, index entries and audit events
+a ``POST /lessons`` writes, a few hundred to a transaction), the needles
+over HTTP, so every test has a corpus of its own to correct, supersede and
+vote on.
 
 Every needle word below is one the vocabulary never uses, and each is
 stemmed alike by SQLite's Porter and PostgreSQL's Snowball stemmers and is
@@ -23,6 +25,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from buildmax_hookspecs import Actor
+from buildmax_lessons import lessons
+from buildmax_lessons.schemas import LessonIn
 
 from buildmax.testing import SpaceHandle
 
@@ -337,9 +342,25 @@ class Corpus:
 async def build_corpus(lab: Lab) -> Corpus:
     """The generated bulk, then the needles, published by an agent."""
     corpus = Corpus(lab)
-    for spec in generated():
-        made = await lab.call("POST", "/lessons", lab.agent, json=spec.body(), expect=201)
-        corpus.bulk[made["id"]] = spec
+    projects = {
+        name: (await lab.call("GET", f"/projects/{name}", expect=200))["id"]
+        for name in PROJECTS
+        if name is not None
+    }
+    actor = Actor(principal_id=lab.agent.id, kind="agent", name=lab.agent.name)
+    bulk = generated()
+    for start in range(0, len(bulk), 250):
+        async with lab.app.db.write() as tx:
+            for spec in bulk[start : start + 250]:
+                made = await lessons.create(
+                    lab.app,
+                    tx,
+                    actor,
+                    (lab.space.pk, lab.space.id),
+                    projects[spec.project] if spec.project else None,
+                    LessonIn().load(spec.body()),
+                )
+                corpus.bulk[made] = spec
     for name, spec in NEEDLES.items():
         made = await lab.call("POST", "/lessons", lab.agent, json=spec.body(), expect=201)
         corpus.needles[name] = made["id"]
