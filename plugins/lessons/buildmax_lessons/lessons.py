@@ -25,7 +25,7 @@ from buildmax.problems import NotFound, ValidationFailed
 
 from .offers import forget_absence
 from .problems import BadSource, LessonChanged, LessonSuperseded
-from .tables import SEARCH, lessons, revisions, votes
+from .tables import CURRENT_REVISION, SEARCH, lessons, revisions, votes
 
 #: A lesson with its current revision.
 LESSON_SELECT = sa.select(
@@ -39,7 +39,7 @@ LESSON_SELECT = sa.select(
 ).select_from(
     lessons.join(
         revisions,
-        sa.and_(revisions.c.lesson_id == lessons.c.id, revisions.c.number == lessons.c.revision),
+        CURRENT_REVISION,
     )
 )
 
@@ -343,12 +343,12 @@ async def vote(
     data: Mapping[str, Any],
     *,
     admin_override: bool = False,
-) -> tuple[dict[str, Any], bool]:
+) -> dict[str, Any]:
     """Record ``actor``'s vote on the lesson's current revision (a revision
     named must be it: 409 ``lesson-changed`` otherwise). One vote per
-    principal and revision: voting again replaces it. The lesson as it now
-    stands, and whether anything changed. A superseded lesson takes no
-    vote (409 ``lesson-superseded``)."""
+    principal and revision: voting again replaces it (the same vote again
+    changes nothing). The lesson as it now stands. A superseded lesson
+    takes no vote (409 ``lesson-superseded``)."""
     space_pk, space_id = space
     row = await find(tx, space_pk, ident, for_update=True)
     if row["superseded_by"] is not None:
@@ -368,7 +368,7 @@ async def vote(
         )
     )
     if earlier is not None and (earlier["vote"], earlier["note"]) == (data["vote"], data["note"]):
-        return row, False
+        return row
     if earlier is None:
         await tx.execute(
             votes.insert().values(
@@ -406,7 +406,7 @@ async def vote(
         admin_override=admin_override,
         details={"revision": revision, "vote": data["vote"]},
     )
-    return await find(tx, space_pk, ident), True
+    return await find(tx, space_pk, ident)
 
 
 async def supersedes(conn: Transaction, space_pk: int, ident: str) -> list[str]:

@@ -23,7 +23,7 @@ from buildmax_hookspecs import App, TaskRef, Transaction
 
 from buildmax.tables import spaces
 
-from .tables import lessons, revisions
+from .tables import CURRENT_REVISION, lessons, revisions
 
 #: The most lessons a claim offers, and the most bytes of their JSON.
 MAX_OFFERED = 5
@@ -64,14 +64,7 @@ _CANDIDATES = (
         revisions.c.text,
         revisions.c.applies_to,
     )
-    .select_from(
-        lessons.join(
-            revisions,
-            sa.and_(
-                revisions.c.lesson_id == lessons.c.id, revisions.c.number == lessons.c.revision
-            ),
-        )
-    )
+    .select_from(lessons.join(revisions, CURRENT_REVISION))
     .join(spaces, spaces.c.id == lessons.c.space_id)
 )
 

@@ -17,7 +17,7 @@ from buildmax.commands.server import (
     with_app,
 )
 
-from .tables import SEARCH, lessons, revisions
+from .tables import CURRENT_REVISION, SEARCH, lessons, revisions
 
 #: Every lesson's key, space, and current title and text: what the index holds.
 _INDEXED = sa.select(
@@ -25,7 +25,7 @@ _INDEXED = sa.select(
 ).select_from(
     lessons.join(
         revisions,
-        sa.and_(revisions.c.lesson_id == lessons.c.id, revisions.c.number == lessons.c.revision),
+        CURRENT_REVISION,
     )
 )
 

@@ -350,7 +350,7 @@ async def vote_lesson(
     await _own_space(caller, access)
 
     async def work(tx: Transaction) -> Reply:
-        row, _ = await domain.vote(
+        row = await domain.vote(
             app,
             tx,
             caller.actor,

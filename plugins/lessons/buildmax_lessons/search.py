@@ -21,19 +21,16 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
-from buildmax.fulltext import MARK_END, MARK_START, Query
+from buildmax.fulltext import Query
 from buildmax.pagination import encode_cursor
 
 from .lessons import LESSON_SELECT, contains
 from .offers import path_applies
-from .tables import SEARCH, lessons, revisions
+from .tables import CURRENT_REVISION, SEARCH, lessons, revisions
 
 #: A lesson's current applicability (what the path filter reads).
 _CURRENT_APPLIES = (
-    sa.select(revisions.c.applies_to)
-    .where(revisions.c.lesson_id == lessons.c.id, revisions.c.number == lessons.c.revision)
-    .scalar_subquery()
-    .label("applies_to")
+    sa.select(revisions.c.applies_to).where(CURRENT_REVISION).scalar_subquery().label("applies_to")
 )
 
 #: How many of the most relevant lessons a search ranks.
@@ -42,8 +39,6 @@ MAX_HITS = 1000
 MAX_SCANNED = 2000
 #: Relevance within 1/20 of the best hit's is "as relevant".
 RELEVANCE_STEPS = 20
-
-__all__ = ["MARK_END", "MARK_START", "Filters", "listing", "search"]
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,12 @@ votes = sa.Table(
 
 TABLES = (lessons, revisions, votes)
 
+#: A lesson's current revision: the join condition every read of what a
+#: lesson says now uses.
+CURRENT_REVISION = sa.and_(
+    revisions.c.lesson_id == lessons.c.id, revisions.c.number == lessons.c.revision
+)
+
 #: The full-text index of every lesson's current title and text, keyed by
 #: the lesson's row id and scoped to its space.
 SEARCH = TextIndex("lesson_search", ("title", "text"))
