@@ -824,26 +824,14 @@ async def vacuum_postgres(url: str) -> float:
     return round(time.perf_counter() - started, 1)
 
 
-class _Recorder:
-    """A stand-in connection that records the statement a search would run."""
-
-    def __init__(self, dialect: str) -> None:
-        self.dialect = dialect
-        self.statement: Any = None
-        self.params: dict[str, Any] = {}
-
-    async def fetch_all(self, statement: Any, params: Any = None) -> list[Any]:
-        self.statement, self.params = statement, dict(params or {})
-        return []
-
-
 async def statements_alone(
     app: Any, space_pk: int, cases: list[Case], runs: int, explain: bool
 ) -> dict[str, Any]:
     """Per class: the matches of each query (SQL count); the index's
     statements alone, as both search routes use them, through BuildMax's
-    database layer (no HTTP, no route): the ranking (``MAX_HITS`` = 1,000
-    keys, no snippets) and the snippets of a page (the best ``PAGE`` keys);
+    database layer (no HTTP, no route): the ranking (the best ``PAGE`` of
+    the ``MAX_HITS`` = 1,000 newest matches, as the task search orders them,
+    no snippets) and the snippets of that page;
     with ``explain`` the plan of the class's first ranking."""
     import sqlalchemy as sa
 
@@ -883,13 +871,13 @@ async def statements_alone(
                 parsed = parsed_all[n % len(parsed_all)]
                 started = time.perf_counter()
                 async with app.db.read(background=True) as conn:
-                    hits = await index.search(
-                        conn, space_pk, parsed, limit=MAX_HITS, snippets=False
+                    hits = await conn.fetch_all(
+                        _best(index, conn.dialect, target, space_pk, parsed)
                     )
                 ranked = time.perf_counter()
-                keys = [hit.key for hit in hits[:PAGE]]
+                keys = [hit["key"] for hit in hits]
                 async with app.db.read(background=True) as conn:
-                    await index.search(conn, space_pk, parsed, keys=keys, limit=len(keys))
+                    await index.snippets(conn, space_pk, parsed, keys)
                 if n >= len(parsed_all):  # a first pass over every query warms up
                     ranking.append(ranked - started)
                     snippets.append(time.perf_counter() - ranked)
@@ -905,20 +893,43 @@ async def statements_alone(
                 "hits_last": len(hits),
             }
             if explain:
-                entry["plan"] = await _plan(app, index, space_pk, parsed_all[0])
+                entry["plan"] = await _plan(app, index, target, space_pk, parsed_all[0])
             found[f"{target}: {cls}"] = entry
     return found
 
 
-async def _plan(app: Any, index: Any, space_pk: int, parsed: Any) -> list[str]:
+def _best(index: Any, dialect: str, target: str, space_pk: int, parsed: Any) -> Any:
+    """The ranking statement as the task search runs it: the best ``PAGE``
+    of the newest ``MAX_HITS`` matches (no filter but the space)."""
     import sqlalchemy as sa
 
-    recorder = _Recorder(app.db.dialect)
-    await index.search(recorder, space_pk, parsed, limit=MAX_HITS, snippets=False)
-    sql = recorder.statement.text
+    records = indexes()[target][2].table
+    matches = index.matches(
+        dialect, space_pk, parsed, key=records.c.id, space=records.c.space_id, limit=MAX_HITS
+    )
+    return (
+        sa.select(matches.c.key).order_by(matches.c.rank.desc(), matches.c.key.desc()).limit(PAGE)
+    )
+
+
+async def _plan(app: Any, index: Any, target: str, space_pk: int, parsed: Any) -> list[str]:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import sqlite
+
+    from buildmax.database.postgres import _postgres_dialect
+    from buildmax.database.statements import StatementCompiler
+
+    statement = _best(index, app.db.dialect, target, space_pk, parsed)
     prefix = "EXPLAIN QUERY PLAN " if app.db.dialect == "sqlite" else "EXPLAIN (ANALYZE, BUFFERS) "
+    if app.db.dialect == "sqlite":
+        sql, params = StatementCompiler(sqlite.dialect(paramstyle="named")).compile(statement)
+    else:
+        sql = str(
+            statement.compile(dialect=_postgres_dialect(), compile_kwargs={"literal_binds": True})
+        )
+        params = {}
     async with app.db.read(background=True) as conn:
-        rows = await conn.fetch_all(sa.text(prefix + sql), recorder.params)
+        rows = await conn.fetch_all(sa.text(prefix + sql), params)
     if app.db.dialect == "sqlite":
         return [f"{r['id']}<-{r['parent']} {r['detail']}" for r in rows]
     return [next(iter(r.values())) for r in rows]
@@ -1463,7 +1474,8 @@ def print_report(report: dict[str, Any]) -> None:
             )
         print(
             f"  (matches: records holding every word of the query, before filters; ranking: "
-            f"the {MAX_HITS:,} most relevant keys, no snippets; snippets: of the best {PAGE})"
+            f"the best {PAGE} of the {MAX_HITS:,} newest matches, no snippets; "
+            f"snippets: of those {PAGE})"
         )
         print(
             f"\n  under load ({report['connections']} connections, "

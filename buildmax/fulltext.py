@@ -19,11 +19,14 @@ them: one statement too).
 A person's query is parsed here (:func:`parse_query`), never handed to an
 engine's query syntax: words and ``"quoted phrases"``, every one of which
 must match (stemmed: ``running`` finds ``runs``); anything else a query
-language would read as an operator is only text. :meth:`TextIndex.search`
-ranks by relevance and marks the matched words of a snippet between
-:data:`MARK_START` and :data:`MARK_END`, control characters no indexed
-text holds (a record's own are indexed as spaces), so a client escapes the
-snippet and then marks them.
+language would read as an operator is only text. :meth:`TextIndex.matches`
+gives the newest :data:`RANKED_MATCHES` records that match, and pass the
+plugin's own conditions on its records, each with its relevance, for the
+plugin to order and page: a search costs the same however common its words
+are. :meth:`TextIndex.snippets` marks the matched words of the records
+shown between :data:`MARK_START` and :data:`MARK_END`, control characters
+no indexed text holds (a record's own are indexed as spaces), so a client
+escapes the snippet and then marks them.
 
 The engines are close, not equal. The stemmers differ at the edges
 (SQLite's Porter keeps ``quickli`` for ``quickly``, PostgreSQL's Snowball
@@ -42,6 +45,8 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import Join
 
 #: What marks the start and the end of a matched word in a snippet.
 MARK_START = "\x02"
@@ -51,6 +56,8 @@ MAX_QUERY_CHARS = 500
 MAX_QUERY_TERMS = 20
 #: About how many words a snippet shows.
 SNIPPET_WORDS = 16
+#: How many of a search's matches it ranks at most: the newest.
+RANKED_MATCHES = 1000
 #: A word as the query parser reads it: letters and digits (any script).
 _WORD = re.compile(r"[^\W_]+")
 _PHRASE = re.compile(r'"([^"]*)"')
@@ -123,14 +130,17 @@ def _unmarked_column(column: Any) -> Any:
     return sa.func.replace(sa.func.replace(column, MARK_START, " "), MARK_END, " ")
 
 
-@dataclass(frozen=True)
-class Hit:
-    """A record a search found: its key, its relevance (higher is better;
-    comparable within one search only) and a snippet of its text."""
+class _IndexFirst(Join):
+    """A join SQLite runs with its left side outermost (``CROSS JOIN``): a
+    full-text index walked in key order, never the records' own indexes
+    first with a full-text lookup per record."""
 
-    key: int
-    rank: float
-    snippet: str
+    inherit_cache = True
+
+
+@compiles(_IndexFirst, "sqlite")
+def _compile_index_first(join: _IndexFirst, compiler: Any, **kw: Any) -> str:
+    return str(compiler.visit_join(join, **kw)).replace(" JOIN ", " CROSS JOIN ", 1)
 
 
 @dataclass(frozen=True)
@@ -238,65 +248,116 @@ class TextIndex:
         """Empty the index (before a rebuild)."""
         await tx.execute(sa.text(f"DELETE FROM {self.name}"))
 
-    async def search(
+    def matches(
         self,
-        conn: Transaction,
-        scope: int,
+        dialect: str,
+        space_pk: int,
         query: Query,
         *,
-        keys: Sequence[int] | None = None,
-        limit: int = 1000,
-        snippets: bool = True,
-        ranked: bool = True,
-    ) -> list[Hit]:
-        """The records of space ``scope`` (of ``keys``, when given) that
-        match ``query``, most relevant first (ties: the newer key first), at
-        most ``limit``, each with a snippet of the field that matched best
-        (an empty one without ``snippets``: a snippet costs far more than a
-        rank, so a search that ranks many records and shows a few asks for
-        theirs with ``keys``, and ``ranked=False``: their ``rank`` is then
-        0 and their order the keys', as ranking weighs every match in the
-        index, not only the keys)."""
-        if keys is not None and not keys:
-            return []
-        params: dict[str, object] = {"scope": scope, "limit": limit}
-        if conn.dialect == "sqlite":
+        key: sa.Column[Any],
+        space: sa.Column[Any],
+        columns: Sequence[Any] = (),
+        conditions: Sequence[Any] = (),
+        limit: int = RANKED_MATCHES,
+    ) -> sa.Subquery:
+        """The records of space ``space_pk`` that match ``query`` and every
+        one of ``conditions``, as a subquery to order and page: the newest
+        ``limit`` of them (by ``key``, the records' primary key and the
+        index's key; ``space`` is their space column). Its columns are
+        ``key``, ``rank`` (relevance: higher is better, comparable within
+        one search only) and the ``columns`` asked (of the records' table,
+        or labelled).
+
+        Its cost grows with ``limit``, never with how many records match:
+        a word in every record of a space costs what a rare one does. On
+        PostgreSQL the query's words are written into the statement rather
+        than bound, so that each search is planned for its own words (a plan
+        made once for any words walks the whole table for a rare one)."""
+        table = key.table
+        if dialect == "sqlite":
+            index = sa.table(self.name, sa.column("rowid"))
             weights = ", ".join(["0"] + ["2" if n == 0 else "1" for n in range(len(self.fields))])
-            rank = f"-bm25({self.name}, {weights})" if ranked else "0.0"
-            statement = (
-                f"SELECT rowid AS key, {rank} AS rank, "
-                + (
-                    f"snippet({self.name}, -1, char(2), char(3), '…', {SNIPPET_WORDS}) "
-                    if snippets
-                    else "'' "
+            return (
+                sa.select(
+                    key.label("key"),
+                    sa.literal_column(f"-bm25({self.name}, {weights})").label("rank"),
+                    *columns,
                 )
-                + "AS snippet "
-                f"FROM {self.name} WHERE {self.name} MATCH :query AND scope = :scope"
+                # The index drives the join, newest match first, so that the
+                # limit ends the walk.
+                .select_from(_IndexFirst(index, table, key == index.c.rowid))
+                .where(
+                    sa.text(f"{self.name} MATCH :fts_query").bindparams(fts_query=query.fts5()),
+                    space == space_pk,
+                    *conditions,
+                )
+                .order_by(index.c.rowid.desc())
+                .limit(limit)
+                .subquery("matches")
             )
-            params["query"] = query.fts5()
-            key_column = "rowid"
+        index = sa.table(self.name, sa.column("key"), sa.column("document"))
+        words = sa.func.websearch_to_tsquery(
+            sa.literal_column(f"'{_CONFIG}'"),
+            sa.literal(query.websearch(), sa.Text, literal_execute=True),
+        )
+        newest = (
+            sa.select(index.c.key, index.c.document, *columns)
+            .select_from(sa.join(index, table, key == index.c.key))
+            .where(index.c.document.op("@@")(words), space == space_pk, *conditions)
+            .order_by(index.c.key.desc())
+            .limit(limit)
+            .subquery("newest")
+        )
+        return (
+            sa.select(
+                newest.c.key,
+                sa.func.ts_rank_cd(newest.c.document, words).label("rank"),
+                *(newest.c[c.name] for c in columns),
+            )
+            # Kept a subquery of its own (a limit is never merged into the
+            # query around it), so that each match is ranked once.
+            .limit(limit)
+            .subquery("matches")
+        )
+
+    async def snippets(
+        self, conn: Transaction, space_pk: int, query: Query, keys: Sequence[int]
+    ) -> dict[int, str]:
+        """A snippet of the text of each record of ``keys`` (of space
+        ``space_pk``) that matches ``query``, by key: about
+        :data:`SNIPPET_WORDS` words of the field that matched best, the
+        matched words between :data:`MARK_START` and :data:`MARK_END`.
+        Making a snippet costs far more than ranking a record: ask for the
+        records shown only."""
+        if not keys:
+            return {}
+        params: dict[str, object] = {"scope": space_pk}
+        numbered = {f"k{n}": k for n, k in enumerate(keys)}
+        params.update(numbered)
+        listed = ", ".join(":" + k for k in numbered)
+        if conn.dialect == "sqlite":
+            # A key range the index walks once; the keys themselves (``+``:
+            # not a lookup each) pick the records in it.
+            statement = (
+                f"SELECT rowid AS key, "
+                f"snippet({self.name}, -1, char(2), char(3), '…', {SNIPPET_WORDS}) AS snippet "
+                f"FROM {self.name} WHERE {self.name} MATCH :query "
+                f"AND rowid BETWEEN :low AND :high AND +rowid IN ({listed}) AND scope = :scope"
+            )
+            params.update(query=query.fts5(), low=min(keys), high=max(keys))
         else:
             text = " || ' ' || ".join(self.fields)
-            rank = "ts_rank_cd(document, q)" if ranked else "0.0"
             statement = (
-                f"SELECT key, {rank} AS rank, "
-                + (f"ts_headline('{_CONFIG}', {text}, q, :headline) " if snippets else "'' ")
-                + "AS snippet "
+                f"SELECT key, ts_headline('{_CONFIG}', {text}, q, :headline) AS snippet "
                 f"FROM {self.name}, websearch_to_tsquery('{_CONFIG}', :query) AS q "
-                "WHERE document @@ q AND scope = :scope"
+                f"WHERE key IN ({listed}) AND document @@ q AND scope = :scope"
             )
-            params["query"] = query.websearch()
-            if snippets:
-                params["headline"] = (
+            params.update(
+                query=query.websearch(),
+                headline=(
                     f"StartSel={MARK_START}, StopSel={MARK_END}, "
                     f"MaxWords={SNIPPET_WORDS + 8}, MinWords={SNIPPET_WORDS // 2}"
-                )
-            key_column = "key"
-        if keys is not None:
-            numbered = {f"k{n}": k for n, k in enumerate(keys)}
-            statement += f" AND {key_column} IN ({', '.join(':' + k for k in numbered)})"
-            params.update(numbered)
-        order = f"rank DESC, {key_column} DESC" if ranked else f"{key_column} DESC"
-        statement += f" ORDER BY {order} LIMIT :limit"
+                ),
+            )
         rows = await conn.fetch_all(sa.text(statement), params)
-        return [Hit(int(r["key"]), float(r["rank"]), str(r["snippet"])) for r in rows]
+        return {int(r["key"]): str(r["snippet"]) for r in rows}

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy.dialects import sqlite
 
+from buildmax.database.postgres import _postgres_dialect
+from buildmax.database.statements import StatementCompiler
 from buildmax.fulltext import (
     MARK_END,
     MARK_START,
@@ -36,99 +40,172 @@ DOCS = {
 }
 
 
+#: The records the tests index, by key: their space.
+RECORDS = {**dict.fromkeys((1, 2, 3, 4, 5, 10, 11, 12, 20, 22, *range(100, 130)), 1), 21: 2, 99: 2}
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """An index of DOCS and the table of the records it indexes."""
+
+    index: TextIndex
+    records: sa.Table
+
+
 @pytest.fixture
-async def index(app: Any) -> AsyncIterator[TextIndex]:
-    """A fresh index of DOCS (space 1), plus one document of space 2."""
+async def indexed(app: Any) -> AsyncIterator[Indexed]:
+    """A fresh index of DOCS (space 1), plus one document of space 2, and
+    a table of every record the tests index (key and space)."""
     made = TextIndex(f"test_search_{secrets.token_hex(4)}", ("title", "body"))
+    records = sa.Table(
+        f"test_records_{secrets.token_hex(4)}",
+        sa.MetaData(),
+        sa.Column("id", sa.BigInteger, primary_key=True),
+        sa.Column("space", sa.BigInteger, nullable=False),
+        sa.Column("hidden", sa.Boolean, nullable=False, default=False),
+    )
     async with app.db.write() as tx:
         await made.create(tx)
+        await tx.execute(sa.schema.CreateTable(records))
+        for key, space in RECORDS.items():
+            await tx.execute(records.insert().values(id=key, space=space, hidden=False))
         for key, (title, body) in DOCS.items():
             await made.put(tx, key, 1, {"title": title, "body": body})
         await made.put(tx, 99, 2, {"title": "Running the tests", "body": "another space"})
     try:
-        yield made
+        yield Indexed(made, records)
     finally:
         async with app.db.write() as tx:
             await tx.execute(sa.text(f"DROP TABLE {made.name}"))
+            await tx.execute(sa.schema.DropTable(records))
 
 
-async def _keys(app: Any, index: TextIndex, text: str, scope: int = 1) -> list[int]:
+@pytest.fixture
+def index(indexed: Indexed) -> TextIndex:
+    return indexed.index
+
+
+async def _ranked(
+    app: Any, indexed: Indexed, text: str, scope: int = 1, **options: Any
+) -> list[dict[str, Any]]:
+    """The matches of ``text``, most relevant first (ties: the newer)."""
+    records = indexed.records
     async with app.db.read() as conn:
-        return [hit.key for hit in await index.search(conn, scope, parse_query(text))]
+        matches = indexed.index.matches(
+            conn.dialect,
+            scope,
+            parse_query(text),
+            key=records.c.id,
+            space=records.c.space,
+            **options,
+        )
+        rows = await conn.fetch_all(
+            sa.select(matches).order_by(matches.c.rank.desc(), matches.c.key.desc())
+        )
+    return [dict(row) for row in rows]
 
 
-async def test_a_word_finds_its_stemmed_forms(app, index):
-    assert set(await _keys(app, index, "running")) == {1, 4}  # "Running", "Run", "runs"
-    assert set(await _keys(app, index, "tested")) == {1, 4}  # "tests", "test"
-    assert await _keys(app, index, "migration") == [4]
+async def _keys(app: Any, indexed: Indexed, text: str, scope: int = 1) -> list[int]:
+    return [row["key"] for row in await _ranked(app, indexed, text, scope)]
 
 
-async def test_a_possessive_finds_the_word_on_both_engines(app, index):
-    assert await _keys(app, index, "runner's cache") == [3]
+async def _snippet(app: Any, index: TextIndex, text: str, key: int) -> str:
+    async with app.db.read() as conn:
+        return (await index.snippets(conn, 1, parse_query(text), [key]))[key]
 
 
-async def test_every_word_must_match_and_a_phrase_keeps_its_order(app, index):
-    assert await _keys(app, index, "test merge") == [1]
-    assert await _keys(app, index, '"merge queue"') == [5]
-    assert await _keys(app, index, '"queue merge"') == []
-    assert await _keys(app, index, "release wheel") == [2]
+async def test_a_word_finds_its_stemmed_forms(app, indexed):
+    assert set(await _keys(app, indexed, "running")) == {1, 4}  # "Running", "Run", "runs"
+    assert set(await _keys(app, indexed, "tested")) == {1, 4}  # "tests", "test"
+    assert await _keys(app, indexed, "migration") == [4]
 
 
-async def test_a_match_in_the_title_ranks_above_one_in_the_text(app, index):
+async def test_a_possessive_finds_the_word_on_both_engines(app, indexed):
+    assert await _keys(app, indexed, "runner's cache") == [3]
+
+
+async def test_every_word_must_match_and_a_phrase_keeps_its_order(app, indexed):
+    assert await _keys(app, indexed, "test merge") == [1]
+    assert await _keys(app, indexed, '"merge queue"') == [5]
+    assert await _keys(app, indexed, '"queue merge"') == []
+    assert await _keys(app, indexed, "release wheel") == [2]
+
+
+async def test_a_match_in_the_title_ranks_above_one_in_the_text(app, indexed, index):
     async with app.db.write() as tx:
         await index.put(tx, 10, 1, {"title": "Cache warming", "body": "nothing else"})
         await index.put(tx, 11, 1, {"title": "Something", "body": "about the cache, once"})
-    found = await _keys(app, index, "cache")
+    found = await _keys(app, indexed, "cache")
     assert found.index(10) < found.index(11)
 
 
-async def test_a_search_sees_its_space_only_and_the_keys_given(app, index):
-    assert 99 not in await _keys(app, index, "running")
-    assert await _keys(app, index, "running", scope=2) == [99]
-    async with app.db.read() as conn:
-        hits = await index.search(conn, 1, parse_query("running"), keys=[4])
-        assert [h.key for h in hits] == [4]
-        assert await index.search(conn, 1, parse_query("running"), keys=[]) == []
+async def test_a_search_sees_its_space_and_its_conditions_only(app, indexed, index):
+    assert 99 not in await _keys(app, indexed, "running")
+    assert await _keys(app, indexed, "running", scope=2) == [99]
+    # The records' own space decides, not the index's copy of it.
+    async with app.db.write() as tx:
+        await index.put(tx, 21, 1, {"title": "Running elsewhere", "body": "space 2's record"})
+    assert 21 not in await _keys(app, indexed, "running")
+    records = indexed.records
+    async with app.db.write() as tx:
+        await tx.execute(records.update().where(records.c.id == 4).values(hidden=True))
+    shown = await _ranked(
+        app,
+        indexed,
+        "running",
+        conditions=[records.c.hidden.is_(False)],
+        columns=[records.c.hidden],
+    )
+    assert [(row["key"], row["hidden"]) for row in shown] == [(1, False)]
+
+
+async def test_a_search_ranks_the_newest_matches_only(app, indexed, index):
+    async with app.db.write() as tx:
+        for key in range(100, 130):
+            title = "Cache" if key == 100 else "Notes"
+            await index.put(tx, key, 1, {"title": title, "body": "the cache again"})
+    newest = await _ranked(app, indexed, "cache", limit=10)
+    assert sorted(row["key"] for row in newest) == list(range(120, 130))
+    assert 100 not in [row["key"] for row in newest]  # the best match, but not among the newest
+    assert (await _keys(app, indexed, "cache"))[0] == 100
 
 
 async def test_a_snippet_marks_the_matched_words(app, index):
-    async with app.db.read() as conn:
-        [hit] = await index.search(conn, 1, parse_query("cold cache"))
-    assert f"{MARK_START}cache{MARK_END}" in hit.snippet
-    assert f"{MARK_START}cold{MARK_END}" in hit.snippet
+    snippet = await _snippet(app, index, "cold cache", 3)
+    assert f"{MARK_START}cache{MARK_END}" in snippet
+    assert f"{MARK_START}cold{MARK_END}" in snippet
 
 
-async def test_a_search_ranks_without_snippets_and_snippets_the_keys_asked(app, index):
+async def test_snippets_are_of_the_keys_asked_that_match_in_the_space(app, index):
     async with app.db.read() as conn:
-        ranked = await index.search(conn, 1, parse_query("running"), snippets=False)
-        assert {h.key for h in ranked} == {1, 4} and {h.snippet for h in ranked} == {""}
-        shown = await index.search(conn, 1, parse_query("running"), keys=[ranked[0].key])
-    assert [h.key for h in shown] == [ranked[0].key] and MARK_START in shown[0].snippet
+        found = await index.snippets(conn, 1, parse_query("running"), [1, 2, 99])
+        assert await index.snippets(conn, 1, parse_query("running"), []) == {}
+    # 2 does not match, 99 is of space 2, and 4 matches but was not asked for.
+    assert list(found) == [1] and MARK_START in found[1]
 
 
 async def test_a_snippet_marks_only_what_matched(app, index):
     async with app.db.write() as tx:
         await index.put(tx, 12, 1, {"title": "x", "body": f"gravel {MARK_START}forged{MARK_END}"})
-    async with app.db.read() as conn:
-        [hit] = await index.search(conn, 1, parse_query("gravel"))
-    assert f"{MARK_START}gravel{MARK_END}" in hit.snippet
-    assert hit.snippet.count(MARK_START) == hit.snippet.count(MARK_END) == 1
+    snippet = await _snippet(app, index, "gravel", 12)
+    assert f"{MARK_START}gravel{MARK_END}" in snippet
+    assert snippet.count(MARK_START) == snippet.count(MARK_END) == 1
 
 
-async def test_put_again_replaces_and_remove_takes_out(app, index):
+async def test_put_again_replaces_and_remove_takes_out(app, indexed, index):
     async with app.db.write() as tx:
         await index.put(tx, 2, 1, {"title": "Release checklist", "body": "sign the tarball"})
-    assert await _keys(app, index, "tarball") == [2]
-    assert await _keys(app, index, "wheel") == []
+    assert await _keys(app, indexed, "tarball") == [2]
+    assert await _keys(app, indexed, "wheel") == []
     async with app.db.write() as tx:
         await index.remove(tx, 2)
-    assert await _keys(app, index, "tarball") == []
+    assert await _keys(app, indexed, "tarball") == []
     async with app.db.write() as tx:
         await index.clear(tx)
-    assert await _keys(app, index, "running") == []
+    assert await _keys(app, indexed, "running") == []
 
 
-async def test_fill_indexes_every_row_of_a_select(app, index):
+async def test_fill_indexes_every_row_of_a_select(app, indexed, index):
     source = sa.Table(
         f"test_source_{secrets.token_hex(4)}",
         sa.MetaData(),
@@ -159,36 +236,36 @@ async def test_fill_indexes_every_row_of_a_select(app, index):
             with pytest.raises(ValueError):
                 await index.fill(tx, sa.select(source.c.id, source.c.space, source.c.heading))
             await index.fill(tx, rows)
-        assert await _keys(app, index, "tarball") == [20, 2]  # title first, then the newer key
-        async with app.db.read() as conn:
-            hits = await index.search(conn, 1, parse_query("parsing"))
-        assert [h.snippet.count(MARK_START) for h in hits] == [1]  # a stored mark is a space
-        assert await _keys(app, index, "wheel") == []  # key 2's old text is gone
-        assert await _keys(app, index, "tarball", scope=2) == [21]
-        assert set(await _keys(app, index, "running")) == {1, 4}  # the others untouched
+        assert await _keys(app, indexed, "tarball") == [20, 2]  # title first, then the newer key
+        assert (await _snippet(app, index, "parsing", 20)).count(MARK_START) == 1
+        assert await _keys(app, indexed, "wheel") == []  # key 2's old text is gone
+        assert await _keys(app, indexed, "tarball", scope=2) == [21]
+        assert set(await _keys(app, indexed, "running")) == {1, 4}  # the others untouched
         async with app.db.write() as tx:
             await index.clear(tx)
             await index.fill(tx, rows)  # a rebuild: clear, then fill
-        assert await _keys(app, index, "tarball") == [20, 2]
-        assert await _keys(app, index, "running") == []
+        assert await _keys(app, indexed, "tarball") == [20, 2]
+        assert await _keys(app, indexed, "running") == []
     finally:
         async with app.db.write() as tx:
             await tx.execute(sa.schema.DropTable(source))
 
 
-async def test_query_syntax_of_either_engine_is_only_text(app, index):
+async def test_query_syntax_of_either_engine_is_only_text(app, indexed, index):
     for text in (
         'NEAR(test merge) OR title:release AND -wheel * ^ "unclosed',
         "test OR release",
         "-merge test",
         "test:* & !merge | (release)",
         "'; DROP TABLE x; --",
+        "it's o'clock",
     ):
+        await _ranked(app, indexed, text)  # never an error
         async with app.db.read() as conn:
-            await index.search(conn, 1, parse_query(text))  # never an error
+            await index.snippets(conn, 1, parse_query(text), [1, 2])
     # Words an engine reads as operators are words here: all of them must match.
-    assert await _keys(app, index, "test OR release") == []
-    assert await _keys(app, index, "-merge test") == [1]
+    assert await _keys(app, indexed, "test OR release") == []
+    assert await _keys(app, indexed, "-merge test") == [1]
 
 
 @pytest.mark.engine_independent
@@ -228,3 +305,52 @@ def test_an_index_is_named_and_fielded_plainly():
     for name, fields in (("x; drop", ("a",)), ("ok", ()), ("ok", ("key",)), ("ok", ("a b",))):
         with pytest.raises(ValueError):
             TextIndex(name, fields)
+
+
+async def test_the_index_drives_a_search_walk_newest_first(app, indexed):
+    """The limit can end the walk only if the index is walked first, in key
+    order: never the records' own index with a full-text lookup each."""
+    if app.db.dialect != "sqlite":
+        pytest.skip("SQLite's join order (CROSS JOIN); PostgreSQL plans each search's words")
+    records = indexed.records
+    async with app.db.write() as tx:
+        await tx.execute(sa.schema.CreateIndex(sa.Index(f"{records.name}_space", records.c.space)))
+    # A condition that makes the records' side look the cheaper one to start with.
+    matches = indexed.index.matches(
+        "sqlite",
+        1,
+        parse_query("running"),
+        key=records.c.id,
+        space=records.c.space,
+        conditions=[records.c.id == 4],
+    )
+    sql, params = StatementCompiler(sqlite.dialect(paramstyle="named")).compile(sa.select(matches))
+    async with app.db.read() as conn:
+        plan = [
+            row["detail"]
+            for row in await conn.fetch_all(sa.text("EXPLAIN QUERY PLAN " + sql), params)
+        ]
+    walk = [line for line in plan if not line.startswith(("CO-ROUTINE", "SCAN matches"))]
+    assert walk[0].startswith(f"SCAN {indexed.index.name} VIRTUAL TABLE"), plan
+    assert not any("TEMP B-TREE" in line for line in walk), plan  # the index's own order
+
+
+@pytest.mark.engine_independent
+def test_a_postgresql_search_is_planned_for_its_own_words():
+    """Its words are in the statement's text, not a parameter: a plan made
+    once for any words (a prepared statement's generic plan) walks the
+    whole table for a rare one."""
+    records = sa.Table(
+        "records", sa.MetaData(), sa.Column("id", sa.BigInteger), sa.Column("space", sa.BigInteger)
+    )
+    index = TextIndex("things", ("title",))
+    matches = index.matches(
+        "postgresql",
+        7,
+        parse_query('flaky "lock timeout"'),
+        key=records.c.id,
+        space=records.c.space,
+    )
+    sql, args = StatementCompiler(_postgres_dialect()).compile_positional(sa.select(matches))
+    assert "websearch_to_tsquery('english', '\"lock timeout\" \"flaky\"')" in sql
+    assert not any("flaky" in str(arg) for arg in args)

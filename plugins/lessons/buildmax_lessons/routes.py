@@ -23,7 +23,7 @@ from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.clock import to_rfc3339
 from buildmax.current import current_buildmax
-from buildmax.fulltext import QueryRefused, parse_query
+from buildmax.fulltext import RANKED_MATCHES, QueryRefused, parse_query
 from buildmax.idempotency import Reply, Work
 from buildmax.internal import InternalApi
 from buildmax.pagination import page_body, page_request
@@ -42,7 +42,7 @@ from .schemas import (
     LessonVoteIn,
     LessonVotePage,
 )
-from .search import MAX_HITS, Filters, listing, search
+from .search import Filters, listing, search
 from .tables import revisions, votes
 
 blueprint = Blueprint("lessons", __name__)
@@ -147,10 +147,11 @@ async def create_lesson(caller: Caller, access: SpaceAccess, data: dict[str, Any
 async def list_lessons(caller: Caller, access: SpaceAccess) -> Response:
     """Without ``q``, newest first. With ``q`` (words and ``"phrases"``,
     all required, stemmed: ``failing`` finds ``fails``), the most relevant
-    first (of the 1,000 most relevant), then the most useful, then the most
-    recently changed; each item's ``match.snippet`` marks the matched words
-    between U+0002 and U+0003. Superseded lessons are left out unless
-    ``superseded`` is ``include`` or ``only``. ``project`` keeps that
+    first (of the newest 1,000 that match and pass the filters), then the
+    most useful, then the most recently changed; each item's
+    ``match.snippet`` marks the matched words between U+0002 and U+0003.
+    Superseded lessons are left out unless ``superseded`` is ``include`` or
+    ``only``. ``project`` keeps that
     project's lessons and (unless ``common=exclude``) the common ones."""
     app = current_buildmax()
     await _own_space(caller, access)
@@ -161,7 +162,7 @@ async def list_lessons(caller: Caller, access: SpaceAccess) -> Response:
     except QueryRefused as exc:
         raise ValidationFailed(str(exc), errors={"q": [str(exc)]}) from None
     page = page_request((int,) if parsed is not None else (str,))
-    # A search ranks up to a thousand matches, and a path filter may read
+    # A search ranks up to a thousand lessons, and a path filter may read
     # many rows: no read for the event loop's connection.
     searching = parsed is not None or args.get("path") is not None
     async with app.db.read(background=searching) as conn:
@@ -179,7 +180,7 @@ async def list_lessons(caller: Caller, access: SpaceAccess) -> Response:
             rows, cursor = await listing(conn, access.pk, filters, page.limit, after)
         else:
             offset = page.after[0] if page.after is not None else 0
-            if not 0 <= offset < MAX_HITS:
+            if not 0 <= offset < RANKED_MATCHES:
                 raise BadCursor("the cursor is not one this server issued")
             rows, cursor = await search(conn, access.pk, parsed, filters, page.limit, offset)
         items = []

@@ -2,13 +2,14 @@
 relevance, then usefulness, then recency.
 
 Without a query the list is newest first, paged by a keyset cursor. With
-one, the index (:data:`~.tables.SEARCH`) gives the space's
-:data:`MAX_HITS` most relevant lessons; the filters keep those they admit
-and the page is an offset into that ranking (a cursor holds it). Relevance
-is compared in steps of :data:`RELEVANCE_STEPS` of the best hit's, so two
-lessons about as relevant are ordered by their usefulness score
-(helpful - not helpful - 2 * wrong on the current revision), then the more
-recently changed first.
+one, the index (:data:`~.tables.SEARCH`) gives the newest
+:data:`~buildmax.fulltext.RANKED_MATCHES` lessons that match it and that
+the filters keep, each with its relevance (so a search costs the same
+however many lessons match); the page is an offset into their ranking (a
+cursor holds it). Relevance is compared in steps of
+:data:`RELEVANCE_STEPS` of the best match's, so two lessons about as
+relevant are ordered by their usefulness score (helpful - not helpful -
+2 * wrong on the current revision), then the more recently changed first.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ _CURRENT_APPLIES = (
     sa.select(revisions.c.applies_to).where(CURRENT_REVISION).scalar_subquery().label("applies_to")
 )
 
-#: How many of the most relevant lessons a search ranks.
-MAX_HITS = 1000
 #: The most lessons a path-filtered list reads for one page.
 MAX_SCANNED = 2000
-#: Relevance within 1/20 of the best hit's is "as relevant".
+#: Relevance within 1/20 of the best match's is "as relevant".
 RELEVANCE_STEPS = 20
 
 
@@ -131,35 +130,36 @@ async def search(
     conn: Transaction, space_pk: int, query: Query, filters: Filters, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of the lessons matching ``query`` that the filters keep, from
-    ``offset`` in the ranking; each row gains ``match`` (its snippet and
-    relevance). The rows and the next page's cursor."""
-    hits = await SEARCH.search(conn, space_pk, query, limit=MAX_HITS, snippets=False)
-    if not hits:
-        return [], None
-    # What ranking and the filters need of every hit; the rest for the page only.
-    columns: list[Any] = [lessons.c.id, lessons.c.score, lessons.c.updated_at]
+    ``offset`` in the ranking of the newest
+    :data:`~buildmax.fulltext.RANKED_MATCHES` of them; each row gains
+    ``match`` (its snippet and relevance). The rows and the next page's
+    cursor."""
+    # What ranking and the filters need of every match; the rest for the page only.
+    columns: list[Any] = [lessons.c.score, lessons.c.updated_at]
     if filters.path is not None:
         columns.append(_CURRENT_APPLIES)
-    rows = await conn.fetch_all(
-        sa.select(*columns).where(
-            lessons.c.id.in_(sa.bindparam("keys", expanding=True)),
-            *filters.conditions(space_pk, conn.dialect),
-        ),
-        {"keys": [hit.key for hit in hits]},
+    matches = SEARCH.matches(
+        conn.dialect,
+        space_pk,
+        query,
+        key=lessons.c.id,
+        space=lessons.c.space_id,
+        columns=columns,
+        conditions=filters.conditions(space_pk, conn.dialect),
     )
-    found = {r["id"]: dict(r) for r in rows if filters.admits_path(r)}
-    kept = [hit for hit in hits if hit.key in found]
-    # Relevance is measured against the best lesson shown, not one filtered out.
-    best = max((hit.rank for hit in kept), default=1.0) or 1.0
-    ranked = []
-    for hit in kept:
-        row = found[hit.key]
-        row["match"] = {"relevance": round(hit.rank / best, 4)}
-        step = round(hit.rank / best * RELEVANCE_STEPS)
-        ranked.append(((-step, -row["score"], -row["updated_at"], -row["id"]), row))
-    ranked.sort(key=lambda pair: pair[0])
-    shown = [row for _, row in ranked[offset : offset + limit]]
-    keys = [row["id"] for row in shown]
+    best = sa.func.max(matches.c.rank).over()
+    # As relevant: within a step of the best match's relevance.
+    step = sa.func.round(matches.c.rank / sa.func.nullif(best, 0) * RELEVANCE_STEPS)
+    ranked = sa.select(*matches.c, best.label("best")).order_by(
+        step.desc(), matches.c.score.desc(), matches.c.updated_at.desc(), matches.c.key.desc()
+    )
+    if filters.path is None:
+        rows = await conn.fetch_all(ranked.limit(limit + 1).offset(offset))
+        shown, more = rows[:limit], len(rows) > limit
+    else:
+        kept = [row for row in await conn.fetch_all(ranked) if filters.admits_path(row)]
+        shown, more = kept[offset : offset + limit], len(kept) > offset + limit
+    keys = [row["key"] for row in shown]
     full = {
         r["id"]: dict(r)
         for r in await conn.fetch_all(
@@ -167,15 +167,17 @@ async def search(
             {"keys": keys},
         )
     }
-    page = [{**full[row["id"]], "match": row["match"]} for row in shown if row["id"] in full]
     # Snippets only for the page shown: making them is most of a search's work.
-    marked = {
-        hit.key: hit.snippet
-        for hit in await SEARCH.search(
-            conn, space_pk, query, keys=keys, limit=len(keys), ranked=False
-        )
-    }
-    for row in page:
-        row["match"]["snippet"] = marked.get(row["id"], "")
-    more = len(ranked) > offset + limit
+    marked = await SEARCH.snippets(conn, space_pk, query, keys)
+    page = [
+        {
+            **full[row["key"]],
+            "match": {
+                "relevance": round(row["rank"] / row["best"], 4) if row["best"] else 0.0,
+                "snippet": marked.get(row["key"], ""),
+            },
+        }
+        for row in shown
+        if row["key"] in full
+    ]
     return page, encode_cursor([offset + limit]) if more else None

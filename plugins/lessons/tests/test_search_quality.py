@@ -244,6 +244,16 @@ NEEDLES: dict[str, Spec] = {
         "Warm the thumbnail cache before a profile",
         "Cold thumbnail caches make the first profile run slow.",
     ),
+    # Two lessons about as relevant to "keystore" (one a little longer, so
+    # ranked a little lower where length counts): usefulness orders them.
+    "near-a": Spec(
+        "Rotate the keystore password yearly",
+        "A keystore password expires: rotate it.",
+    ),
+    "near-b": Spec(
+        "Rotate the keystore password yearly",
+        "A keystore password expires: rotate it soon.",
+    ),
     # Corrected from protobuf to flatbuffers.
     "corrected": Spec(
         "Pin the protobuf compiler version",
@@ -613,10 +623,12 @@ async def test_votes_corrections_and_supersession_show_in_the_ranking(lab: Lab) 
     """Usefulness, then recency, orders lessons as relevant; a corrected
     lesson is found by its latest revision; a superseded one is hidden by
     default and reachable by its link. Caught on purpose: the usefulness or
-    the recency tie-break dropped, the superseded condition dropped, a
-    correction that leaves the index as it was."""
+    the recency tie-break dropped, relevance compared unstepped, the
+    superseded condition dropped, a correction that leaves the index as it
+    was."""
     corpus = await build_corpus(lab)
     await check_usefulness_then_recency(corpus)
+    await check_usefulness_within_a_step(corpus)
     await check_correction(corpus)
     await check_supersession(corpus)
 
@@ -648,6 +660,22 @@ async def check_usefulness_then_recency(corpus: Corpus) -> None:
     )
     assert fixed["usefulness"]["score"] == 0
     assert await order() == ["useful-a", "useful-b"]
+
+
+async def check_usefulness_within_a_step(corpus: Corpus) -> None:
+    """Relevance counts in steps of 1/20 of the best: a lesson a little less
+    relevant but more useful comes first."""
+    lab = corpus.lab
+    await lab.call(
+        "POST",
+        f"/lessons/{corpus.needles['near-b']}/votes",
+        lab.agent2,
+        json={"vote": "helpful"},
+        expect=200,
+    )
+    hits = await corpus.find(q="keystore")
+    assert corpus.names(hits) == ["near-b", "near-a"]
+    assert [round(h["match"]["relevance"] * 20) for h in hits] == [20, 20]
 
 
 async def check_correction(corpus: Corpus) -> None:

@@ -18,14 +18,12 @@ from typing import Any
 import sqlalchemy as sa
 from buildmax_hookspecs import Transaction
 
-from buildmax.fulltext import Hit, Query, TextIndex
+from buildmax.fulltext import Query, TextIndex
 
 from .tables import task_revisions, tasks
 
 #: The index of tasks' current title and criteria (title weighs most).
 TASK_SEARCH = TextIndex("task_search", ("title", "criteria"))
-#: The most relevant matches a search reads (and a search's cursor pages through).
-SEARCH_LIMIT = 1000
 
 #: Every indexed task's key, space, title and current criteria: what
 #: :func:`rebuild` indexes.
@@ -73,19 +71,26 @@ async def ranked_matches(
     query: Query,
     conditions: Sequence[Any],
     project_pk: int | None,
-) -> list[Hit]:
-    """The space's tasks matching ``query`` and every one of ``conditions``
-    (and of project ``project_pk``), most relevant first (ties: the newer
-    first), among the :data:`SEARCH_LIMIT` most relevant matches; without
-    snippets (:func:`snippets` gives those of the matches shown)."""
-    hits = await TASK_SEARCH.search(conn, space_pk, query, limit=SEARCH_LIMIT, snippets=False)
-    if not hits or (not conditions and project_pk is None):
-        return hits
-    where = [tasks.c.id.in_([hit.key for hit in hits]), tasks.c.space_id == space_pk, *conditions]
+    offset: int,
+    limit: int,
+) -> list[int]:
+    """The keys of the space's tasks matching ``query`` and every one of
+    ``conditions`` (and of project ``project_pk``), most relevant first
+    (ties: the newer first) among the newest
+    :data:`~buildmax.fulltext.RANKED_MATCHES` of them: ``limit`` from
+    ``offset``. :func:`snippets` gives those of the matches shown."""
     if project_pk is not None:
-        where.append(tasks.c.project_id == project_pk)
-    kept = {row["id"] for row in await conn.fetch_all(sa.select(tasks.c.id).where(*where))}
-    return [hit for hit in hits if hit.key in kept]
+        conditions = [*conditions, tasks.c.project_id == project_pk]
+    matches = TASK_SEARCH.matches(
+        conn.dialect, space_pk, query, key=tasks.c.id, space=tasks.c.space_id, conditions=conditions
+    )
+    ranked = (
+        sa.select(matches.c.key)
+        .order_by(matches.c.rank.desc(), matches.c.key.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    return [int(row["key"]) for row in await conn.fetch_all(ranked)]
 
 
 async def snippets(
@@ -93,7 +98,4 @@ async def snippets(
 ) -> dict[int, str]:
     """The snippet of each of the tasks ``task_pks`` (of space
     ``space_pk``) that match ``query``, by key."""
-    hits = await TASK_SEARCH.search(
-        conn, space_pk, query, keys=task_pks, limit=len(task_pks), ranked=False
-    )
-    return {hit.key: hit.snippet for hit in hits}
+    return await TASK_SEARCH.snippets(conn, space_pk, query, task_pks)

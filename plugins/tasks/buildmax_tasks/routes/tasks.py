@@ -15,7 +15,7 @@ from buildmax.apidoc import api, query_args
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
-from buildmax.fulltext import Query, QueryRefused, parse_query
+from buildmax.fulltext import RANKED_MATCHES, Query, QueryRefused, parse_query
 from buildmax.idempotency import Reply, Work
 from buildmax.pagination import PageRequest, page_body, page_request
 from buildmax.problems import (
@@ -56,7 +56,7 @@ from ..schemas import (
     TaskPage,
     TaskUpdate,
 )
-from ..search import SEARCH_LIMIT, ranked_matches, snippets
+from ..search import ranked_matches, snippets
 from ..tables import (
     attempts,
     task_revisions,
@@ -157,7 +157,7 @@ def _search_offset(page: PageRequest) -> int:
     if page.after is None:
         return 0
     offset: int = page.after[0]
-    if not 0 < offset < SEARCH_LIMIT:
+    if not 0 < offset < RANKED_MATCHES:
         raise BadCursor("the cursor is not one this server issued")
     return offset
 
@@ -175,8 +175,8 @@ async def list_tasks(access: SpaceAccess) -> Response:
     """Filters: ``state``, ``kind``, ``label``, ``project``, ``agent``,
     ``min_priority``; newest first. With ``q``, a full-text search of the
     title and acceptance criteria (words, stemmed, and ``"quoted
-    phrases"``, all of which must match): the most relevant of the first
-    1,000 matches first (ties: newest first), each with
+    phrases"``, all of which must match): the most relevant of the newest
+    1,000 matches that pass the filters first (ties: newest first), each with
     ``match.snippet``, its matched words between U+0002 and U+0003; a ``q``
     with no word, or with more than 20 words and phrases, is 422. Stage
     work (review and integration items) is not searched: search finds the
@@ -187,7 +187,7 @@ async def list_tasks(access: SpaceAccess) -> Response:
     page = page_request((int,) if searched is not None else (str,))
     # The space's, a state's and a project's tasks are read newest first
     # from an index; any other filter may scan the space's whole history,
-    # and a search may rank a thousand matches: no read for the event loop.
+    # and a search may rank a thousand tasks: no read for the event loop.
     scanning = searched is not None or any(
         query.get(name) is not None for name in _SCANNING_FILTERS
     )
@@ -220,9 +220,10 @@ async def _search_page(
     snippet; the cursor carries the offset of the next page."""
     app = current_buildmax()
     offset = _search_offset(page)
-    hits = await ranked_matches(conn, access.pk, searched, conditions, filters.project_pk)
-    shown = hits[offset : offset + page.limit + 1]
-    keys = [hit.key for hit in shown[: page.limit]]
+    shown = await ranked_matches(
+        conn, access.pk, searched, conditions, filters.project_pk, offset, page.limit + 1
+    )
+    keys = shown[: page.limit]
     if not keys:
         return page_body([], shown, page.limit, lambda _: (offset + page.limit,))
     marked = await snippets(conn, access.pk, searched, keys)
