@@ -34,8 +34,17 @@ async def _create(tx: Transaction) -> None:
 @hookimpl
 def buildmax_migrations() -> list[Migration]:
     return [
-        Migration("lessons", 1, "lessons, their revisions and votes, and their search", _create)
+        Migration("lessons", 1, "lessons, their revisions and votes, and their search", _create),
+        Migration("lessons", 2, "lesson search keeps each lesson's row whole", _whole_rows),
     ]
+
+
+async def _whole_rows(tx: Transaction) -> None:
+    from .reindex import rebuild
+
+    if tx.dialect == "postgresql":
+        await SEARCH.keep_rows_whole(tx)
+        await rebuild(tx)  # rows written before are stored again, whole
 
 
 @hookimpl

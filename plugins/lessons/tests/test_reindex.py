@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import sqlalchemy as sa
 from buildmax_lessons.reindex import reindex_command
 from buildmax_lessons.tables import SEARCH
 from click.testing import CliRunner
+
+from buildmax.migrations import migrate, schema_migrations
 
 from .conftest import Lab
 
@@ -39,3 +42,34 @@ async def test_reindex_rebuilds_lesson_search_from_the_current_revisions(
     }
     assert [h["title"] for h in await lab.search(q="weekly")] == ["Rotate the keys"]
     assert await lab.search(q="monthly") == []
+
+
+async def test_migration_2_keeps_lesson_search_rows_whole_and_every_lesson_found(
+    lab: Lab,
+) -> None:
+    """A database made before migration ``lessons 2``: its search table
+    stores long rows apart (PostgreSQL's default); the migration keeps them
+    whole and stores every lesson again, each still found once."""
+    long_text = " ".join(f"word{n} kerberos" for n in range(400))  # past 2 KB indexed
+    made = [await lab.lesson("Kerberos tickets expire", long_text) for _ in range(2)]
+    app = lab.app
+    dialect = app.db.dialect
+    options = (
+        "SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class "
+        f"WHERE relname = '{SEARCH.name}'"
+    )
+    async with app.db.write() as tx:
+        if dialect == "postgresql":
+            await tx.execute(sa.text(f"ALTER TABLE {SEARCH.name} RESET (toast_tuple_target)"))
+        await tx.execute(
+            sa.delete(schema_migrations).where(
+                schema_migrations.c.plugin == "lessons", schema_migrations.c.version == 2
+            )
+        )
+    applied = await migrate(app.db, app.migrations(), app.clock)
+    assert [(m.plugin, m.version) for m in applied] == [("lessons", 2)]
+    if dialect == "postgresql":
+        async with app.db.read() as conn:
+            assert await conn.fetch_val(sa.text(options)) == "toast_tuple_target=8160"
+    found = await lab.search(q="kerberos")
+    assert sorted(h["id"] for h in found) == sorted(m["id"] for m in made)

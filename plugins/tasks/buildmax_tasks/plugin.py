@@ -27,6 +27,7 @@ from .attempt_tokens import TOKEN_KIND, attempt_token_reminter
 from .membership import member_changed
 from .queue import SqlTaskQueue
 from .reaper import reap_forever
+from .search import TASK_SEARCH
 from .search import create_index as create_search_index
 from .settings import task_settings
 from .tables import TABLES, TABLES_2, TASKS_BY_PROJECT_STATE, TASKS_BY_SPACE
@@ -54,6 +55,9 @@ def buildmax_migrations() -> list[Migration]:
             4,
             "task search: a full-text index of each task's title and criteria",
             create_search_index,
+        ),
+        Migration(
+            "tasks", 5, "task search keeps each task's row whole", TASK_SEARCH.keep_rows_whole
         ),
     ]
 
