@@ -4,6 +4,7 @@ is never an engine's query syntax."""
 
 from __future__ import annotations
 
+import gc
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -351,6 +352,31 @@ def test_a_postgresql_search_is_planned_for_its_own_words():
         key=records.c.id,
         space=records.c.space,
     )
-    sql, args = StatementCompiler(_postgres_dialect()).compile_positional(sa.select(matches))
+    sql, args, one_off = StatementCompiler(_postgres_dialect()).compile_positional(
+        sa.select(matches)
+    )
+    assert one_off  # prepared apart from the connection's cache
     assert "websearch_to_tsquery('english', '\"lock timeout\" \"flaky\"')" in sql
     assert not any("flaky" in str(arg) for arg in args)
+
+
+async def test_a_postgresql_search_leaves_no_statement_prepared_behind(app, indexed):
+    """Each search's words make a text of its own: it is prepared apart
+    from the connection's cache of statements and closed after, so that
+    searches never push out the statements every request runs again."""
+    if app.db.dialect != "postgresql":
+        pytest.skip("PostgreSQL's prepared statements")
+    records = indexed.records
+    prepared = (
+        "SELECT count(*) FROM pg_prepared_statements "
+        "WHERE statement LIKE '%websearch_to_tsquery%' AND statement NOT LIKE '%pg_prepared%'"
+    )
+    async with app.db.read(background=True) as conn:
+        for text in ("running", "tests", "merge queue", "cold cache", "release"):
+            matches = indexed.index.matches(
+                conn.dialect, 1, parse_query(text), key=records.c.id, space=records.c.space
+            )
+            assert await conn.fetch_all(sa.select(matches)) is not None
+        gc.collect()
+        await conn.fetch_val(sa.text("SELECT 1"))  # a prepared statement dropped closes here
+        assert await conn.fetch_val(sa.text(prepared)) == 0

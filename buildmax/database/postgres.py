@@ -27,7 +27,7 @@ from databases.core import Connection
 from sqlalchemy.engine.interfaces import Dialect
 
 from .base import DatabaseError, Params, Snapshot, Tx, WriteObserver, ignore_write, transaction
-from .statements import StatementCompiler
+from .statements import Positional, StatementCompiler
 
 
 def _postgres_dialect() -> Dialect:
@@ -57,19 +57,27 @@ class _Executor:
         self._lock = asyncio.Lock()
 
     async def execute(self, statement: Any, params: Params) -> None:
-        sql, args = self._compiler.compile_positional(statement, params)
         async with self._lock:
             # fetch(), not execute(): without arguments asyncpg's execute()
             # takes the simple protocol, which would accept several
             # statements in one text.
-            await self._conn.raw_connection.fetch(sql, *args)
+            await self._fetch(self._compiler.compile_positional(statement, params))
 
     async def fetch_all(self, statement: Any, params: Params) -> list[Row]:
-        sql, args = self._compiler.compile_positional(statement, params)
         async with self._lock:
-            records = await self._conn.raw_connection.fetch(sql, *args)
+            records = await self._fetch(self._compiler.compile_positional(statement, params))
         # A label repeated in a select keeps its last value, as on SQLite.
         return [dict(record.items()) for record in records]
+
+    async def _fetch(self, compiled: Positional) -> list[Any]:
+        raw = self._conn.raw_connection
+        if compiled.one_off:
+            # Prepared apart from the connection's cache of statements
+            # (closed once dropped): a search's own words would push out
+            # the statements every request runs again.
+            prepared = await raw.prepare(compiled.sql)
+            return list(await prepared.fetch(*compiled.args))
+        return list(await raw.fetch(compiled.sql, *compiled.args))
 
 
 async def _reset_on_release(conn: Any) -> None:

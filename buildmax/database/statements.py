@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql import ClauseElement
@@ -34,6 +34,17 @@ def _expands(compiled: Any) -> bool:
     """Whether the SQL text depends on the values (expanding IN lists,
     values rendered literally at execution)."""
     return bool(compiled.post_compile_params or compiled.literal_execute_params)
+
+
+class Positional(NamedTuple):
+    """A statement compiled for a positional paramstyle."""
+
+    sql: str
+    args: list[Any]
+    #: Values written into the text (``literal_execute``): a text that
+    #: recurs rarely, not worth a place among a connection's prepared
+    #: statements.
+    one_off: bool
 
 
 class StatementCompiler:
@@ -65,20 +76,21 @@ class StatementCompiler:
 
     def compile_positional(
         self, statement: ClauseElement | str, params: Mapping[str, Any] | None = None
-    ) -> tuple[str, list[Any]]:
-        """``(sql, args)`` for a dialect with a positional paramstyle: the
-        values in the order of the placeholders (``$1``, ``$2``, ...)."""
+    ) -> Positional:
+        """The SQL text and arguments for a dialect with a positional
+        paramstyle: the values in the order of the placeholders (``$1``,
+        ``$2``, ...)."""
         if not self.dialect.positional:
             raise TypeError("this dialect uses named parameters: use compile()")
         compiled, values = self._lookup(statement, params)
         if isinstance(compiled, str):
-            return compiled, []
+            return Positional(compiled, [], one_off=False)
         sql, positions, values, processors = self._expand(compiled, values)
+        one_off = bool(compiled.literal_execute_params)
         if processors:
-            return sql, [
-                processors[k](values[k]) if k in processors else values[k] for k in positions
-            ]
-        return sql, [values[k] for k in positions]
+            args = [processors[k](values[k]) if k in processors else values[k] for k in positions]
+            return Positional(sql, args, one_off)
+        return Positional(sql, [values[k] for k in positions], one_off)
 
     def _lookup(
         self, statement: ClauseElement | str, params: Mapping[str, Any] | None

@@ -126,6 +126,15 @@ async def listing(
     return page, encode_cursor([after]) if more and after is not None else None
 
 
+def _nearest(value: Any, dialect: str) -> Any:
+    """``value`` (never negative) to the nearest whole number, a half up:
+    the same on both engines (PostgreSQL's ``round`` of a float takes a
+    half to the even number, SQLite's away from zero)."""
+    if dialect == "sqlite":
+        return sa.cast(value + 0.5, sa.Integer)  # truncates: the floor, as value >= 0
+    return sa.func.floor(value + 0.5)
+
+
 async def search(
     conn: Transaction, space_pk: int, query: Query, filters: Filters, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], str | None]:
@@ -134,31 +143,48 @@ async def search(
     :data:`~buildmax.fulltext.RANKED_MATCHES` of them; each row gains
     ``match`` (its snippet and relevance). The rows and the next page's
     cursor."""
-    # What ranking and the filters need of every match; the rest for the page only.
-    columns: list[Any] = [lessons.c.score, lessons.c.updated_at]
+    conditions = filters.conditions(space_pk, conn.dialect)
     if filters.path is not None:
-        columns.append(_CURRENT_APPLIES)
+        # Globs are matched here, not in SQL: the matches' paths first, then
+        # the ranking of those the path admits (relevance against the best
+        # of them, not of a lesson the path leaves out).
+        paths = SEARCH.matches(
+            conn.dialect,
+            space_pk,
+            query,
+            key=lessons.c.id,
+            space=lessons.c.space_id,
+            columns=[_CURRENT_APPLIES],
+            conditions=conditions,
+        )
+        rows = await conn.fetch_all(sa.select(paths))
+        admitted = [row["key"] for row in rows if filters.admits_path(row)]
+        if not admitted:
+            return [], None
+        conditions = [*conditions, lessons.c.id.in_(admitted)]
+    # What ranking needs of every match; the rest for the page only.
     matches = SEARCH.matches(
         conn.dialect,
         space_pk,
         query,
         key=lessons.c.id,
         space=lessons.c.space_id,
-        columns=columns,
-        conditions=filters.conditions(space_pk, conn.dialect),
+        columns=[lessons.c.score, lessons.c.updated_at],
+        conditions=conditions,
     )
     best = sa.func.max(matches.c.rank).over()
     # As relevant: within a step of the best match's relevance.
-    step = sa.func.round(matches.c.rank / sa.func.nullif(best, 0) * RELEVANCE_STEPS)
-    ranked = sa.select(*matches.c, best.label("best")).order_by(
-        step.desc(), matches.c.score.desc(), matches.c.updated_at.desc(), matches.c.key.desc()
+    step = _nearest(matches.c.rank / sa.func.nullif(best, 0) * RELEVANCE_STEPS, conn.dialect)
+    ranked = (
+        sa.select(*matches.c, best.label("best"))
+        .order_by(
+            step.desc(), matches.c.score.desc(), matches.c.updated_at.desc(), matches.c.key.desc()
+        )
+        .limit(limit + 1)
+        .offset(offset)
     )
-    if filters.path is None:
-        rows = await conn.fetch_all(ranked.limit(limit + 1).offset(offset))
-        shown, more = rows[:limit], len(rows) > limit
-    else:
-        kept = [row for row in await conn.fetch_all(ranked) if filters.admits_path(row)]
-        shown, more = kept[offset : offset + limit], len(kept) > offset + limit
+    rows = await conn.fetch_all(ranked)
+    shown, more = rows[:limit], len(rows) > limit
     keys = [row["key"] for row in shown]
     full = {
         r["id"]: dict(r)

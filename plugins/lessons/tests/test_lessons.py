@@ -4,6 +4,13 @@ rows and audit events, on both engines."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
+
+import sqlalchemy as sa
+from buildmax_lessons.search import _nearest
+
+from buildmax.fulltext import RANKED_MATCHES
+from buildmax.pagination import encode_cursor
 
 from .conftest import Lab
 
@@ -212,3 +219,48 @@ async def test_relevance_is_measured_against_the_best_lesson_shown(lab: Lab) -> 
     found = await lab.search(q="tombstone", project="web", common="exclude")
     assert [f["id"] for f in found] == [twice["id"], once["id"]]
     assert found[0]["match"]["relevance"] == 1.0
+
+
+async def test_relevance_is_measured_against_the_best_lesson_a_path_admits(lab: Lab) -> None:
+    """The path filter is read after SQL: the best lesson it leaves out
+    sets no scale for those it keeps."""
+    await lab.lesson("Tombstone " * 19, "tombstone " * 200, applies_to={"paths": ["docs/**"]})
+    twice = await lab.lesson("Compaction", "tombstone tombstone and other words")
+    once = await lab.lesson("Compaction later", "tombstone and other words here")
+    found = await lab.search(q="tombstone", path="src/a.py")
+    assert [f["id"] for f in found] == [twice["id"], once["id"]]
+    assert found[0]["match"]["relevance"] == 1.0 > found[1]["match"]["relevance"]
+    assert await lab.search(q="tombstone", path="src/a.py", kind="decision") == []
+
+
+async def test_a_search_cursor_the_server_did_not_issue_is_refused(lab: Lab) -> None:
+    for n in range(3):
+        await lab.lesson(f"Rotate the keys {n}", "rotate them")
+    for query in ({}, {"path": "src/a.py"}):
+        page = await lab.call("GET", "/lessons?" + urlencode({"q": "rotate", "limit": 2, **query}))
+        assert len(page["items"]) == 2 and page["next_cursor"]
+        rest = await lab.call(
+            "GET",
+            "/lessons?"
+            + urlencode({"q": "rotate", "limit": 2, "cursor": page["next_cursor"], **query}),
+        )
+        assert len(rest["items"]) == 1 and rest["next_cursor"] is None
+        for forged in ([-3], [RANKED_MATCHES], [10**9], ["x"]):
+            cursor = encode_cursor(forged)
+            await lab.call(
+                "GET",
+                "/lessons?" + urlencode({"q": "rotate", "cursor": cursor, **query}),
+                expect=400,
+                problem="bad-cursor",
+            )
+
+
+async def test_relevance_steps_round_a_half_up_on_both_engines(lab: Lab) -> None:
+    """PostgreSQL's round() of a float takes 2.5 to 2, SQLite's to 3: the
+    step of a relevance exactly between two is the same on both."""
+    async with lab.app.db.read() as conn:
+        steps = [
+            await conn.fetch_val(sa.select(_nearest(sa.cast(value, sa.Float), conn.dialect)))
+            for value in (2.5, 3.5, 0.49, 0.0, 19.99)
+        ]
+    assert [int(step) for step in steps] == [3, 4, 0, 0, 20]
