@@ -67,8 +67,8 @@ _POSSESSIVE = re.compile(r"(?<=[^\W_])['\u2019][sS](?![^\W_])")
 _CONFIG = "english"
 #: A PostgreSQL index table's rows are stored apart only past 8 KB (not
 #: 2 KB): a search reads each match's document, and a row stored apart
-#: costs it a lookup more (measured: a third of a lesson search's time at
-#: 100,000 lessons).
+#: costs it a lookup more (measured: a fifth to a third of a lesson
+#: search's ranking statement at 100,000 lessons).
 _WHOLE_ROWS = "toast_tuple_target = 8160"
 
 
