@@ -135,7 +135,7 @@ PROJECTS = 20
 AGENTS = 4
 QUERIES_PER_CLASS = 20
 PAGE = 20
-#: How many of the most relevant matches both search routes rank.
+#: How many matches both search routes rank at most (the newest).
 MAX_HITS = 1000
 DAY_MS = 86_400_000
 

@@ -648,7 +648,8 @@ class _LessonRoutes(ABC, Generic[_One, _Many, _Revisions, _Votes]):
         """The lessons holding every word (stemmed) and ``"quoted phrase"``
         of ``text`` that the filters keep (as :meth:`list`): the most
         relevant first, then the most useful, then the most recently
-        changed, of the 1,000 most relevant. Each has :attr:`Lesson.match`.
+        changed, among the newest 1,000 that match. Each has
+        :attr:`Lesson.match`.
         A ``text`` with no word is refused
         (:class:`~buildmax.client.ValidationError`)."""
         params = present(

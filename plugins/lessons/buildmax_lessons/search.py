@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -144,34 +145,21 @@ async def search(
     ``match`` (its snippet and relevance). The rows and the next page's
     cursor."""
     conditions = filters.conditions(space_pk, conn.dialect)
+    newest = partial(
+        SEARCH.matches, conn.dialect, space_pk, query, key=lessons.c.id, space=lessons.c.space_id
+    )
     if filters.path is not None:
         # Globs are matched here, not in SQL: the matches' paths first, then
         # the ranking of those the path admits (relevance against the best
         # of them, not of a lesson the path leaves out).
-        paths = SEARCH.matches(
-            conn.dialect,
-            space_pk,
-            query,
-            key=lessons.c.id,
-            space=lessons.c.space_id,
-            columns=[_CURRENT_APPLIES],
-            conditions=conditions,
-        )
+        paths = newest(columns=[_CURRENT_APPLIES], conditions=conditions)
         rows = await conn.fetch_all(sa.select(paths))
         admitted = [row["key"] for row in rows if filters.admits_path(row)]
         if not admitted:
             return [], None
         conditions = [*conditions, lessons.c.id.in_(admitted)]
     # What ranking needs of every match; the rest for the page only.
-    matches = SEARCH.matches(
-        conn.dialect,
-        space_pk,
-        query,
-        key=lessons.c.id,
-        space=lessons.c.space_id,
-        columns=[lessons.c.score, lessons.c.updated_at],
-        conditions=conditions,
-    )
+    matches = newest(columns=[lessons.c.score, lessons.c.updated_at], conditions=conditions)
     best = sa.func.max(matches.c.rank).over()
     # As relevant: within a step of the best match's relevance.
     step = _nearest(matches.c.rank / sa.func.nullif(best, 0) * RELEVANCE_STEPS, conn.dialect)

@@ -37,6 +37,23 @@ def test_the_route_list_covers_every_lesson_route(app: Any) -> None:
     assert served == {(m, p.split("?")[0]) for m, p, _ in ROUTES}
 
 
+async def _claim_in_another_space(lab: Lab, make_space: Any) -> tuple[str, dict[str, Any]]:
+    """A space of which the agent is a member too, and the agent's claim of
+    a task there: the space's path and the claim."""
+    other = await make_space(lab.owner)
+    async with lab.app.db.write() as tx:
+        await put_member(tx, other.pk, lab.agent.pk, "member", lab.app.clock.now_ms())
+    there = f"/v1/spaces/{other.id}"
+    await lab.call("POST", f"{there}/projects", json={"name": "main"}, expect=201)
+    task = await lab.call(
+        "POST", f"{there}/tasks", json={"project": "main", "title": "t"}, expect=201
+    )
+    claim = await lab.call(
+        "POST", f"{there}/tasks/{task['id']}/claim", lab.agent, json={}, expect=201
+    )
+    return there, claim
+
+
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES)
 async def test_a_member_of_another_space_gets_404_for_every_lesson_route(
     lab: Lab, make_principal: Any, make_space: Any, method: str, path: str, body: Any
@@ -102,17 +119,7 @@ async def test_an_attempts_token_reaches_no_lesson_of_another_space_its_agent_is
     """The agent is a member of both spaces; the token of its claim in the
     other space is refused (404) on every lesson route of this one."""
     secret = await lab.lesson("The secret handshake", "a secret only this space knows")
-    other = await make_space(lab.owner)
-    async with lab.app.db.write() as tx:
-        await put_member(tx, other.pk, lab.agent.pk, "member", lab.app.clock.now_ms())
-    there = f"/v1/spaces/{other.id}"
-    await lab.call("POST", f"{there}/projects", json={"name": "main"}, expect=201)
-    task = await lab.call(
-        "POST", f"{there}/tasks", json={"project": "main", "title": "t"}, expect=201
-    )
-    claim = await lab.call(
-        "POST", f"{there}/tasks/{task['id']}/claim", lab.agent, json={}, expect=201
-    )
+    there, claim = await _claim_in_another_space(lab, make_space)
     before = (await lab.rows(), await lab.audit())
     url = lab.base + path.replace("{l}", secret["id"])
     sent = None
@@ -131,15 +138,5 @@ async def test_a_claim_in_another_space_is_offered_none_of_this_spaces_lessons(
     lab: Lab, make_space: Any
 ) -> None:
     await lab.lesson("The secret handshake", "a secret only this space knows")
-    other = await make_space(lab.owner)
-    async with lab.app.db.write() as tx:
-        await put_member(tx, other.pk, lab.agent.pk, "member", lab.app.clock.now_ms())
-    there = f"/v1/spaces/{other.id}"
-    await lab.call("POST", f"{there}/projects", json={"name": "main"}, expect=201)
-    task = await lab.call(
-        "POST", f"{there}/tasks", json={"project": "main", "title": "t"}, expect=201
-    )
-    claim = await lab.call(
-        "POST", f"{there}/tasks/{task['id']}/claim", lab.agent, json={}, expect=201
-    )
+    _, claim = await _claim_in_another_space(lab, make_space)
     assert "lessons" not in claim["attempt"]["run_environment"]

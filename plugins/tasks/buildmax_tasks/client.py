@@ -318,8 +318,8 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
     ) -> _Many:
         """Tasks whose title and acceptance criteria hold every word (stemmed)
         and ``"quoted phrase"`` of ``text``, and match every filter given:
-        the most relevant first (ties: newest first), of the first 1,000
-        matches. Each has ``match["snippet"]``, its matched words between
+        the most relevant first (ties: newest first), among the newest 1,000
+        that match. Each has ``match["snippet"]``, its matched words between
         :data:`MARK_START` and :data:`MARK_END`. A ``text`` with no word is
         refused (:class:`~buildmax.client.ValidationError`)."""
         return self.list_tasks(
