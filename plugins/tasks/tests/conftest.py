@@ -73,8 +73,10 @@ class Work:
         )
 
     async def rows(self, table: sa.Table, *where: Any) -> list[dict[str, Any]]:
-        """Rows of a table, straight from the database."""
-        async with self.app.db.read() as conn:
+        """Rows of a table, straight from the database (on a reader of its
+        own: a whole table may take longer than a read on the event loop
+        may, on a busy machine)."""
+        async with self.app.db.read(background=True) as conn:
             return [dict(r) for r in await conn.fetch_all(sa.select(table).where(*where))]
 
     async def one(self, table: sa.Table, *where: Any) -> dict[str, Any]:
