@@ -40,6 +40,10 @@ from buildmax.client import TOKEN_ENV, URL_ENV, Client
 
 from .archives import SKILL_ONLY, tar_gz
 
+# What is tried is the worker's reading of what comes back; the server's
+# side (a failed run recorded) runs on both engines in test_materialize.py.
+pytestmark = pytest.mark.engine_independent
+
 SKILLS = "notes"
 _LISTING = re.compile(r"^/v1/attempts/[^/]+/packages$")
 #: The worker's own limits in these tests (what ``DEFAULT_LIMITS`` would be).
@@ -109,7 +113,8 @@ def serving(hostile: Hostile) -> Iterator[Hostile]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     hostile.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # It looks for a shutdown every 0.05 s (not 0.5 s: a wait of each test).
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield hostile

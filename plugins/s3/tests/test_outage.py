@@ -113,7 +113,8 @@ async def test_s3_failing_or_refusing_is_unavailable(monkeypatch, status):
         monkeypatch.setenv(name, value)
     handler = type("Handler", (_Failing,), {"status": status})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # It looks for a shutdown every 0.05 s (not 0.5 s: a wait of each test).
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     settings = S3Settings(endpoint_url=endpoint, addressing_style="path", max_attempts=1)
