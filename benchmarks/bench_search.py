@@ -1253,7 +1253,8 @@ def _peak_rss_mib(server: Server) -> float | None:
 
 @contextlib.contextmanager
 def database(engine: str, opts: argparse.Namespace, workdir: Path) -> Iterator[str | None]:
-    """``None`` for SQLite; on PostgreSQL a fresh migrated database's URL (dropped after)."""
+    """``None`` for SQLite; on PostgreSQL a fresh migrated database's URL
+    (dropped after, unless ``--keep``)."""
     if engine == "sqlite":
         yield None
         return
@@ -1272,11 +1273,18 @@ def database(engine: str, opts: argparse.Namespace, workdir: Path) -> Iterator[s
             raise BenchError(f"buildmax db migrate failed:\n{done.stdout}\n{done.stderr}")
         yield url
     finally:
-        try:
-            run_async(_admin(admin_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
-            progress(f"dropped database {name}")
-        except Exception as exc:
-            progress(f"could not drop database {name}: {exc}")
+        if opts.keep:
+            progress(f"kept database {name}: {url}")
+        else:
+            _drop(admin_url, name)
+
+
+def _drop(admin_url: str, name: str) -> None:
+    try:
+        run_async(_admin(admin_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
+        progress(f"dropped database {name}")
+    except Exception as exc:
+        progress(f"could not drop database {name}: {exc}")
 
 
 def run_engine(engine: str, opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -1566,7 +1574,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=24, help="of the corpus and the choices (24)")
     p.add_argument("--explain", action="store_true", help="print each class's query plan")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--keep", action="store_true", help="keep the temp directory (logs, SQLite)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temp directory (logs, SQLite) and the PostgreSQL database",
+    )
     opts = p.parse_args(argv)
     quick = opts.quick
     for name, full, small in (
