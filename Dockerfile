@@ -87,6 +87,7 @@ COPY plugins/graders/ plugins/graders/
 COPY plugins/mcp/ plugins/mcp/
 COPY plugins/dashboard/ plugins/dashboard/
 COPY plugins/lessons/ plugins/lessons/
+COPY plugins/imports/ plugins/imports/
 
 RUN pip install --no-cache-dir -r requirements-server.txt
 

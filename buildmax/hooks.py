@@ -33,6 +33,7 @@ from buildmax_hookspecs import (
     BlobRef,
     Gauge,
     GraderFactory,
+    Importer,
     Migration,
     ReleaseRef,
     ResourceRef,
@@ -209,6 +210,10 @@ class Hooks:
     def graders(self) -> list[Mapping[str, GraderFactory]]:
         """``buildmax_graders``: each plugin's graders by name."""
         return self._call("buildmax_graders")
+
+    def importers(self) -> list[tuple[str, Iterable[Importer]]]:
+        """``buildmax_importers``: ``(plugin, its importers)``."""
+        return self.each("buildmax_importers")
 
     def blob_stores(self) -> list[tuple[str, Mapping[str, BlobStoreFactory]]]:
         """``buildmax_blob_stores``: ``(plugin, {scheme: factory})``."""

@@ -5,7 +5,7 @@ the pluggy markers, the hookspec modules, the records hooks pass and the
 Protocols services implement. This package imports nothing of BuildMax.
 """
 
-from . import app, audit, auth, backup, graders, operations, storage, tools, workflow
+from . import app, audit, auth, backup, graders, imports, operations, storage, tools, workflow
 from .kernel import App, AuditTrail, Clock, Database, EventStream, ServiceRegistry, Settings
 from .markers import PROJECT_NAME, hookimpl, hookspec
 from .protocols import (
@@ -19,13 +19,18 @@ from .protocols import (
     Grader,
     GraderFactory,
     GradingContext,
+    Importer,
     Row,
+    SourceRefused,
     TaskQueue,
     Transaction,
     check_blob_key,
 )
 from .records import (
     ATTENTION_ROLES,
+    IMPORT_LINK_KINDS,
+    IMPORT_STATES,
+    LABEL_PATTERN,
     SYSTEM_ACTOR,
     Actor,
     AgentRevisionRef,
@@ -42,6 +47,9 @@ from .records import (
     ReleaseRef,
     ResourceRef,
     Restoration,
+    SourceLink,
+    SourceProblem,
+    SourceRecord,
     StageSpec,
     SubmissionRef,
     TaskRef,
@@ -50,12 +58,26 @@ from .records import (
 from .workflow import RunEnvironmentRefused
 
 #: The modules holding hookspecs, in the order the kernel registers them.
-HOOKSPEC_MODULES = (app, storage, audit, auth, workflow, graders, backup, operations, tools)
+HOOKSPEC_MODULES = (
+    app,
+    storage,
+    audit,
+    auth,
+    workflow,
+    graders,
+    backup,
+    operations,
+    tools,
+    imports,
+)
 
 __all__ = [
     "ATTENTION_ROLES",
     "BLOB_TMP_DIR",
     "HOOKSPEC_MODULES",
+    "IMPORT_LINK_KINDS",
+    "IMPORT_STATES",
+    "LABEL_PATTERN",
     "PROJECT_NAME",
     "SYSTEM_ACTOR",
     "Actor",
@@ -82,6 +104,7 @@ __all__ = [
     "Grader",
     "GraderFactory",
     "GradingContext",
+    "Importer",
     "Migration",
     "ProjectRef",
     "ReleaseRef",
@@ -91,6 +114,10 @@ __all__ = [
     "RunEnvironmentRefused",
     "ServiceRegistry",
     "Settings",
+    "SourceLink",
+    "SourceProblem",
+    "SourceRecord",
+    "SourceRefused",
     "StageSpec",
     "SubmissionRef",
     "TaskQueue",

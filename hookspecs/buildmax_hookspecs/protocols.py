@@ -6,9 +6,9 @@ consumer asks the app for it with ``app.services.get(Protocol)``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from .records import (
     Actor,
@@ -17,6 +17,8 @@ from .records import (
     BlobRef,
     Grade,
     ProjectRef,
+    SourceProblem,
+    SourceRecord,
     SubmissionRef,
     TaskRef,
 )
@@ -341,3 +343,32 @@ class Grader(Protocol):
 
 
 GraderFactory = Callable[[Mapping[str, Any]], Grader]
+
+
+@runtime_checkable
+class Importer(Protocol):
+    """A source a backlog is imported from (``buildmax_importers``): reads
+    a file of it into :class:`SourceRecord` records."""
+
+    #: Short, unique across plugins: what ``buildmax import --format`` names.
+    name: str
+    #: One line saying which file it reads (``beads JSONL export``).
+    title: str
+
+    def read(self, source: BinaryIO) -> Iterator[SourceRecord | SourceProblem]:
+        """Every record of the file ``source`` (bytes, read from its start),
+        in file order, and a :class:`SourceProblem` for each part that is
+        not one (a line that is not JSON, a record without an id, an
+        encoding error), reading on after it. Raise :class:`SourceRefused`
+        when the file as a whole is not of this source (another format):
+        the import stops there, naming the line and the reason."""
+
+
+class SourceRefused(ValueError):
+    """A file an importer does not read at all (another format, nothing in
+    it): ``line`` is where that showed (1-based), ``reason`` why."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason

@@ -383,3 +383,77 @@ class AgentTool:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     body: Literal["json", "bytes"] = "json"
     resource: str | None = None
+
+
+#: The shape of a task's label (the tasks plugin refuses any other; an
+#: importer makes a source's labels into it).
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"
+#: What an imported record becomes in the queue: ``ready`` (claimable once
+#: its prerequisites are done), ``held`` (ready, under a hold a person
+#: lifts: work that may still be going on elsewhere), ``done`` or
+#: ``canceled`` (closed, and never reopened by an import).
+IMPORT_STATES = ("ready", "held", "done", "canceled")
+#: The kinds of link an imported record may carry besides a prerequisite
+#: (``prerequisite`` links become the task's prerequisites; these are kept
+#: on the task as they are). An importer may use a kind of its source's own.
+IMPORT_LINK_KINDS = ("parent", "related", "discovered-from")
+
+
+@dataclass(frozen=True)
+class SourceLink:
+    """A link from an imported record to another record of the same
+    source, named by its source id: ``prerequisite`` (the other must be
+    done first) or a link kept as it is (``parent``, ``related``,
+    ``discovered-from``, or the source's own word)."""
+
+    kind: str
+    target: str
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One record of a backlog as an importer read it, in BuildMax's terms
+    (``buildmax_importers``): what the task it becomes holds.
+
+    ``source_id`` is the record's id in its source, stable across exports
+    (what a re-import matches on); ``line`` is where it starts in the file
+    (1-based). ``state`` is one of :data:`IMPORT_STATES`, ``source_state``
+    the source's own word for it and ``state_reason`` why the one became the
+    other when that is not obvious (``in progress in the source: held until
+    a person releases it``). ``priority`` is BuildMax's (-1000..1000, 0 the
+    default), ``kind`` one of the task kinds (``code``, ``review``,
+    ``integration``, ``general``), ``labels`` task labels. ``warnings`` says
+    what was read and not kept, or kept changed (an unknown field, a label
+    rewritten), so that a preview shows it: an importer drops nothing
+    silently."""
+
+    source_id: str
+    line: int
+    title: str
+    body: str = ""
+    criteria: str = ""
+    state: str = "ready"
+    source_state: str = ""
+    state_reason: str = ""
+    priority: int = 0
+    kind: str = "general"
+    labels: tuple[str, ...] = ()
+    assignee: str | None = None
+    created_at: str | None = None
+    closed_at: str | None = None
+    close_reason: str | None = None
+    url: str | None = None
+    links: tuple[SourceLink, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SourceProblem:
+    """A part of a source file an importer could not read as a record:
+    ``line`` (1-based) and the reason, in words a person can act on, with
+    the record's ``source_id`` when it was read. The rest of the file is
+    still read."""
+
+    line: int
+    reason: str
+    source_id: str | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from buildmax_hookspecs import App
+from buildmax_hookspecs import LABEL_PATTERN, App
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from buildmax.fulltext import MAX_QUERY_CHARS, MAX_QUERY_TERMS
@@ -21,7 +21,7 @@ from buildmax.schemas import (
 from .settings import task_settings
 from .tables import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
 
-LABEL = fields.String(validate=Pattern(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"))
+LABEL = fields.String(validate=Pattern(LABEL_PATTERN))
 RESOURCE = fields.String(validate=Pattern(r"^[a-z]+:\S{1,500}$"))
 MAX_JSON_TEXT = 64 * 1024
 #: A decision may stay open at most a year.

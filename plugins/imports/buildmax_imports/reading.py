@@ -1,0 +1,124 @@
+"""What every importer needs to read a file safely: its lines, bounded and
+decoded one at a time (an encoding error is that line's problem, not the
+file's), and labels made into the shape a task's label has.
+
+A file is read as it comes, never whole into memory past
+:data:`MAX_FILE_BYTES`; a line past :data:`MAX_LINE_BYTES` is skipped
+without being held, and reported with its number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from buildmax_hookspecs import LABEL_PATTERN, SourceRefused
+
+#: The largest file an import reads.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+#: The longest line (a JSON record, a CSV row's line) read.
+MAX_LINE_BYTES = 1024 * 1024
+#: The most records one file may hold.
+MAX_RECORDS = 50_000
+#: The most labels a task carries.
+MAX_LABELS = 20
+
+_LABEL = re.compile(LABEL_PATTERN)
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9._:/-]+")
+
+
+@dataclass(frozen=True)
+class Line:
+    """Line ``number`` (1-based) of a file, decoded; ``problem`` says why
+    it cannot be read (too long, not UTF-8), and then ``text`` is empty."""
+
+    number: int
+    text: str
+    problem: str | None = None
+
+
+def lines(source: BinaryIO) -> Iterator[Line]:
+    """The lines of ``source``, without their line ends, each decoded as
+    UTF-8 (a byte order mark at the start is skipped). Raises
+    :class:`SourceRefused` past :data:`MAX_FILE_BYTES` or when the file is
+    empty."""
+    total = 0
+    number = 0
+    while True:
+        raw = source.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            break
+        number += 1
+        total += len(raw)
+        problem = None
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            total += _skip_rest_of_line(source)
+            problem = f"the line is longer than {MAX_LINE_BYTES // 1024 // 1024} MiB"
+        if total > MAX_FILE_BYTES:
+            raise SourceRefused(
+                number, f"the file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB"
+            )
+        if problem is not None:
+            yield Line(number, "", problem)
+            continue
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = f"0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line"
+            yield Line(number, "", f"not UTF-8 text: {where}")
+            continue
+        yield Line(number, text.rstrip("\r\n"))
+    if number == 0:
+        raise SourceRefused(1, "the file is empty")
+
+
+def _skip_rest_of_line(source: BinaryIO) -> int:
+    skipped = 0
+    while True:
+        chunk = source.readline(MAX_LINE_BYTES)
+        skipped += len(chunk)
+        if not chunk or chunk.endswith(b"\n") or skipped > MAX_FILE_BYTES:
+            return skipped
+
+
+def label(value: str) -> str | None:
+    """``value`` in the shape of a task label (letters, digits and
+    ``. _ : / -``, at most 64, starting with a letter or digit): runs of
+    other characters become ``-``; ``None`` when nothing is left."""
+    shaped = _NOT_LABEL.sub("-", value.strip()).strip("-._:/")[:64].rstrip("-")
+    return shaped if _LABEL.fullmatch(shaped) else None
+
+
+def labels(values: list[str], warnings: list[str]) -> tuple[str, ...]:
+    """``values`` as task labels (:func:`label`), each once, at most
+    :data:`MAX_LABELS`; what was changed or left out is said in
+    ``warnings``."""
+    kept: list[str] = []
+    for value in values:
+        shaped = label(value)
+        if shaped is None:
+            warnings.append(f"label {value!r} has no letter or digit to keep: left out")
+            continue
+        if shaped != value:
+            warnings.append(f"label {value!r} imported as {shaped!r}")
+        if shaped not in kept:
+            kept.append(shaped)
+    if len(kept) > MAX_LABELS:
+        warnings.append(f"{len(kept) - MAX_LABELS} labels past the first {MAX_LABELS} left out")
+        kept = kept[:MAX_LABELS]
+    return tuple(kept)
+
+
+def text(value: object) -> str | None:
+    """``value`` when it is a string, ``None`` when it is not."""
+    return value if isinstance(value, str) else None
+
+
+def unknown(names: set[str], known: frozenset[str]) -> list[str]:
+    """The warning for ``names`` a source does not have, if any."""
+    extra = sorted(names - known)
+    return [f"fields not imported: {', '.join(extra)}"] if extra else []
