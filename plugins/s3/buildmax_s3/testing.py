@@ -10,11 +10,12 @@ Needs the ``test`` extra (``pip install buildmax-s3[test]``).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,39 +60,68 @@ def s3_server() -> Iterator[S3Server]:
 
     A server that does not come up fails the tests that need it; they never
     skip."""
-    port = free_port()
     # Its log (a line per request) goes to a file: a pipe nobody reads fills
     # up after some thousand requests, and the server then stops answering.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - open for the whole session
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    deadline = time.monotonic() + 30
+    process, port = _start(log)
     try:
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(
-                    f"the local S3 server exited: {log.read().decode(errors='replace')[-2000:]}"
-                )
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the local S3 server did not listen within 30 s") from None
-                time.sleep(0.05)
         yield S3Server(f"http://127.0.0.1:{port}")
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         log.close()
+
+
+#: Ports tried: another process may take a free port before moto binds it.
+ATTEMPTS = 5
+
+
+def _start(log: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """moto listening on a port of its own, and the port. The port is free
+    when chosen, not when moto binds it: a server of another test process
+    can take it meanwhile, so moto must be the one that answers there."""
+    for _ in range(ATTEMPTS):
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        if _answers(process, port):
+            return process, port
+        _stop(process)
+    log.seek(0)
+    raise RuntimeError(
+        f"the local S3 server did not come up on any of {ATTEMPTS} ports: "
+        f"{log.read().decode(errors='replace')[-2000:]}"
+    )
+
+
+def _answers(process: subprocess.Popen[bytes], port: int) -> bool:
+    """Whether moto itself (its own API, on a process still running)
+    answers on ``port`` within 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/moto-api/data.json", timeout=2
+            ) as answer:
+                return answer.status == 200 and process.poll() is None
+        except urllib.error.HTTPError:
+            return False  # another server answers there
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass

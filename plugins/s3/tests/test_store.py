@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.server
 import os
+import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -21,7 +24,7 @@ from buildmax_hookspecs import (
     BlobStoreUnavailable,
     BlobTooLarge,
 )
-from buildmax_s3 import S3BlobStore
+from buildmax_s3 import S3BlobStore, testing
 from buildmax_s3.settings import MIB, S3Settings
 
 from buildmax.app import create_app
@@ -280,3 +283,30 @@ async def test_a_spool_that_cannot_be_written_is_unavailable_and_leaves_nothing(
     with pytest.raises(BlobStoreUnavailable, match="spool"):
         await store.put("p", _pieces(os.urandom(3 * MIB)))
     assert s3_bucket.stored() == []
+
+
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.engine_independent
+def test_the_local_s3_server_is_never_another_process_on_its_port(monkeypatch) -> None:
+    """The port is free when chosen, not when moto binds it: a server that
+    took it meanwhile is seen for what it is, and another port is tried."""
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    thread = threading.Thread(target=other.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    chosen = iter([other.server_address[1]])
+    real = testing.free_port
+    monkeypatch.setattr(testing, "free_port", lambda: next(chosen, None) or real())
+    try:
+        with tempfile.TemporaryFile() as log:
+            process, port = testing._start(log)
+            try:
+                assert port != other.server_address[1] and process.poll() is None
+            finally:
+                testing._stop(process)
+    finally:
+        other.shutdown()
+        other.server_close()
