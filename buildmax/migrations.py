@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from buildmax_hookspecs import Migration, Transaction
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.dialects.sqlite.base import SQLiteDialect
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from .clock import Clock
 from .database import Database
@@ -70,6 +72,34 @@ def create_tables(*tables: sa.Table) -> Callable[[Transaction], Awaitable[None]]
                 await tx.execute(CreateIndex(index))
 
     return apply
+
+
+def add_columns(table: sa.Table, *names: str) -> Callable[[Transaction], Awaitable[None]]:
+    """An ``apply`` function adding the columns ``names`` of ``table`` as
+    it declares them (type, nullability, server default: a column that may
+    not be null needs one), each that the database does not have yet: a
+    database whose table was created since they were declared has them."""
+
+    async def apply(tx: Transaction) -> None:
+        present = await _columns(tx, table.name)
+        dialect = SQLiteDialect() if tx.dialect == "sqlite" else PGDialect()  # type: ignore[no-untyped-call]
+        for name in names:
+            if name not in present:
+                spec = CreateColumn(table.c[name]).compile(dialect=dialect)
+                await tx.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {spec}"))
+
+    return apply
+
+
+async def _columns(tx: Transaction, table: str) -> set[str]:
+    if tx.dialect == "sqlite":
+        query = sa.text("SELECT name FROM pragma_table_info(:table)")
+    else:
+        query = sa.text(
+            "SELECT column_name AS name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = :table"
+        )
+    return {row["name"] for row in await tx.fetch_all(query, {"table": table})}
 
 
 def group_migrations(migrations: Iterable[Migration]) -> dict[str, list[Migration]]:

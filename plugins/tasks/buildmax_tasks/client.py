@@ -28,7 +28,7 @@ subclass of the kernel's :class:`~buildmax.client.Conflict`,
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from buildmax.client import (
@@ -142,6 +142,16 @@ class InvalidState(Conflict, answers=problems.InvalidState):
     """the record's state does not allow this."""
 
 
+class SourceTaken(Conflict, answers=problems.SourceTaken):
+    """a task of the space already comes from this source record (see ``task``)."""
+
+    @property
+    def task(self) -> str | None:
+        """The id of the task made from the record, as the server named it."""
+        task = self.body.get("task") if isinstance(self.body, dict) else None
+        return task if isinstance(task, str) else None
+
+
 class SubmissionRefused(ValidationError, answers=problems.SubmissionRefused):
     """a plugin refused the submission (for
     example an artifact it names is not evidence of its task)."""
@@ -168,6 +178,7 @@ ERRORS: tuple[type[BuildMaxError], ...] = (
     DependencyCycle,
     RevisionConflict,
     InvalidState,
+    SourceTaken,
     SubmissionRefused,
     AgentRevisionRefused,
 )
@@ -270,10 +281,19 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
         max_attempts: int | None = None,
         resources: Sequence[str] | None = None,
         prerequisites: Sequence[str] | None = None,
+        source: Mapping[str, str] | None = None,
+        state: str | None = None,
+        outcome_reason: str | None = None,
+        links: Sequence[Mapping[str, str]] | None = None,
     ) -> _One:
         """Create a task (members): ready at once, or open until every
         prerequisite (task ids) is done. ``resources`` are claimed exclusively
-        (``repo:<url>@<branch>``, ``path:<repo>/<dir>/``)."""
+        (``repo:<url>@<branch>``, ``path:<repo>/<dir>/``). ``source``
+        (``{"system": "beads", "id": "bd-12"}``) names the record of another
+        tool it is made from (409 :class:`SourceTaken` when a task of the
+        space already is); such a task may be created ``state="done"`` or
+        ``"canceled"``. ``links`` (``[{"kind": "parent", "task": id}]``) tie
+        it to other tasks of the space."""
         fields = present(
             project=project,
             title=title,
@@ -286,6 +306,10 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
             max_attempts=max_attempts,
             resources=_listed(resources),
             prerequisites=_listed(prerequisites),
+            source=None if source is None else dict(source),
+            state=state,
+            outcome_reason=outcome_reason,
+            links=None if links is None else [dict(link) for link in links],
         )
         return self._one("POST", space_path(space, "tasks"), json=fields)
 
@@ -379,6 +403,12 @@ class _TaskRoutes(Calls[_One, _Many, _Done]):
         :meth:`list_dependencies`."""
         body = {"prerequisite": prerequisite}
         return self._one("POST", space_path(space, "tasks", task, "dependencies"), json=body)
+
+    def set_links(self, space: str, task: str, links: Sequence[Mapping[str, str]]) -> _One:
+        """Replace the links of ``task`` to other tasks of the space
+        (members; any state): ``[{"kind": "related", "task": id}]``."""
+        body = {"links": [dict(link) for link in links]}
+        return self._one("PUT", space_path(space, "tasks", task, "links"), json=body)
 
     def remove_dependency(self, space: str, task: str, prerequisite: str) -> _Done:
         """Remove a prerequisite of ``task`` (members)."""

@@ -20,7 +20,7 @@ from buildmax_hookspecs import (
 from sqlalchemy.schema import CreateIndex
 
 from buildmax.background import start_background, stop_background
-from buildmax.migrations import create_tables
+from buildmax.migrations import add_columns, create_tables
 
 from . import diagnostics
 from .attempt_tokens import TOKEN_KIND, attempt_token_reminter
@@ -30,7 +30,14 @@ from .reaper import reap_forever
 from .search import TASK_SEARCH
 from .search import create_index as create_search_index
 from .settings import task_settings
-from .tables import TABLES, TABLES_2, TASKS_BY_PROJECT_STATE, TASKS_BY_SPACE
+from .tables import (
+    TABLES,
+    TABLES_2,
+    TASKS_BY_PROJECT_STATE,
+    TASKS_BY_SOURCE,
+    TASKS_BY_SPACE,
+    tasks,
+)
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -59,7 +66,13 @@ def buildmax_migrations() -> list[Migration]:
         Migration(
             "tasks", 5, "task search keeps each task's row whole", TASK_SEARCH.keep_rows_whole
         ),
+        Migration("tasks", 6, "a task's source record and its links", _source_and_links),
     ]
+
+
+async def _source_and_links(tx: Transaction) -> None:
+    await add_columns(tasks, "source_system", "source_id", "links")(tx)
+    await tx.execute(CreateIndex(TASKS_BY_SOURCE, if_not_exists=True))
 
 
 async def _index_task_lists(tx: Transaction) -> None:
@@ -160,8 +173,11 @@ def buildmax_audit_actions() -> list[AuditAction]:
             "kind",
             "priority",
             "prerequisites",
+            "source",
+            "state",
         ),
         _action("task.revised", "A task got a new revision", "task", "revision", "fields"),
+        _action("task.links.set", "A task's links to other tasks were replaced", "task", "links"),
         _action("task.dependency.added", "A prerequisite was added", "task", "prerequisite_id"),
         _action("task.dependency.removed", "A prerequisite was removed", "task", "prerequisite_id"),
         _action(

@@ -61,6 +61,10 @@ class DependencyCycle(Conflict):
     slug, title = "dependency-cycle", "The dependency would create a cycle"
 
 
+class SourceTaken(Conflict):
+    slug, title = "task-source-taken", "A task of the space already comes from this source record"
+
+
 class RevisionConflict(Conflict):
     slug, title = "revision-conflict", "The record changed since you read it"
 

@@ -60,6 +60,9 @@ class TaskRow:
     created_at: int
     created_by_pk: int | None
     updated_at: int
+    source_system: str | None
+    source_id: str | None
+    links: str
     body: str
     criteria: str
 

@@ -99,6 +99,25 @@ class ProjectPage(Schema):
 
 # -- tasks -------------------------------------------------------------------
 
+#: A source's name and a link's kind: a short lowercase word.
+WORD = Pattern(r"^[a-z][a-z0-9-]{0,31}$")
+#: The states a task may be created in: closed ones only with a source.
+CREATED_STATES = ("ready", "done", "canceled")
+
+
+class TaskSource(_Strict):
+    system = fields.String(required=True, validate=WORD)
+    id = fields.String(required=True, validate=validate.Length(min=1, max=200))
+
+
+class LinkedTask(_Strict):
+    kind = fields.String(required=True, validate=WORD)
+    task = fields.String(required=True, validate=TASK_REF)
+
+
+def _links(**kwargs: Any) -> fields.List[Any]:
+    return fields.List(fields.Nested(LinkedTask), validate=validate.Length(max=100), **kwargs)
+
 
 class TaskCreate(_Strict):
     project = fields.String(required=True, validate=validate.Length(min=1, max=200))
@@ -114,6 +133,14 @@ class TaskCreate(_Strict):
     prerequisites = fields.List(
         fields.String(validate=TASK_REF), load_default=list, validate=validate.Length(max=100)
     )
+    source = fields.Nested(TaskSource, load_default=None, allow_none=True)
+    state = fields.String(load_default="ready", validate=validate.OneOf(CREATED_STATES))
+    outcome_reason = fields.String(load_default=None, allow_none=True, validate=REASON)
+    links = _links(load_default=list)
+
+
+class TaskLinks(_Strict):
+    links = _links(required=True)
 
 
 class TaskUpdate(Override):
@@ -172,6 +199,8 @@ class TaskOut(Schema):
     finding_ids = fields.List(fields.String())
     outcome_reason = fields.String(allow_none=True)
     resources = fields.List(fields.String())
+    source = fields.Nested(TaskSource, allow_none=True)
+    links = fields.List(fields.Nested(LinkedTask))
     ready_at = Timestamp(allow_none=True)
     created_at = Timestamp()
     updated_at = Timestamp()

@@ -135,6 +135,13 @@ tasks = sa.Table(
     sa.Column("created_at", Millis, nullable=False),
     sa.Column("created_by", Id, sa.ForeignKey("principals.id"), nullable=True),
     sa.Column("updated_at", Millis, nullable=False),
+    # Where an imported task came from: the source (``beads``) and its id
+    # there, unique in the space, so a re-import finds the task it made.
+    sa.Column("source_system", sa.Text, nullable=True),
+    sa.Column("source_id", sa.Text, nullable=True),
+    # JSON array of {"kind", "task"}: links to other tasks of the space that
+    # are not prerequisites (an imported parent, a related task).
+    sa.Column("links", sa.Text, nullable=False, server_default="[]"),
     sa.CheckConstraint(one_of("kind", TASK_KINDS), name="task_kind"),
     sa.CheckConstraint(one_of("state", TASK_STATES), name="task_state"),
     sa.CheckConstraint("max_attempts >= 1", name="task_max_attempts"),
@@ -157,6 +164,14 @@ sa.Index("task_tasks_space_state", tasks.c.space_id, tasks.c.state, tasks.c.id)
 TASKS_BY_SPACE = sa.Index("task_tasks_space", tasks.c.space_id, tasks.c.id)
 TASKS_BY_PROJECT_STATE = sa.Index(
     "task_tasks_project_state", tasks.c.project_id, tasks.c.state, tasks.c.id
+)
+#: One task per source record in a space (migration tasks 6).
+TASKS_BY_SOURCE = sa.Index(
+    "task_tasks_source",
+    tasks.c.space_id,
+    tasks.c.source_system,
+    tasks.c.source_id,
+    unique=True,
 )
 _LINKED = sa.text("subject_submission_id IS NOT NULL")
 #: Stage work is created exactly once per submission, stage and slot.

@@ -8,10 +8,11 @@ audits and announces what it did. The routes authorize, parse and render.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
+from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.ids import new_id
 from buildmax.problems import Forbidden, NotFound, ValidationFailed
 
@@ -21,7 +22,7 @@ from .change import Change
 from .engine import StageEngine, stranded
 from .graph import add_dependency, lock_graph, remove_dependency
 from .lifecycle import TERMINAL, cancel_linked_work, leave_stage, reopen, set_task
-from .problems import InvalidState, RevisionConflict
+from .problems import InvalidState, RevisionConflict, SourceTaken
 from .records import agent_pk, find_project, load_task, task_or_404
 from .rows import TaskRow
 from .search import index_task
@@ -30,18 +31,38 @@ from .tables import attempts, dependencies, task_revisions, tasks
 
 async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
     """A new task of the project ``data["project"]`` (for the agent
-    ``data["agent"]``, if any) with its first revision and prerequisites,
-    indexed for search: ``ready``, or ``open`` until every prerequisite is
-    done. Its public id."""
+    ``data["agent"]``, if any) with its first revision, prerequisites and
+    links, indexed for search: ``ready``, or ``open`` until every
+    prerequisite is done. A task imported from a record of another tool
+    names it (``data["source"]``: one task per record in a space, 409
+    otherwise) and may be created closed, ``done`` or ``canceled``, as the
+    work was there. Its public id."""
+    state, source = data["state"], data["source"]
+    if state != "ready" and source is None:
+        raise ValidationFailed(
+            "a task is created done or canceled only as the record of work done "
+            "elsewhere: name its source",
+            errors={"state": ["Only a task with a source may be created closed."]},
+        )
+    if data["outcome_reason"] is not None and state == "ready":
+        raise ValidationFailed(
+            "an outcome reason is for a task created done or canceled",
+            errors={"outcome_reason": ["Only a closed task has an outcome."]},
+        )
     project = await find_project(ch.tx, ch.space_pk, data["project"])
     agent = await agent_pk(ch.tx, ch.space_pk, data["agent"])
+    links = await _links(ch, data["links"])
     if data["prerequisites"]:
         await lock_graph(ch)
     prereqs = await _prerequisites(ch, data["prerequisites"])
     undone = any(p.state != "done" for p in prereqs)
+    if state == "ready" and undone:
+        state = "open"
     public_id = new_id("ta")
+    # A source record another task came from skips the insert (the unique
+    # index decides, also between creates that run at once).
     pk = await ch.tx.fetch_val(
-        tasks.insert()
+        insert_ignoring_conflict(ch.tx.dialect, tasks)
         .values(
             public_id=public_id,
             space_id=ch.space_pk,
@@ -53,15 +74,22 @@ async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
             resources=json.dumps(sorted(set(data["resources"]))),
             agent_id=agent,
             # A task's first state; every later one is lifecycle's to write.
-            state="open" if undone else "ready",
+            state=state,
+            outcome_reason=data["outcome_reason"],
             max_attempts=data["max_attempts"],
             ready_at=ch.now,
             created_at=ch.now,
             created_by=creator_pk,
             updated_at=ch.now,
+            source_system=None if source is None else source["system"],
+            source_id=None if source is None else source["id"],
+            links=json.dumps(links),
         )
         .returning(tasks.c.id)
     )
+    if pk is None:
+        assert source is not None, "only a task's source may be taken"
+        await _refuse_taken(ch, source)
     await ch.tx.execute(
         task_revisions.insert().values(
             task_id=pk,
@@ -86,9 +114,77 @@ async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
         kind=data["kind"],
         priority=data["priority"],
         prerequisites=[p.id for p in prereqs],
+        **({} if source is None else {"source": f"{source['system']}:{source['id']}"}),
+        **({"state": state} if state in TERMINAL else {}),
     )
     await ch.event("task.created", task_id=public_id, project_id=project.id)
     return public_id
+
+
+async def _refuse_taken(ch: Change, source: dict[str, str]) -> NoReturn:
+    taken = await ch.tx.fetch_val(
+        sa.select(tasks.c.public_id).where(
+            tasks.c.space_id == ch.space_pk,
+            tasks.c.source_system == source["system"],
+            tasks.c.source_id == source["id"],
+        )
+    )
+    raise SourceTaken(
+        f"task {taken} of this space comes from {source['system']} record {source['id']}",
+        task=taken,
+    )
+
+
+async def _links(ch: Change, asked: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The links ``asked`` (each once, in order), every target a task of
+    the space; a prerequisite is not a link."""
+    links = [
+        {"kind": kind, "task": task}
+        for kind, task in dict.fromkeys((link["kind"], link["task"]) for link in asked)
+    ]
+    if any(link["kind"] == "prerequisite" for link in links):
+        raise ValidationFailed(
+            "a prerequisite is not a link: name it in prerequisites",
+            errors={"links": ["No link is of kind prerequisite."]},
+        )
+    targets = {link["task"] for link in links}
+    if targets:
+        found = await ch.tx.fetch_all(
+            sa.select(tasks.c.public_id).where(
+                tasks.c.space_id == ch.space_pk,
+                tasks.c.public_id.in_(sa.bindparam("targets", expanding=True)),
+            ),
+            {"targets": sorted(targets)},
+        )
+        missing = sorted(targets - {row["public_id"] for row in found})
+        if missing:
+            raise ValidationFailed(
+                f"no task {', '.join(missing)} in this space to link to",
+                errors={"links": [f"No such task in this space: {', '.join(missing)}."]},
+            )
+    return links
+
+
+async def set_links(ch: Change, task_id: str, asked: list[dict[str, str]]) -> TaskRow:
+    """Replace the links of ``task_id`` with ``asked`` (in any state: a
+    link says how tasks relate, not what the task is); the task. A task
+    links to itself never."""
+    row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    links = await _links(ch, asked)
+    if any(link["task"] == row.id for link in links):
+        raise ValidationFailed(
+            "a task does not link to itself", errors={"links": ["A task links to other tasks."]}
+        )
+    if json.loads(row.links) != links:
+        await set_task(ch, row.pk, links=json.dumps(links))
+        await ch.audit(
+            "task.links.set",
+            "task",
+            row.id,
+            links=[f"{link['kind']}:{link['task']}" for link in links],
+        )
+        await ch.event("task.links.set", task_id=row.id)
+    return await task_or_404(ch.tx, ch.space_pk, task_id)
 
 
 async def _prerequisites(ch: Change, refs: list[str]) -> list[TaskRow]:

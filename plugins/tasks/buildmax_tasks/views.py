@@ -111,6 +111,12 @@ def task_body(
             "finding_ids": json.loads(row.finding_ids),
             "outcome_reason": row.outcome_reason,
             "resources": json.loads(row.resources),
+            "source": (
+                None
+                if row.source_system is None
+                else {"system": row.source_system, "id": row.source_id}
+            ),
+            "links": json.loads(row.links),
             "ready_at": row.ready_at,
             "created_at": row.created_at,
             "updated_at": row.updated_at,

@@ -97,6 +97,11 @@ ROUTES = [
         lambda r: {"prerequisite": r["other_task"]},
     ),
     Route("DELETE", "/v1/spaces/<space>/tasks/<task>/dependencies/<prerequisite>"),
+    Route(
+        "PUT",
+        "/v1/spaces/<space>/tasks/<task>/links",
+        lambda r: {"links": [{"kind": "related", "task": r["other_task"]}]},
+    ),
     Route("POST", "/v1/spaces/<space>/tasks/<task>/cancel", lambda r: {"reason": "taken over"}),
     Route("POST", "/v1/spaces/<space>/tasks/<task>/retry"),
     Route("GET", "/v1/spaces/<space>/tasks/<task>/attempts"),
@@ -380,6 +385,7 @@ async def test_the_bodies_are_accepted_from_those_allowed(work, spaces_ab):
     await step("PATCH", "/tasks/<task>", owner, 200, task=task)
     await step("POST", "/tasks/<task>/dependencies", owner, 201, other_task=res["prerequisite"])
     await step("DELETE", "/tasks/<task>/dependencies/<prerequisite>", owner, 204)
+    await step("PUT", "/tasks/<task>/links", owner, 200)
     await step("POST", "/tasks/<task>/cancel", owner, 200)
     await step("POST", "/tasks/<task>/retry", owner, 200)
     claim = await step("POST", "/tasks/<task>/claim", owner, 201)

@@ -50,6 +50,7 @@ from ..schemas import (
     TaskCountQuery,
     TaskCounts,
     TaskCreate,
+    TaskLinks,
     TaskListPage,
     TaskListQuery,
     TaskOut,
@@ -414,6 +415,29 @@ async def add(task: str, caller: Caller, access: SpaceAccess, data: dict[str, An
         ch = change(app, tx, caller, access)
         row, added = await tasks_domain.add_prerequisite(ch, task, data["prerequisite"])
         return Reply(201 if added else 200, await _dependencies(tx, row.pk))
+
+    return work
+
+
+@blueprint.put("/v1/spaces/<space>/tasks/<task>/links")
+@api(
+    "Replace a task's links to other tasks (members; any state)",
+    body=TaskLinks,
+    response=TaskOut,
+    idempotent=True,
+    role="member",
+    action="tasks.task.update",
+    tags=["tasks"],
+)
+async def put_links(task: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]) -> Work:
+    """Each link names a task of the space and a kind (``parent``,
+    ``related``, ...); never a prerequisite, never the task itself."""
+    app = current_buildmax()
+
+    async def work(tx: Transaction) -> Reply:
+        ch = change(app, tx, caller, access)
+        row = await tasks_domain.set_links(ch, task, data["links"])
+        return Reply(200, await render_one(tx, row, ch.now))
 
     return work
 
