@@ -1,0 +1,264 @@
+"""A preview of an import: what each record of a file becomes, in which
+chunk, and every edge and link that cannot be kept, with the reason.
+
+The plan is made from what was read (:class:`~.sources.Reading`) and what
+earlier imports left in the space (:class:`Earlier`, by source id), and
+touches nothing. Its parts:
+
+- **Actions.** A record no task came from is created; one whose task came
+  from it is ``unchanged`` when its content is what was applied last,
+  ``updated`` when the source changed it, and a ``conflict`` when the task
+  was also changed here since (left alone, and said so). A task closed here
+  is never reopened: a record that reopened it updates its text only.
+- **Prerequisites.** A ``prerequisite`` link to a record of the file, or to
+  one an earlier import made a task of, is kept. One to neither is a broken
+  link: listed, and the task imported without it. An edge that would close
+  a cycle is refused and listed (the first edge found to close it, reading
+  the file in order); the rest of the cycle is kept.
+- **Other links** (``parent``, ``related``, ...) are kept when their target
+  is in the file or was imported before, else listed as broken.
+- **Chunks.** Records are ordered so that every prerequisite comes before
+  the records that wait for it, then cut into chunks of ``chunk_size``:
+  each chunk can be applied on its own, after the ones before it.
+- **Identity.** The digest of the file's bytes, the service revision and
+  what the plan assumed of the space (the earlier tasks' states and
+  digests): a plan applied after any of them changed is stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord
+
+#: Records in one chunk unless asked otherwise.
+CHUNK_SIZE = 200
+#: What happens to each record.
+ACTIONS = ("create", "update", "unchanged", "conflict")
+#: States a task is closed in: an import never reopens it.
+CLOSED = ("done", "canceled", "failed")
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What an earlier import of a record left: its task, the digest of
+    the record as last applied, the task's state now and whether the task
+    was changed here since."""
+
+    task_id: str
+    digest: str
+    state: str
+    changed_here: bool = False
+
+
+@dataclass(frozen=True)
+class Item:
+    """One record of the plan: what it becomes (``action``), the task it
+    became before (``task_id``), the prerequisites and links kept (by
+    source id), why anything differs from the file (``notes``) and its
+    chunk (from 1)."""
+
+    record: SourceRecord
+    action: str
+    digest: str
+    chunk: int
+    task_id: str | None = None
+    prerequisites: tuple[str, ...] = ()
+    links: tuple[SourceLink, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A prerequisite or link of record ``source`` to ``target`` left out,
+    and why."""
+
+    source: str
+    kind: str
+    target: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    """The preview of an import (module docstring)."""
+
+    identity: str
+    items: list[Item] = field(default_factory=list)
+    problems: list[SourceProblem] = field(default_factory=list)
+    refused: list[Edge] = field(default_factory=list)
+    chunks: list[tuple[str, str]] = field(default_factory=list)
+
+    def count(self, action: str) -> int:
+        """How many records the plan gives ``action``."""
+        return sum(1 for item in self.items if item.action == action)
+
+
+def digest(record: SourceRecord) -> str:
+    """The digest of what ``record`` says (not where it is in its file):
+    equal for a record exported again unchanged."""
+    content = asdict(record)
+    del content["line"], content["warnings"]
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def plan(
+    records: Sequence[SourceRecord],
+    problems: Sequence[SourceProblem],
+    earlier: Mapping[str, Earlier],
+    *,
+    file_digest: str,
+    service_revision: str,
+    chunk_size: int = CHUNK_SIZE,
+) -> Plan:
+    """The plan of importing ``records`` (each id once, as
+    :func:`~.sources.read` gives them) into a space where ``earlier``
+    imports left tasks; ``problems`` are carried into it as read."""
+    if chunk_size < 1:
+        raise ValueError("a chunk holds at least one record")
+    known = {record.source_id for record in records}
+    refused: list[Edge] = []
+    prerequisites: dict[str, list[str]] = {}
+    links: dict[str, list[SourceLink]] = {}
+    for record in records:
+        mine = prerequisites.setdefault(record.source_id, [])
+        others = links.setdefault(record.source_id, [])
+        for link in record.links:
+            if link.target not in known and link.target not in earlier:
+                refused.append(
+                    Edge(
+                        record.source_id,
+                        link.kind,
+                        link.target,
+                        "no such record in the file or imported before: a broken link",
+                    )
+                )
+            elif link.kind == "prerequisite":
+                mine.append(link.target)
+            else:
+                others.append(link)
+    refused += _break_cycles(records, prerequisites, known)
+    order = _ordered(records, prerequisites, known)
+    result = Plan(
+        identity=_identity(file_digest, service_revision, earlier),
+        problems=list(problems),
+        refused=refused,
+    )
+    for number, record in enumerate(order):
+        chunk = number // chunk_size + 1
+        result.items.append(
+            _item(record, earlier.get(record.source_id), chunk, prerequisites, links)
+        )
+    for start in range(0, len(result.items), chunk_size):
+        part = result.items[start : start + chunk_size]
+        result.chunks.append((part[0].record.source_id, part[-1].record.source_id))
+    return result
+
+
+def _item(
+    record: SourceRecord,
+    before: Earlier | None,
+    chunk: int,
+    prerequisites: Mapping[str, list[str]],
+    links: Mapping[str, list[SourceLink]],
+) -> Item:
+    kept_prerequisites = tuple(dict.fromkeys(prerequisites[record.source_id]))
+    kept_links = tuple(dict.fromkeys(links[record.source_id]))
+    mark = digest(record)
+    if before is None:
+        return Item(record, "create", mark, chunk, None, kept_prerequisites, kept_links)
+    if before.digest == mark:
+        return Item(
+            record, "unchanged", mark, chunk, before.task_id, kept_prerequisites, kept_links
+        )
+    if before.changed_here:
+        note = "changed here since it was imported: the source's change is not applied"
+        return Item(
+            record, "conflict", mark, chunk, before.task_id, kept_prerequisites, kept_links, (note,)
+        )
+    notes: tuple[str, ...] = ()
+    if before.state in CLOSED and record.state not in CLOSED:
+        now = record.source_state or record.state
+        notes = (f"{before.state} here: it stays closed (the source has it {now})",)
+    return Item(
+        record, "update", mark, chunk, before.task_id, kept_prerequisites, kept_links, notes
+    )
+
+
+def _break_cycles(
+    records: Sequence[SourceRecord], prerequisites: dict[str, list[str]], known: set[str]
+) -> list[Edge]:
+    """Refuse, and take out of ``prerequisites``, each edge that closes a
+    cycle among the file's records (depth first, in file order)."""
+    refused: list[Edge] = []
+    done: set[str] = set()
+    for record in records:
+        if record.source_id in done:
+            continue
+        # An explicit stack: an export may chain thousands of records.
+        path: list[str] = [record.source_id]
+        on_path = {record.source_id}
+        pending = [iter(list(prerequisites[record.source_id]))]
+        while pending:
+            node = path[-1]
+            target = next(pending[-1], None)
+            if target is None:
+                pending.pop()
+                on_path.discard(path.pop())
+                done.add(node)
+                continue
+            if target not in known or target in done:
+                continue
+            if target in on_path:
+                prerequisites[node].remove(target)
+                refused.append(
+                    Edge(
+                        node,
+                        "prerequisite",
+                        target,
+                        "it would close a cycle: "
+                        + " -> ".join([*path[path.index(target) :], target]),
+                    )
+                )
+                continue
+            path.append(target)
+            on_path.add(target)
+            pending.append(iter(list(prerequisites[target])))
+    return refused
+
+
+def _ordered(
+    records: Sequence[SourceRecord], prerequisites: Mapping[str, list[str]], known: set[str]
+) -> list[SourceRecord]:
+    """``records`` with every prerequisite in the file before the records
+    that wait for it, otherwise in file order (the graph has no cycle)."""
+    by_id = {record.source_id: record for record in records}
+    placed: set[str] = set()
+    order: list[SourceRecord] = []
+    for record in records:
+        stack = [(record.source_id, iter(prerequisites[record.source_id]))]
+        if record.source_id in placed:
+            continue
+        while stack:
+            node, waiting = stack[-1]
+            target = next(waiting, None)
+            if target is None:
+                stack.pop()
+                if node not in placed:
+                    placed.add(node)
+                    order.append(by_id[node])
+            elif target in known and target not in placed:
+                stack.append((target, iter(prerequisites[target])))
+    return order
+
+
+def _identity(file_digest: str, service_revision: str, earlier: Mapping[str, Earlier]) -> str:
+    assumed = sorted(
+        (key, e.task_id, e.digest, e.state, e.changed_here) for key, e in earlier.items()
+    )
+    text = json.dumps([file_digest, service_revision, assumed], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
