@@ -93,10 +93,10 @@ class BeadsImporter:
                 continue
             try:
                 value = json.loads(line.text)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:
                 if first:
                     raise SourceRefused(line.number, _not_beads(line.text)) from None
-                yield SourceProblem(line.number, f"not JSON: {exc.msg} at column {exc.colno}")
+                yield SourceProblem(line.number, f"not JSON: {_json_error(exc)}")
                 continue
             if not isinstance(value, dict):
                 if first:
@@ -108,6 +108,16 @@ class BeadsImporter:
             if count > MAX_RECORDS:
                 raise SourceRefused(line.number, f"more than {MAX_RECORDS:,} issues: split it")
             yield issue(value, line.number)
+        if first:
+            raise SourceRefused(1, "no issue in the file: not a beads export")
+
+
+def _json_error(exc: ValueError | RecursionError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0]
 
 
 def _not_beads(first_line: str) -> str:
@@ -126,6 +136,8 @@ def issue(value: dict[str, Any], line: int) -> SourceRecord | SourceProblem:
     if not isinstance(title, str) or not title.strip():
         return SourceProblem(line, "no title (a non-empty string)", source_id)
     status = value.get("status", "open")
+    if not isinstance(status, str):
+        status = repr(status)[:80]
     if status == "tombstone":
         return SourceProblem(line, "deleted in beads (tombstone): left out", source_id)
     warnings = unknown(set(value), KNOWN)
@@ -192,22 +204,22 @@ def _links(value: Any, source_id: str, warnings: list[str]) -> tuple[SourceLink,
     if not isinstance(value, list):
         warnings.append("dependencies is not a list: left out")
         return ()
-    found: list[SourceLink] = []
+    found: dict[SourceLink, None] = {}
     for number, dependency in enumerate(value, 1):
         if not isinstance(dependency, dict) or not isinstance(dependency.get("depends_on_id"), str):
             warnings.append(f"dependency {number} names no depends_on_id: left out")
             continue
         owner = dependency.get("issue_id", source_id)
         if owner != source_id:
-            warnings.append(f"dependency {number} is of issue {owner!r}, not this one: left out")
+            warnings.append(
+                f"dependency {number} is of issue {str(owner)[:80]!r}, not this one: left out"
+            )
             continue
         kind = dependency.get("type", "blocks")
         if not isinstance(kind, str) or not kind:
             warnings.append(f"dependency {number} has no type: left out")
             continue
-        link = SourceLink(LINKS.get(kind, kind), dependency["depends_on_id"])
-        if link not in found:
-            found.append(link)
+        found[SourceLink(LINKS.get(kind, kind), dependency["depends_on_id"])] = None
     return tuple(found)
 
 

@@ -15,6 +15,7 @@ header's line, and not imported.
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -79,7 +80,7 @@ class CsvImporter:
         columns = _header(header, read[-1])
         extra = sorted({c for c in columns if c and c not in COLUMNS})
         if extra:
-            yield SourceProblem(1, f"columns not imported: {', '.join(extra)}")
+            yield SourceProblem(1, f"columns not imported: {_some(extra)}")
         count = 0
         while True:
             start = len(read) + 1
@@ -88,9 +89,12 @@ class CsvImporter:
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield SourceProblem(start, f"not CSV: {exc}")
-                continue
+                # After a broken quote no row can be told from the text of a
+                # cell: the rest of the file is not read as rows.
+                _refuse_cut(read[start - 1 :])
+                raise SourceRefused(start, f"not CSV from here: {exc}") from None
             spanned = read[start - 1 :]
+            _refuse_cut(spanned)
             bad = next((line for line in spanned if line.problem is not None), None)
             if bad is not None:
                 yield SourceProblem(bad.number, f"{bad.problem}: the row is left out")
@@ -104,11 +108,19 @@ class CsvImporter:
 
 
 def _texts(source: Iterator[Line], read: list[Line]) -> Iterator[str]:
-    """The lines' text for the CSV reader (a line that could not be read
-    as an empty one), each kept in ``read`` so a row knows its lines."""
+    """The lines' text for the CSV reader (a line too long as an empty
+    one), each kept in ``read`` so a row knows its lines."""
     for line in source:
         read.append(line)
         yield line.text + "\n"
+
+
+def _refuse_cut(spanned: list[Line]) -> None:
+    """Refuse the rest of the file at a line too long to keep: its quotes
+    are lost with it."""
+    cut = next((line for line in spanned if line.cut), None)
+    if cut is not None:
+        raise SourceRefused(cut.number, f"{cut.problem}: the rows after it cannot be told apart")
 
 
 def _refuse_json(read: list[Line]) -> None:
@@ -122,9 +134,9 @@ def _header(cells: list[str], line: Line) -> list[str]:
     columns = [cell.strip().lower() for cell in cells]
     for required in ("id", "title"):
         if required not in columns:
-            named = ", ".join(c for c in columns if c) or "none"
+            named = _some([c for c in columns if c]) or "none"
             raise SourceRefused(1, f"the header names no {required!r} column (it names {named})")
-    taken = {c for c in columns if columns.count(c) > 1 and c}
+    taken = {c for c, n in Counter(columns).items() if n > 1 and c}
     if taken:
         raise SourceRefused(1, f"the header row names {', '.join(sorted(taken))} twice")
     return columns
@@ -179,6 +191,12 @@ def _record(
         links=tuple(dict.fromkeys(links)),
         warnings=tuple(warnings),
     )
+
+
+def _some(names: list[str], shown: int = 10) -> str:
+    """``names``, the first ``shown`` of them and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(name[:80] for name in names[:shown]) + more
 
 
 def _split(value: str) -> list[str]:

@@ -88,6 +88,10 @@ def _items(document: str) -> Iterator[tuple[int, Any]]:
             value, end = decoder.raw_decode(document, at)
         except json.JSONDecodeError as exc:
             raise SourceRefused(exc.lineno, f"not JSON: {exc.msg} at column {exc.colno}") from None
+        except RecursionError:
+            raise SourceRefused(line, "not JSON we read: nested too deeply") from None
+        except ValueError as exc:  # a number past Python's digits, say
+            raise SourceRefused(line, f"not JSON we read: {str(exc).split(';')[0]}") from None
         yield line, value
         at = _SPACE.match(document, end).end()  # type: ignore[union-attr]
         if document.startswith(",", at):
@@ -109,10 +113,12 @@ def issue(value: Any, line: int) -> SourceRecord | SourceProblem:
     url = text(value.get("url"))
     found = _ISSUE_URL.match(url or "")
     source_id = f"{found.group(1)}#{number}" if found else f"#{number}"
+    warnings = unknown(set(value), KNOWN)
+    if url is not None and (found is None or found.group(2) != str(number)):
+        warnings.append(f"url {url[:200]!r} is not that of issue {number}: its id is {source_id}")
     title = value.get("title")
     if not isinstance(title, str) or not title.strip():
         return SourceProblem(line, "no title (a non-empty string)", source_id)
-    warnings = unknown(set(value), KNOWN)
     state = value.get("state")
     if state == "OPEN":
         mapped, reason = "ready", ""
@@ -120,7 +126,9 @@ def issue(value: Any, line: int) -> SourceRecord | SourceProblem:
         not_planned = value.get("stateReason") == "NOT_PLANNED"
         mapped, reason = ("canceled", "closed as not planned") if not_planned else ("done", "")
     else:
-        return SourceProblem(line, f"state {state!r} is neither OPEN nor CLOSED", source_id)
+        return SourceProblem(
+            line, f"state {str(state)[:80]!r} is neither OPEN nor CLOSED", source_id
+        )
     names = _names(value.get("labels"), "name", "labels", warnings)
     logins = _names(value.get("assignees"), "login", "assignees", warnings)
     if len(logins) > 1:

@@ -32,11 +32,14 @@ _NOT_LABEL = re.compile(r"[^A-Za-z0-9._:/-]+")
 @dataclass(frozen=True)
 class Line:
     """Line ``number`` (1-based) of a file, decoded; ``problem`` says why
-    it cannot be read (too long, not UTF-8), and then ``text`` is empty."""
+    it cannot be read: not UTF-8 (``text`` then holds it with U+FFFD for
+    each bad byte, so that a CSV row keeps its shape) or too long (``cut``:
+    ``text`` is empty)."""
 
     number: int
     text: str
     problem: str | None = None
+    cut: bool = False
 
 
 def lines(source: BinaryIO) -> Iterator[Line]:
@@ -61,7 +64,7 @@ def lines(source: BinaryIO) -> Iterator[Line]:
                 number, f"the file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB"
             )
         if problem is not None:
-            yield Line(number, "", problem)
+            yield Line(number, "", problem, cut=True)
             continue
         if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
@@ -69,7 +72,8 @@ def lines(source: BinaryIO) -> Iterator[Line]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             where = f"0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line"
-            yield Line(number, "", f"not UTF-8 text: {where}")
+            replaced = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            yield Line(number, replaced, f"not UTF-8 text: {where}")
             continue
         yield Line(number, text.rstrip("\r\n"))
     if number == 0:
@@ -94,22 +98,21 @@ def label(value: str) -> str | None:
 
 
 def labels(values: list[str], warnings: list[str]) -> tuple[str, ...]:
-    """``values`` as task labels (:func:`label`), each once, at most
+    """``values`` as task labels (:func:`label`), each once, the first
     :data:`MAX_LABELS`; what was changed or left out is said in
     ``warnings``."""
-    kept: list[str] = []
-    for value in values:
+    kept: dict[str, None] = {}
+    for number, value in enumerate(values):
+        if len(kept) == MAX_LABELS:
+            warnings.append(f"{len(values) - number} labels past the first {MAX_LABELS} left out")
+            break
         shaped = label(value)
         if shaped is None:
-            warnings.append(f"label {value!r} has no letter or digit to keep: left out")
+            warnings.append(f"label {value[:80]!r} has no letter or digit to keep: left out")
             continue
         if shaped != value:
-            warnings.append(f"label {value!r} imported as {shaped!r}")
-        if shaped not in kept:
-            kept.append(shaped)
-    if len(kept) > MAX_LABELS:
-        warnings.append(f"{len(kept) - MAX_LABELS} labels past the first {MAX_LABELS} left out")
-        kept = kept[:MAX_LABELS]
+            warnings.append(f"label {value[:80]!r} imported as {shaped!r}")
+        kept[shaped] = None
     return tuple(kept)
 
 

@@ -3,15 +3,28 @@
 :func:`importers` gathers the ``buildmax_importers`` of every plugin by
 name (a name offered twice is an error naming both plugins); :func:`read`
 reads a file with one, keeping every record and every problem, and adds
-the problems no single record shows: an id a file holds twice.
+the problems an importer may not see: an id the file holds twice, and a
+record that no task could hold (too long, or text that is no text: a NUL
+character, half of a surrogate pair). What any importer returns is checked
+so, a third party's as much as the built-ins'.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
 from typing import BinaryIO
 
-from buildmax_hookspecs import Importer, SourceProblem, SourceRecord, SourceRefused
+from buildmax_hookspecs import (
+    SOURCE_ID_CHARS,
+    TASK_TEXT_CHARS,
+    TASK_TITLE_CHARS,
+    Importer,
+    SourceLink,
+    SourceProblem,
+    SourceRecord,
+    SourceRefused,
+)
 
 from buildmax.hooks import Hooks
 
@@ -50,15 +63,25 @@ class Reading:
     refused: SourceRefused | None = None
 
 
+#: The longest each text of a record may be: what a task holds.
+LIMITS = {"source_id": SOURCE_ID_CHARS, "title": TASK_TITLE_CHARS}
+#: The most warnings a record keeps (then how many more there were).
+MAX_WARNINGS = 20
+
+
 def read(importer: Importer, source: BinaryIO) -> Reading:
     """``source`` read with ``importer``; a record whose id came before
-    is a problem (the first is kept)."""
+    is a problem (the first is kept), and so is one no task could hold."""
     reading = Reading()
     first: dict[str, int] = {}
     try:
         for item in importer.read(source):
             if isinstance(item, SourceProblem):
                 reading.problems.append(item)
+                continue
+            unfit = _unfit(item)
+            if unfit is not None:
+                reading.problems.append(SourceProblem(item.line, unfit, _shown(item.source_id)))
             elif item.source_id in first:
                 reading.problems.append(
                     SourceProblem(
@@ -70,8 +93,45 @@ def read(importer: Importer, source: BinaryIO) -> Reading:
                 )
             else:
                 first[item.source_id] = item.line
-                reading.records.append(item)
+                reading.records.append(_bounded(item))
     except SourceRefused as refused:
         reading.refused = refused
     reading.problems.sort(key=lambda problem: problem.line)
     return reading
+
+
+def _unfit(record: SourceRecord) -> str | None:
+    """Why no task could hold ``record``, or ``None``."""
+    for name, text in _strings(record):
+        if "\x00" in text:
+            return f"{name} holds a NUL character"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{name} holds half of a surrogate pair: not text"
+    for name, most in (*LIMITS.items(), ("body", TASK_TEXT_CHARS), ("criteria", TASK_TEXT_CHARS)):
+        length = len(getattr(record, name))
+        if length > most:
+            return f"{name} is {length:,} characters (at most {most:,})"
+    return None
+
+
+def _strings(record: SourceRecord) -> Iterator[tuple[str, str]]:
+    """Every text of ``record`` (its links' too), with its field's name."""
+    for part in fields(record):
+        value = getattr(record, part.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            pieces = (item.kind, item.target) if isinstance(item, SourceLink) else (item,)
+            yield from ((part.name, piece) for piece in pieces if isinstance(piece, str))
+
+
+def _shown(source_id: str) -> str:
+    """A source id as a problem names it: never longer than an id may be."""
+    return source_id[:SOURCE_ID_CHARS]
+
+
+def _bounded(record: SourceRecord) -> SourceRecord:
+    if len(record.warnings) <= MAX_WARNINGS:
+        return record
+    more = f"and {len(record.warnings) - MAX_WARNINGS} more warnings"
+    return replace(record, warnings=(*record.warnings[:MAX_WARNINGS], more))

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from buildmax_hookspecs import LABEL_PATTERN, App
+from buildmax_hookspecs import (
+    LABEL_PATTERN,
+    SOURCE_ID_CHARS,
+    TASK_TEXT_CHARS,
+    TASK_TITLE_CHARS,
+    App,
+)
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from buildmax.fulltext import MAX_QUERY_CHARS, MAX_QUERY_TERMS
@@ -107,7 +113,7 @@ CREATED_STATES = ("ready", "done", "canceled")
 
 class TaskSource(_Strict):
     system = fields.String(required=True, validate=WORD)
-    id = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    id = fields.String(required=True, validate=validate.Length(min=1, max=SOURCE_ID_CHARS))
 
 
 class LinkedTask(_Strict):
@@ -121,9 +127,9 @@ def _links(**kwargs: Any) -> fields.List[Any]:
 
 class TaskCreate(_Strict):
     project = fields.String(required=True, validate=validate.Length(min=1, max=200))
-    title = fields.String(required=True, validate=validate.Length(min=1, max=500))
-    body = fields.String(load_default="", validate=validate.Length(max=100_000))
-    criteria = fields.String(load_default="", validate=validate.Length(max=100_000))
+    title = fields.String(required=True, validate=validate.Length(min=1, max=TASK_TITLE_CHARS))
+    body = fields.String(load_default="", validate=validate.Length(max=TASK_TEXT_CHARS))
+    criteria = fields.String(load_default="", validate=validate.Length(max=TASK_TEXT_CHARS))
     kind = fields.String(load_default="code", validate=validate.OneOf(TASK_KINDS))
     priority = BoundedInteger(-1000, 1000, load_default=0)
     labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=20))
@@ -145,9 +151,9 @@ class TaskLinks(_Strict):
 
 class TaskUpdate(Override):
     expected_revision = revision_number(required=True)
-    title = fields.String(validate=validate.Length(min=1, max=500))
-    body = fields.String(validate=validate.Length(max=100_000))
-    criteria = fields.String(validate=validate.Length(max=100_000))
+    title = fields.String(validate=validate.Length(min=1, max=TASK_TITLE_CHARS))
+    body = fields.String(validate=validate.Length(max=TASK_TEXT_CHARS))
+    criteria = fields.String(validate=validate.Length(max=TASK_TEXT_CHARS))
     priority = BoundedInteger(-1000, 1000)
     labels = fields.List(LABEL, validate=validate.Length(max=20))
     agent = fields.String(allow_none=True)
