@@ -21,6 +21,7 @@ import json
 import sqlite3
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from buildmax_tasks.claims import ClaimFilters, ready_params, ready_statement
 from buildmax_tasks.records import task_list_statement
@@ -315,3 +316,14 @@ async def test_migration_3_indexes_a_database_made_before_it(work):
     async with app.db.read() as conn:
         names = {row["name"] for row in await conn.fetch_all(sa.text(catalog))}
     assert {"task_tasks_space", "task_tasks_project_state"} <= names
+
+
+@pytest.mark.engine_independent
+def test_a_task_read_joins_only_the_project_and_the_current_revision() -> None:
+    """Every other public id a task shows (space, agent, subject, current
+    attempt and submissions) is a subquery of its own: as joins, PostgreSQL
+    took 12-16 ms to plan each task list at 100,000 tasks, and 0.3-0.5 ms
+    with them as subqueries (its generic plan is never chosen for a list)."""
+    sql = str(task_list_statement(1, [], 21, None).compile(dialect=postgresql.dialect()))
+    joined = [part.split(" ON ", 1)[0] for part in sql.split(" JOIN ")[1:]]
+    assert joined == ["task_projects", "task_revisions"], sql
