@@ -317,19 +317,22 @@ async def ready(access: SpaceAccess) -> Response:
     tags=["tasks"],
 )
 async def show(task: str, caller: Caller, access: SpaceAccess) -> Response:
-    """With its state, why it is parked, its stage and current attempt."""
+    """With its state, why it is parked, its stage and current attempt. An
+    attempt's token asking for any other task is refused alike, whether or
+    not that task exists."""
     app = current_buildmax()
     async with app.db.read() as conn:
-        row = await task_or_404(conn, access.pk, task)
         if caller.actor.scope_type == "attempt":
             owned = await conn.fetch_val(
-                sa.select(attempts.c.id).where(
-                    attempts.c.public_id == caller.actor.scope_id,
-                    attempts.c.task_id == row.pk,
-                )
+                sa.select(tasks.c.public_id)
+                .select_from(attempts.join(tasks, tasks.c.id == attempts.c.task_id))
+                .where(attempts.c.public_id == caller.actor.scope_id)
             )
-            if owned is None:
-                raise TokenScopeRefused("this token is scoped to an attempt of another task")
+            if owned != task:
+                raise TokenScopeRefused(
+                    f"this token is scoped to attempt {caller.actor.scope_id}, of another task"
+                )
+        row = await task_or_404(conn, access.pk, task)
         body = await render_one(conn, row, app.clock.now_ms())
     return json_response(body)
 
