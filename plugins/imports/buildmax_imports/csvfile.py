@@ -66,24 +66,25 @@ class CsvImporter:
 
     def read(self, source: BinaryIO) -> Iterator[SourceRecord | SourceProblem]:
         """Each row of the file, or the problem of its lines."""
-        read: list[Line] = []
-        physical = _texts(lines(source), read)
-        rows = csv.reader(physical, strict=True)
+        spanned: list[Line] = []  # the lines of the row being read, and only those
+        rows = csv.reader(_texts(lines(source), spanned), strict=True)
         try:
             header = next(rows)
         except StopIteration:
             raise SourceRefused(1, "the file is empty") from None
         except csv.Error as exc:
-            _refuse_json(read)
+            _refuse_json(spanned)
+            _refuse_cut(spanned)
             raise SourceRefused(1, f"not CSV: {exc}") from None
-        _refuse_json(read)
-        columns = _header(header, read[-1])
+        _refuse_json(spanned)
+        columns = _header(header, spanned)
         extra = sorted({c for c in columns if c and c not in COLUMNS})
         if extra:
             yield SourceProblem(1, f"columns not imported: {_some(extra)}")
+        last = spanned[-1].number
         count = 0
         while True:
-            start = len(read) + 1
+            spanned.clear()
             try:
                 row = next(rows)
             except StopIteration:
@@ -91,9 +92,9 @@ class CsvImporter:
             except csv.Error as exc:
                 # After a broken quote no row can be told from the text of a
                 # cell: the rest of the file is not read as rows.
-                _refuse_cut(read[start - 1 :])
-                raise SourceRefused(start, f"not CSV from here: {exc}") from None
-            spanned = read[start - 1 :]
+                _refuse_cut(spanned)
+                raise SourceRefused(last + 1, f"not CSV from here: {exc}") from None
+            start, last = spanned[0].number, spanned[-1].number
             _refuse_cut(spanned)
             bad = next((line for line in spanned if line.problem is not None), None)
             if bad is not None:
@@ -107,11 +108,11 @@ class CsvImporter:
             yield _record(dict(zip(columns, row, strict=False)), len(row), len(columns), start)
 
 
-def _texts(source: Iterator[Line], read: list[Line]) -> Iterator[str]:
+def _texts(source: Iterator[Line], spanned: list[Line]) -> Iterator[str]:
     """The lines' text for the CSV reader (a line too long as an empty
-    one), each kept in ``read`` so a row knows its lines."""
+    one), each kept in ``spanned`` so a row knows its lines."""
     for line in source:
-        read.append(line)
+        spanned.append(line)
         yield line.text + "\n"
 
 
@@ -128,9 +129,10 @@ def _refuse_json(read: list[Line]) -> None:
         raise SourceRefused(1, "JSON, not CSV (beads? --format beads; GitHub's? --format github)")
 
 
-def _header(cells: list[str], line: Line) -> list[str]:
-    if line.problem is not None:
-        raise SourceRefused(line.number, f"the header row: {line.problem}")
+def _header(cells: list[str], spanned: list[Line]) -> list[str]:
+    bad = next((line for line in spanned if line.problem is not None), None)
+    if bad is not None:
+        raise SourceRefused(bad.number, f"the header row: {bad.problem}")
     columns = [cell.strip().lower() for cell in cells]
     for required in ("id", "title"):
         if required not in columns:

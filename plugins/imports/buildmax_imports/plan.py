@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 
 from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord
 
@@ -97,13 +97,17 @@ class Plan:
         return sum(1 for item in self.items if item.action == action)
 
 
+#: What a record says, as its digest reads it: all but where it is in its
+#: file and what its importer warned of.
+_SAID = tuple(f.name for f in fields(SourceRecord) if f.name not in ("line", "warnings"))
+
+
 def digest(record: SourceRecord) -> str:
     """The digest of what ``record`` says (not where it is in its file):
     equal for a record exported again unchanged."""
-    content = asdict(record)
-    del content["line"], content["warnings"]
-    text = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    said = [getattr(record, name) for name in _SAID]
+    text = json.dumps(said, ensure_ascii=False, separators=(",", ":"), default=astuple)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def plan(
@@ -139,12 +143,14 @@ def plan(
                 )
             elif link.kind == "prerequisite":
                 mine.append(link.target)
+            elif link.target == record.source_id:
+                refused.append(Edge(record.source_id, link.kind, link.target, "a link to itself"))
             else:
                 others.append(link)
     refused += _break_cycles(records, prerequisites, known)
     order = _ordered(records, prerequisites, known)
     result = Plan(
-        identity=_identity(file_digest, service_revision, earlier),
+        identity=_identity(file_digest, service_revision, chunk_size, earlier),
         problems=list(problems),
         refused=refused,
     )
@@ -201,34 +207,41 @@ def _break_cycles(
             continue
         # An explicit stack: an export may chain thousands of records.
         path: list[str] = [record.source_id]
-        on_path = {record.source_id}
+        on_path = {record.source_id: 0}  # where each id of the path is in it
         pending = [iter(list(prerequisites[record.source_id]))]
         while pending:
             node = path[-1]
             target = next(pending[-1], None)
             if target is None:
                 pending.pop()
-                on_path.discard(path.pop())
+                del on_path[path.pop()]
                 done.add(node)
                 continue
             if target not in known or target in done:
                 continue
             if target in on_path:
                 prerequisites[node].remove(target)
+                cycle = _shown(path, on_path[target], target)
                 refused.append(
-                    Edge(
-                        node,
-                        "prerequisite",
-                        target,
-                        "it would close a cycle: "
-                        + " -> ".join([*path[path.index(target) :], target]),
-                    )
+                    Edge(node, "prerequisite", target, f"it would close a cycle: {cycle}")
                 )
                 continue
+            on_path[target] = len(path)
             path.append(target)
-            on_path.add(target)
             pending.append(iter(list(prerequisites[target])))
     return refused
+
+
+def _shown(path: list[str], start: int, target: str, ends: int = 4) -> str:
+    """The cycle ``path[start:]`` closed by ``target``: its first and last
+    few ids only when it is long (never a copy of a long path)."""
+    length = len(path) - start
+    if length <= 2 * ends:
+        return " -> ".join([*path[start:], target])
+    hidden = length - 2 * ends + 1
+    return " -> ".join(
+        [*path[start : start + ends], f"({hidden:,} more)", *path[-ends + 1 :], target]
+    )
 
 
 def _ordered(
@@ -256,9 +269,11 @@ def _ordered(
     return order
 
 
-def _identity(file_digest: str, service_revision: str, earlier: Mapping[str, Earlier]) -> str:
+def _identity(
+    file_digest: str, service_revision: str, chunk_size: int, earlier: Mapping[str, Earlier]
+) -> str:
     assumed = sorted(
         (key, e.task_id, e.digest, e.state, e.changed_here) for key, e in earlier.items()
     )
-    text = json.dumps([file_digest, service_revision, assumed], separators=(",", ":"))
+    text = json.dumps([file_digest, service_revision, chunk_size, assumed], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -20,8 +20,9 @@ from buildmax_hookspecs import LABEL_PATTERN, SourceRefused
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: The longest line (a JSON record, a CSV row's line) read.
 MAX_LINE_BYTES = 1024 * 1024
-#: The most records one file may hold.
+#: The most records one file may hold, and the most lines (blank ones too).
 MAX_RECORDS = 50_000
+MAX_LINES = 1_000_000
 #: The most labels a task carries.
 MAX_LABELS = 20
 
@@ -54,6 +55,8 @@ def lines(source: BinaryIO) -> Iterator[Line]:
         if not raw:
             break
         number += 1
+        if number > MAX_LINES:
+            raise SourceRefused(number, f"more than {MAX_LINES:,} lines: split the file")
         total += len(raw)
         problem = None
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
@@ -122,6 +125,18 @@ def text(value: object) -> str | None:
 
 
 def unknown(names: set[str], known: frozenset[str]) -> list[str]:
-    """The warning for ``names`` a source does not have, if any."""
+    """The warning for ``names`` a source does not have, if any (the first
+    ten, each as :func:`printable`)."""
     extra = sorted(names - known)
-    return [f"fields not imported: {', '.join(extra)}"] if extra else []
+    if not extra:
+        return []
+    more = f" and {len(extra) - 10} more" if len(extra) > 10 else ""
+    return [f"fields not imported: {', '.join(printable(n)[:80] for n in extra[:10])}{more}"]
+
+
+def printable(text: str) -> str:
+    """``text`` with what no text may hold (a NUL, half of a surrogate
+    pair) made U+FFFD: for naming a file's words in a message."""
+    return (
+        text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\x00", "\ufffd")
+    )

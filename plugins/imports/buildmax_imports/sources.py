@@ -28,6 +28,8 @@ from buildmax_hookspecs import (
 
 from buildmax.hooks import Hooks
 
+from .reading import printable
+
 
 class ImporterDeclarationError(RuntimeError):
     """A plugin offered something that is not an importer, or a name taken."""
@@ -67,6 +69,8 @@ class Reading:
 LIMITS = {"source_id": SOURCE_ID_CHARS, "title": TASK_TITLE_CHARS}
 #: The most warnings a record keeps (then how many more there were).
 MAX_WARNINGS = 20
+#: Past this many problems a file is refused: it is not what it was read as.
+MAX_PROBLEMS = 1000
 
 
 def read(importer: Importer, source: BinaryIO) -> Reading:
@@ -77,19 +81,20 @@ def read(importer: Importer, source: BinaryIO) -> Reading:
     try:
         for item in importer.read(source):
             if isinstance(item, SourceProblem):
-                reading.problems.append(item)
+                _problem(reading, item)
                 continue
             unfit = _unfit(item)
             if unfit is not None:
-                reading.problems.append(SourceProblem(item.line, unfit, _shown(item.source_id)))
+                _problem(reading, SourceProblem(item.line, unfit, item.source_id))
             elif item.source_id in first:
-                reading.problems.append(
+                _problem(
+                    reading,
                     SourceProblem(
                         item.line,
                         f"id {item.source_id!r} again (first on line {first[item.source_id]}): "
                         "left out",
                         item.source_id,
-                    )
+                    ),
                 )
             else:
                 first[item.source_id] = item.line
@@ -125,9 +130,17 @@ def _strings(record: SourceRecord) -> Iterator[tuple[str, str]]:
             yield from ((part.name, piece) for piece in pieces if isinstance(piece, str))
 
 
-def _shown(source_id: str) -> str:
-    """A source id as a problem names it: never longer than an id may be."""
-    return source_id[:SOURCE_ID_CHARS]
+def _problem(reading: Reading, problem: SourceProblem) -> None:
+    """Keep ``problem`` as a message may name it: its words printable, its
+    id no longer than an id may be; refuse the file past
+    :data:`MAX_PROBLEMS`."""
+    if len(reading.problems) == MAX_PROBLEMS:
+        raise SourceRefused(
+            problem.line,
+            f"more than {MAX_PROBLEMS:,} problems: is it the file, and the format, meant?",
+        )
+    shown = None if problem.source_id is None else printable(problem.source_id)[:SOURCE_ID_CHARS]
+    reading.problems.append(SourceProblem(problem.line, printable(problem.reason)[:1000], shown))
 
 
 def _bounded(record: SourceRecord) -> SourceRecord:

@@ -147,3 +147,37 @@ def test_a_record_of_many_labels_links_and_columns_is_read_in_linear_time() -> N
     result = read(csvfile.IMPORTER, io.BytesIO(f"{header}\n1,t\n".encode()))
     assert result.records[0].source_id == "1"
     assert result.problems[0].reason.endswith(f"and {many - 10} more")
+
+
+def test_a_csv_header_over_a_line_too_long_to_keep_is_refused_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reading, "MAX_LINE_BYTES", 100)
+    data = b'id,title,"note\n' + b"x" * 300 + b'"\nT-1,Real,"\nT-666,Injected\n"\n'
+    result = read(csvfile.IMPORTER, io.BytesIO(data))
+    assert result.records == []
+    assert result.refused is not None and result.refused.line == 2
+
+
+def test_a_file_of_endless_lines_or_problems_is_refused_not_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    noise = read(beads.IMPORTER, io.BytesIO(b'{"id": "a", "title": "t"}\n' + b"1\n" * 1500))
+    assert len(noise.problems) == 1000 and noise.refused is not None
+    assert noise.refused.line == 1002 and "more than 1,000 problems" in noise.refused.reason
+    monkeypatch.setattr(reading, "MAX_LINES", 1000)
+    blank = read(csvfile.IMPORTER, io.BytesIO(b"id,title\n" + b"\n" * 5000))
+    assert blank.refused is not None and blank.refused.line == 1001
+    assert "more than 1,000 lines" in blank.refused.reason
+
+
+def test_words_a_message_names_are_printable() -> None:
+    found = beads_of(
+        '{"id": "a", "title": "t", "x\\u0000y": 1, "\\ud800": 2}',
+        '{"id": "b\\ud800", "title": ""}',
+    )
+    record, problem = found
+    assert isinstance(record, SourceRecord) and record.source_id == "a"
+    assert "\x00" not in record.warnings[0] and "x\ufffdy" in record.warnings[0]
+    assert isinstance(problem, SourceProblem) and problem.source_id is not None
+    problem.source_id.encode("utf-8")  # no half of a surrogate pair left

@@ -117,3 +117,21 @@ def test_the_identity_changes_with_the_file_the_service_and_the_space() -> None:
 def test_a_record_exported_again_where_it_moved_in_the_file_is_unchanged() -> None:
     assert digest(rec("A", line=1)) == digest(rec("A", line=900))
     assert digest(rec("A")) != digest(rec("A", title="other"))
+
+
+def test_a_long_cycle_is_named_by_its_ends() -> None:
+    chain = [rec(f"N{n}", f"N{n + 1}") for n in range(999)] + [rec("N999", "N0")]
+    (refused,) = plan_of(chain).refused
+    assert refused.reason == (
+        "it would close a cycle: N0 -> N1 -> N2 -> N3 -> (993 more) -> N997 -> N998 -> N999 -> N0"
+    )
+
+
+def test_a_link_to_itself_is_refused_and_the_chunk_size_is_part_of_the_identity() -> None:
+    made = plan_of([rec("A", links=[SourceLink("parent", "A")]), rec("B")], chunk_size=1)
+    assert [(e.source, e.kind, e.reason) for e in made.refused] == [
+        ("A", "parent", "a link to itself")
+    ]
+    assert made.items[0].links == ()
+    other = plan_of([rec("A", links=[SourceLink("parent", "A")]), rec("B")], chunk_size=2)
+    assert made.identity != other.identity
