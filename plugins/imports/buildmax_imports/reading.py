@@ -51,16 +51,21 @@ def lines(source: BinaryIO) -> Iterator[Line]:
     total = 0
     number = 0
     while True:
-        raw = source.readline(MAX_LINE_BYTES + 1)
+        # The limit is the line's, its end (LF or CR LF) aside.
+        raw = source.readline(MAX_LINE_BYTES + 2)
         if not raw:
             break
         number += 1
         if number > MAX_LINES:
             raise SourceRefused(number, f"more than {MAX_LINES:,} lines: split the file")
         total += len(raw)
+        ended = raw.endswith(b"\n")
+        if number == 1 and not ended and b"\r" in raw.rstrip(b"\r"):
+            raise SourceRefused(1, "its lines end in CR alone: save it with LF or CR LF line ends")
         problem = None
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            total += _skip_rest_of_line(source)
+        if len(raw.removesuffix(b"\n").removesuffix(b"\r")) > MAX_LINE_BYTES:
+            if not ended:
+                total += _skip_rest_of_line(source)
             problem = f"the line is longer than {MAX_LINE_BYTES // 1024 // 1024} MiB"
         if total > MAX_FILE_BYTES:
             raise SourceRefused(

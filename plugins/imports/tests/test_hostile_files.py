@@ -181,3 +181,25 @@ def test_words_a_message_names_are_printable() -> None:
     assert "\x00" not in record.warnings[0] and "x\ufffdy" in record.warnings[0]
     assert isinstance(problem, SourceProblem) and problem.source_id is not None
     problem.source_id.encode("utf-8")  # no half of a surrogate pair left
+
+
+def test_the_line_limit_is_the_lines_whatever_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reading, "MAX_LINE_BYTES", 40)
+    line = b'{"id": "a", "title": "' + b"t" * 16 + b'"}'
+    assert len(line) == 40
+    for end in (b"\n", b"\r\n", b""):
+        (record,) = read(beads.IMPORTER, io.BytesIO(line + end)).records
+        assert record.title == "t" * 16
+    longer = read(beads.IMPORTER, io.BytesIO(line[:-2] + b'x"}\r\n' + line + b"\n"))
+    assert [p.line for p in longer.problems] == [1] and len(longer.records) == 1
+
+
+def test_a_file_whose_lines_end_in_cr_alone_is_refused_saying_so() -> None:
+    for importer in (beads.IMPORTER, csvfile.IMPORTER):
+        data = (
+            b"id,title\r1,a\r2,b\r"
+            if importer is csvfile.IMPORTER
+            else b'{"id": "a", "title": "t"}\r{"id": "b", "title": "t"}\r'
+        )
+        refused = read(importer, io.BytesIO(data)).refused
+        assert refused is not None and "CR alone" in refused.reason
