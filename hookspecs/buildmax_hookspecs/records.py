@@ -385,12 +385,14 @@ class AgentTool:
     resource: str | None = None
 
 
-#: The longest title, and the longest body or criteria, a task holds, and
-#: the longest id of its source record: the tasks plugin refuses more, and
-#: an importer's record must fit them.
+#: The longest title, and the longest body or criteria, a task holds, the
+#: longest id of its source record and how many labels it carries: the
+#: tasks plugin refuses more, and an importer's record must fit them.
 TASK_TITLE_CHARS = 500
 TASK_TEXT_CHARS = 100_000
 SOURCE_ID_CHARS = 200
+#: The most labels a task carries.
+TASK_LABELS = 20
 #: The shape of a task's label (the tasks plugin refuses any other; an
 #: importer makes a source's labels into it).
 LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"

@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord, SourceRefused
 
-from .reading import MAX_RECORDS, Line, labels, lines
+from .reading import MAX_RECORDS, Line, labels, lines, some
 
 COLUMNS = (
     "id",
@@ -80,7 +80,7 @@ class CsvImporter:
         columns = _header(header, spanned)
         extra = sorted({c for c in columns if c and c not in COLUMNS})
         if extra:
-            yield SourceProblem(1, f"columns not imported: {_some(extra)}")
+            yield SourceProblem(1, f"columns not imported: {some(extra)}")
         last = spanned[-1].number
         count = 0
         while True:
@@ -136,7 +136,7 @@ def _header(cells: list[str], spanned: list[Line]) -> list[str]:
     columns = [cell.strip().lower() for cell in cells]
     for required in ("id", "title"):
         if required not in columns:
-            named = _some([c for c in columns if c]) or "none"
+            named = some([c for c in columns if c]) or "none"
             raise SourceRefused(1, f"the header names no {required!r} column (it names {named})")
     taken = {c for c, n in Counter(columns).items() if n > 1 and c}
     if taken:
@@ -193,12 +193,6 @@ def _record(
         links=tuple(dict.fromkeys(links)),
         warnings=tuple(warnings),
     )
-
-
-def _some(names: list[str], shown: int = 10) -> str:
-    """``names``, the first ``shown`` of them and how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(name[:80] for name in names[:shown]) + more
 
 
 def _split(value: str) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from buildmax_hookspecs import LABEL_PATTERN, SourceRefused
+from buildmax_hookspecs import LABEL_PATTERN, TASK_LABELS, SourceRefused
 
 #: The largest file an import reads.
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -23,8 +23,6 @@ MAX_LINE_BYTES = 1024 * 1024
 #: The most records one file may hold, and the most lines (blank ones too).
 MAX_RECORDS = 50_000
 MAX_LINES = 1_000_000
-#: The most labels a task carries.
-MAX_LABELS = 20
 
 _LABEL = re.compile(LABEL_PATTERN)
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._:/-]+")
@@ -107,12 +105,12 @@ def label(value: str) -> str | None:
 
 def labels(values: list[str], warnings: list[str]) -> tuple[str, ...]:
     """``values`` as task labels (:func:`label`), each once, the first
-    :data:`MAX_LABELS`; what was changed or left out is said in
+    :data:`TASK_LABELS`; what was changed or left out is said in
     ``warnings``."""
     kept: dict[str, None] = {}
     for number, value in enumerate(values):
-        if len(kept) == MAX_LABELS:
-            warnings.append(f"{len(values) - number} labels past the first {MAX_LABELS} left out")
+        if len(kept) == TASK_LABELS:
+            warnings.append(f"{len(values) - number} labels past the first {TASK_LABELS} left out")
             break
         shaped = label(value)
         if shaped is None:
@@ -133,10 +131,14 @@ def unknown(names: set[str], known: frozenset[str]) -> list[str]:
     """The warning for ``names`` a source does not have, if any (the first
     ten, each as :func:`printable`)."""
     extra = sorted(names - known)
-    if not extra:
-        return []
-    more = f" and {len(extra) - 10} more" if len(extra) > 10 else ""
-    return [f"fields not imported: {', '.join(printable(n)[:80] for n in extra[:10])}{more}"]
+    return [f"fields not imported: {some(extra)}"] if extra else []
+
+
+def some(names: list[str], shown: int = 10) -> str:
+    """``names`` for a message: the first ``shown`` of them (each as
+    :func:`printable`, cut to 80 characters), then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(printable(name)[:80] for name in names[:shown]) + more
 
 
 def printable(text: str) -> str:

@@ -66,7 +66,12 @@ class Reading:
 
 
 #: The longest each text of a record may be: what a task holds.
-LIMITS = {"source_id": SOURCE_ID_CHARS, "title": TASK_TITLE_CHARS}
+LIMITS = {
+    "source_id": SOURCE_ID_CHARS,
+    "title": TASK_TITLE_CHARS,
+    "body": TASK_TEXT_CHARS,
+    "criteria": TASK_TEXT_CHARS,
+}
 #: The most warnings a record keeps (then how many more there were).
 MAX_WARNINGS = 20
 #: Past this many problems a file is refused: it is not what it was read as.
@@ -114,7 +119,7 @@ def _unfit(record: SourceRecord) -> str | None:
             text.encode("utf-8")
         except UnicodeEncodeError:
             return f"{name} holds half of a surrogate pair: not text"
-    for name, most in (*LIMITS.items(), ("body", TASK_TEXT_CHARS), ("criteria", TASK_TEXT_CHARS)):
+    for name, most in LIMITS.items():
         length = len(getattr(record, name))
         if length > most:
             return f"{name} is {length:,} characters (at most {most:,})"

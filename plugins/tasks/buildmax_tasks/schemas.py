@@ -8,6 +8,7 @@ from typing import Any
 from buildmax_hookspecs import (
     LABEL_PATTERN,
     SOURCE_ID_CHARS,
+    TASK_LABELS,
     TASK_TEXT_CHARS,
     TASK_TITLE_CHARS,
     App,
@@ -132,7 +133,7 @@ class TaskCreate(_Strict):
     criteria = fields.String(load_default="", validate=validate.Length(max=TASK_TEXT_CHARS))
     kind = fields.String(load_default="code", validate=validate.OneOf(TASK_KINDS))
     priority = BoundedInteger(-1000, 1000, load_default=0)
-    labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=20))
+    labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=TASK_LABELS))
     agent = fields.String(load_default=None, allow_none=True)
     max_attempts = BoundedInteger(1, 100, load_default=3)
     resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
@@ -155,7 +156,7 @@ class TaskUpdate(Override):
     body = fields.String(validate=validate.Length(max=TASK_TEXT_CHARS))
     criteria = fields.String(validate=validate.Length(max=TASK_TEXT_CHARS))
     priority = BoundedInteger(-1000, 1000)
-    labels = fields.List(LABEL, validate=validate.Length(max=20))
+    labels = fields.List(LABEL, validate=validate.Length(max=TASK_LABELS))
     agent = fields.String(allow_none=True)
     max_attempts = BoundedInteger(1, 100)
     resources = fields.List(RESOURCE, validate=validate.Length(max=20))

@@ -31,6 +31,20 @@ async def _audited(work: Any, action: str, target: str) -> list[dict[str, Any]]:
     return list(rows)
 
 
+async def _task_elsewhere(work: Any, make_space: Any, **fields: Any) -> dict[str, Any]:
+    """A task made in a space of its own (another than the work's)."""
+    elsewhere = await make_space(work.owner)
+    project = await work.call(
+        "POST", f"/v1/spaces/{elsewhere.id}/projects", json={"name": "p"}, expect=201
+    )
+    return await work.call(  # type: ignore[no-any-return]
+        "POST",
+        f"/v1/spaces/{elsewhere.id}/tasks",
+        json={"project": project["id"], "title": "t", **fields},
+        expect=201,
+    )
+
+
 async def test_a_task_names_its_source_once_in_a_space(work, make_space) -> None:
     made = await work.call(
         "POST", "/tasks", json={"project": work.project, "title": "t", "source": BEADS}, expect=201
@@ -56,16 +70,7 @@ async def test_a_task_names_its_source_once_in_a_space(work, make_space) -> None
     await work.call(
         "POST", "/tasks", json={"project": work.project, "title": "t", "source": other}, expect=201
     )
-    elsewhere = await make_space(work.owner)
-    project = await work.call(
-        "POST", f"/v1/spaces/{elsewhere.id}/projects", json={"name": "p"}, expect=201
-    )
-    await work.call(
-        "POST",
-        f"/v1/spaces/{elsewhere.id}/tasks",
-        json={"project": project["id"], "title": "t", "source": BEADS},
-        expect=201,
-    )
+    await _task_elsewhere(work, make_space, source=BEADS)
     plain = await work.call(
         "POST", "/tasks", json={"project": work.project, "title": "here"}, expect=201
     )
@@ -166,16 +171,7 @@ async def test_links_are_kept_and_replaced_in_any_state(work, make_space) -> Non
     )
     assert len(await _audited(work, "task.links.set", child["id"])) == 1
 
-    elsewhere = await make_space(work.owner)
-    project = await work.call(
-        "POST", f"/v1/spaces/{elsewhere.id}/projects", json={"name": "p"}, expect=201
-    )
-    foreign = await work.call(
-        "POST",
-        f"/v1/spaces/{elsewhere.id}/tasks",
-        json={"project": project["id"], "title": "t"},
-        expect=201,
-    )
+    foreign = await _task_elsewhere(work, make_space)
     for links in (
         [{"kind": "related", "task": foreign["id"]}],
         [{"kind": "related", "task": child["id"]}],
