@@ -107,7 +107,8 @@ class SecretWatch:
         # and control characters escaped).
         secrets_ = self._watched()
         found = []
-        async with app.db.read() as conn:
+        # Every row of every audit table: a long read, off the event loop.
+        async with app.db.read(background=True) as conn:
             names = [r["name"] for r in await conn.fetch_all(sa.text(_AUDIT_TABLES[conn.dialect]))]
             for name in names:
                 for row in await conn.fetch_all(sa.text(f'SELECT * FROM "{name}"')):

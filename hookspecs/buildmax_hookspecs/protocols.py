@@ -16,6 +16,7 @@ from .records import (
     AttemptRef,
     BlobRef,
     Grade,
+    ImportedTask,
     ProjectRef,
     SourceProblem,
     SourceRecord,
@@ -290,6 +291,44 @@ class TaskQueue(Protocol):
         """Open a human-required decision on a task (it parks the task until
         answered or expired); audited; returns the decision's public id.
         ``answerable_by`` is ``human`` (human members) or ``member`` (any member)."""
+
+    async def import_record(
+        self,
+        tx: Transaction,
+        record: SourceRecord,
+        *,
+        system: str,
+        space_id: str,
+        project_id: str,
+        actor: Actor,
+        task_id: str | None,
+        prerequisites: Sequence[str],
+        links: Sequence[tuple[str, str]],
+    ) -> ImportedTask:
+        """Make the task of ``record`` (of the source ``system``) say what
+        the record says, in ``tx``, audited and announced as ``actor``'s
+        own edits are.
+
+        Without ``task_id``, a task of ``project_id`` is created with the
+        source identity ``(system, record.source_id)``: ``ready`` (or
+        ``open`` until its prerequisites are done), ``held`` as ``ready``
+        under a hold on the task, or closed (``done``, ``canceled``) with
+        the record's close reason. With ``task_id``, that task is updated:
+        what differs of its title, body, criteria, priority and labels is
+        its next revision; missing ``prerequisites`` are added; a record
+        closed in the source closes the task when nobody holds it (its
+        dependents go ready). A task closed here is never reopened or
+        revised, and a task someone holds is not revised or closed: the
+        outcome's notes say so. ``prerequisites`` name tasks of the space;
+        ``links`` are ``(kind, task id)`` and replace the task's links.
+        Raises the tasks plugin's problems (404, 409 ``task-source-taken``,
+        422) for what it cannot do; the caller checks ``actor``'s role."""
+
+    async def relink(
+        self, tx: Transaction, task_id: str, links: Sequence[tuple[str, str]], *, actor: Actor
+    ) -> bool:
+        """Replace the links of ``task_id`` with ``links`` (``(kind, task
+        id)``), audited as ``actor``'s; whether they changed."""
 
 
 @runtime_checkable

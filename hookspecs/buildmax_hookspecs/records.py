@@ -465,3 +465,18 @@ class SourceProblem:
     line: int
     reason: str
     source_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ImportedTask:
+    """What importing one record did to its task (``TaskQueue.import_record``):
+    the task, its revision and state after, what changed (``created``,
+    ``revised``, ``held``, ``closed``, ``prerequisites``, ``links``; none
+    when it already said what the record says) and what was not applied,
+    and why (``notes``)."""
+
+    task_id: str
+    revision: int
+    state: str
+    changes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()

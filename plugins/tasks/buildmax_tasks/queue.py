@@ -11,22 +11,25 @@ from buildmax_hookspecs import (
     Actor,
     AgentRevisionRef,
     AttemptRef,
+    ImportedTask,
     ProjectRef,
+    SourceRecord,
     SubmissionRef,
     TaskRef,
     Transaction,
 )
 
-from buildmax.problems import NotFound
+from buildmax.problems import Forbidden, NotFound
 from buildmax.spaces import member_role
 from buildmax.tables import principals, spaces
 
 from .attempts import fenced, submit
-from .authority import authority
+from .authority import Authority, authority
 from .change import Change
 from .claims import claim_named
 from .decisions import open_decision
 from .engine import policy_of_project, stage_engine
+from .imported import import_record
 from .problems import NotAttemptOwner, TaskNotClaimable
 from .records import (
     AGENT_REVISION_SELECT,
@@ -50,6 +53,7 @@ from .tables import (
     submissions,
     tasks,
 )
+from .tasks import set_links
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -151,18 +155,14 @@ class SqlTaskQueue:
         space_id: str,
         override_reason: str | None = None,
     ) -> AttemptRef:
-        space = await tx.fetch_one(
-            sa.select(spaces.c.id, spaces.c.public_id).where(spaces.c.public_id == space_id)
+        ch, principal_pk = await self._space_change(
+            tx,
+            space_id,
+            actor,
+            NotFound("no such attempt in this space"),
+            NotAttemptOwner("only a principal acts on an attempt"),
         )
-        if space is None:
-            raise NotFound("no such attempt in this space")
-        principal_pk = await tx.fetch_val(
-            sa.select(principals.c.id).where(principals.c.public_id == actor.principal_id)
-        )
-        if principal_pk is None:
-            raise NotAttemptOwner("only a principal acts on an attempt")
-        role = await member_role(tx, space["id"], principal_pk)
-        ch = Change(self._app, tx, actor, space["id"], space["public_id"], self._app.clock.now_ms())
+        role = await member_role(tx, ch.space_pk, principal_pk)
         row, _ = await fenced(
             ch, attempt_id, generation, authority(principal_pk, actor, role, override_reason)
         )
@@ -277,3 +277,74 @@ class SqlTaskQueue:
             expires_at=expires_at,
             opened_by=opener,
         )
+
+    async def import_record(
+        self,
+        tx: Transaction,
+        record: SourceRecord,
+        *,
+        system: str,
+        space_id: str,
+        project_id: str,
+        actor: Actor,
+        task_id: str | None,
+        prerequisites: Sequence[str],
+        links: Sequence[tuple[str, str]],
+    ) -> ImportedTask:
+        ch, importer = await self._importing(tx, space_id, actor)
+        return await import_record(
+            ch,
+            importer,
+            record,
+            system=system,
+            project_id=project_id,
+            task_id=task_id,
+            prerequisites=prerequisites,
+            links=links,
+        )
+
+    async def relink(
+        self, tx: Transaction, task_id: str, links: Sequence[tuple[str, str]], *, actor: Actor
+    ) -> bool:
+        task = await load_task(tx, task_id)
+        if task is None:
+            raise NotFound("no such task")
+        ch, _ = await self._importing(tx, task.space_id, actor)
+        return await set_links(ch, task_id, [{"kind": k, "task": t} for k, t in links])
+
+    async def _space_change(
+        self,
+        tx: Transaction,
+        space_id: str,
+        actor: Actor,
+        no_space: Exception,
+        no_principal: Exception,
+    ) -> tuple[Change, int]:
+        """A change in ``space_id`` by ``actor`` and the actor's principal;
+        ``no_space`` or ``no_principal`` raised when either is missing."""
+        space = await tx.fetch_one(
+            sa.select(spaces.c.id, spaces.c.public_id).where(spaces.c.public_id == space_id)
+        )
+        if space is None:
+            raise no_space
+        principal_pk = await tx.fetch_val(
+            sa.select(principals.c.id).where(principals.c.public_id == actor.principal_id)
+        )
+        if principal_pk is None:
+            raise no_principal
+        now = self._app.clock.now_ms()
+        return Change(self._app, tx, actor, space["id"], space["public_id"], now), principal_pk
+
+    async def _importing(
+        self, tx: Transaction, space_id: str, actor: Actor
+    ) -> tuple[Change, Authority]:
+        """A change by ``actor`` importing into ``space_id`` (the caller
+        checked the role), who overrides no one's attempt."""
+        ch, principal_pk = await self._space_change(
+            tx,
+            space_id,
+            actor,
+            NotFound("no such space"),
+            Forbidden("only a principal imports tasks"),
+        )
+        return ch, Authority(principal_pk, may_override=False)

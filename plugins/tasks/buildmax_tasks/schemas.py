@@ -36,7 +36,9 @@ MAX_DECISION_SECONDS = 366 * 24 * 3600
 #: A task named by a client (its id).
 TASK_REF = validate.Length(min=1, max=200)
 #: Reasons are recorded on the audit trail, whose details are bounded.
-REASON = validate.Length(min=1, max=1000)
+#: The longest reason a person or an import gives.
+REASON_CHARS = 1000
+REASON = validate.Length(min=1, max=REASON_CHARS)
 
 
 class _Strict(Schema):

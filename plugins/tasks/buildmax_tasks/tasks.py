@@ -165,10 +165,10 @@ async def _links(ch: Change, asked: list[dict[str, str]]) -> list[dict[str, str]
     return links
 
 
-async def set_links(ch: Change, task_id: str, asked: list[dict[str, str]]) -> TaskRow:
+async def set_links(ch: Change, task_id: str, asked: list[dict[str, str]]) -> bool:
     """Replace the links of ``task_id`` with ``asked`` (in any state: a
-    link says how tasks relate, not what the task is); the task. A task
-    links to itself never."""
+    link says how tasks relate, not what the task is); whether they
+    changed. A task links to itself never."""
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
     links = await _links(ch, asked)
     if any(link["task"] == row.id for link in links):
@@ -184,7 +184,8 @@ async def set_links(ch: Change, task_id: str, asked: list[dict[str, str]]) -> Ta
             links=[f"{link['kind']}:{link['task']}" for link in links],
         )
         await ch.event("task.links.set", task_id=row.id)
-    return await task_or_404(ch.tx, ch.space_pk, task_id)
+        return True
+    return False
 
 
 async def _prerequisites(ch: Change, refs: list[str]) -> list[TaskRow]:

@@ -439,8 +439,8 @@ async def put_links(task: str, caller: Caller, access: SpaceAccess, data: dict[s
 
     async def work(tx: Transaction) -> Reply:
         ch = change(app, tx, caller, access)
-        row = await tasks_domain.set_links(ch, task, data["links"])
-        return Reply(200, await render_one(tx, row, ch.now))
+        await tasks_domain.set_links(ch, task, data["links"])
+        return Reply(200, await render_one(tx, await task_or_404(tx, access.pk, task), ch.now))
 
     return work
 

@@ -1,0 +1,476 @@
+"""Previewing a file and applying it chunk by chunk.
+
+A **preview** reads the file with its importer, asks the space what earlier
+imports left (:func:`earlier_of`), plans (:mod:`.plan`) and keeps the
+file's bytes in the blob store with a row naming the plan's identity and
+what it assumed. Nothing else is written.
+
+A **chunk** is applied in one transaction: the plan is made again from the
+kept bytes and the assumptions (it must have the same identity: the same
+file, server revision and chunk size), every record of the chunk is
+checked against the space as it is now (:class:`~.problems.ImportStale`
+when an earlier import or an edit here moved since the preview), then each
+becomes its task through the tasks plugin (``TaskQueue.import_record``),
+its mapping is written, and the chunk's report is kept with the count of
+applied chunks. A chunk is applied once: asked again it answers its kept
+report, so a client that died mid-request resumes by asking again.
+Chunks go in order, so each record's prerequisites already have tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import IO, Any, BinaryIO
+
+import sqlalchemy as sa
+from buildmax_hookspecs import Actor, BlobStore, Importer, TaskQueue, Transaction
+
+from buildmax.app import BuildMax, blob_store
+from buildmax.ids import new_id
+from buildmax.problems import NotFound
+
+from .plan import Earlier, Item, Plan, plan
+from .problems import ChunkOutOfOrder, FileRefused, ImportStale
+from .sources import Reading, importers, read
+from .tables import chunks, imports, mappings
+
+#: Where the blob store keeps an import's file: ``imports/space/<space id>/``.
+KEY_PREFIX = "imports"
+#: The most records one read of the space asks for at once.
+_BATCH = 500
+#: Plans kept in memory between the chunks of an import (each is made
+#: again from the kept file when it is not).
+_PLANS_KEPT = 4
+
+
+def _version(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "0"
+
+
+#: What a preview's identity holds of the server: the code that reads and plans.
+SERVICE_REVISION = (
+    f"buildmax {_version('buildmax')}; buildmax-imports {_version('buildmax-imports')}"
+)
+
+
+@dataclass(frozen=True)
+class Known:
+    """What an earlier import left of a record, as a preview saw it: the
+    plan's :class:`~.plan.Earlier` and the task's revision then."""
+
+    earlier: Earlier
+    revision: int
+
+
+def importer_named(app: BuildMax, name: str) -> Importer:
+    """The loaded importer ``name`` (``KeyError`` when none is)."""
+    return importers(app.hooks)[name]
+
+
+def read_file(importer: Importer, file: BinaryIO) -> Reading:
+    """``file`` read from its start with ``importer``, refused (422 naming
+    the line) when it cannot be read as a whole."""
+    file.seek(0)
+    reading = read(importer, file)
+    if reading.refused is not None:
+        raise FileRefused(
+            f"line {reading.refused.line}: {reading.refused.reason}",
+            line=reading.refused.line,
+            reason=reading.refused.reason,
+        )
+    return reading
+
+
+async def earlier_of(
+    conn: Transaction, queue: TaskQueue, space_pk: int, system: str, source_ids: Iterable[str]
+) -> dict[str, Known]:
+    """What earlier imports of the space from ``system`` left of each of
+    ``source_ids`` that one left: its task, the digest applied, the task's
+    state and revision now, and whether it was revised here since."""
+    found: dict[str, Known] = {}
+    wanted = sorted(set(source_ids))
+    for start in range(0, len(wanted), _BATCH):
+        rows = await conn.fetch_all(
+            sa.select(
+                mappings.c.source_id, mappings.c.task_id, mappings.c.digest, mappings.c.revision
+            ).where(
+                mappings.c.space_id == space_pk,
+                mappings.c.system == system,
+                mappings.c.source_id.in_(sa.bindparam("ids", expanding=True)),
+            ),
+            {"ids": wanted[start : start + _BATCH]},
+        )
+        tasks = await queue.tasks(conn, [row["task_id"] for row in rows])
+        for row in rows:
+            task = tasks.get(row["task_id"])
+            if task is None:
+                continue  # not a task any more (a restore to before it): made again
+            found[row["source_id"]] = Known(
+                Earlier(
+                    row["task_id"], row["digest"], task.state, task.revision != row["revision"]
+                ),
+                task.revision,
+            )
+    return found
+
+
+def assumed(known: Mapping[str, Known]) -> str:
+    """``known`` as the import row keeps it (JSON)."""
+    return json.dumps(
+        {key: [*asdict(k.earlier).values(), k.revision] for key, k in sorted(known.items())},
+        separators=(",", ":"),
+    )
+
+
+def _known(text: str) -> dict[str, Known]:
+    return {
+        key: Known(Earlier(task_id, digest, state, changed), revision)
+        for key, (task_id, digest, state, changed, revision) in json.loads(text).items()
+    }
+
+
+def make_plan(reading: Reading, known: Mapping[str, Known], sha256: str, chunk_size: int) -> Plan:
+    """The plan of ``reading`` over what earlier imports left (``known``)."""
+    return plan(
+        reading.records,
+        reading.problems,
+        {key: k.earlier for key, k in known.items()},
+        file_digest=sha256,
+        service_revision=SERVICE_REVISION,
+        chunk_size=chunk_size,
+    )
+
+
+def counts(made: Plan) -> dict[str, int]:
+    """How many records the plan gives each action, and its problems and refused edges."""
+    return {
+        "records": len(made.items),
+        "create": made.count("create"),
+        "update": made.count("update"),
+        "unchanged": made.count("unchanged"),
+        "conflict": made.count("conflict"),
+        "problems": len(made.problems),
+        "refused": len(made.refused),
+    }
+
+
+async def spool(stream: AsyncIterator[bytes], file: IO[bytes]) -> None:
+    """Write ``stream`` to ``file`` (a temporary file: a file is never held in memory)."""
+    async for part in stream:
+        await asyncio.to_thread(file.write, part)
+    await asyncio.to_thread(file.flush)
+
+
+async def keep_file(store: BlobStore, space_id: str, file: IO[bytes], sha256: str) -> str:
+    """Put ``file`` in the blob store under the space's prefix; its key."""
+
+    async def parts() -> AsyncIterator[bytes]:
+        file.seek(0)
+        while part := await asyncio.to_thread(file.read, 1 << 20):
+            yield part
+
+    ref = await store.put(f"{KEY_PREFIX}/space/{space_id}", parts(), expected_sha256=sha256)
+    return ref.key
+
+
+# -- the plan of a kept import ---------------------------------------------------
+
+_plans: OrderedDict[tuple[int, str], Plan] = OrderedDict()
+
+
+async def plan_of(app: BuildMax, row: Mapping[str, Any]) -> Plan:
+    """The plan of the import ``row`` made again from its kept file and
+    assumptions (kept in memory between chunks); 409 stale when it is not
+    the plan previewed."""
+    key = (row["id"], row["identity"])
+    if key in _plans:
+        _plans.move_to_end(key)
+        return _plans[key]
+    importer = importer_named(app, row["format"])
+    with tempfile.TemporaryFile() as file:
+        await spool(blob_store(app).open(row["blob_key"]), file)
+        reading = await asyncio.to_thread(read_file, importer, file)
+    made = await asyncio.to_thread(
+        make_plan, reading, _known(row["earlier"]), row["file_sha256"], row["chunk_size"]
+    )
+    if made.identity != row["identity"]:
+        raise ImportStale(
+            "the server reads or plans this file differently since it was previewed "
+            "(it was upgraded): preview the file again"
+        )
+    remember(row, made)
+    return made
+
+
+def remember(row: Mapping[str, Any], made: Plan) -> None:
+    """Keep the plan of the import ``row`` for its chunks."""
+    _plans[(row["id"], row["identity"])] = made
+    while len(_plans) > _PLANS_KEPT:
+        _plans.popitem(last=False)
+
+
+# -- applying a chunk ------------------------------------------------------------
+
+
+async def find(conn: Transaction, space_pk: int, import_id: str) -> Mapping[str, Any]:
+    """The import ``import_id`` of the space (404 otherwise)."""
+    row = await conn.fetch_one(
+        sa.select(imports).where(imports.c.public_id == import_id, imports.c.space_id == space_pk)
+    )
+    if row is None:
+        raise NotFound("no such import in this space")
+    return row
+
+
+async def applied_report(conn: Transaction, import_pk: int, number: int) -> dict[str, Any]:
+    """The kept report of an applied chunk."""
+    row = await conn.fetch_one(
+        sa.select(chunks).where(chunks.c.import_id == import_pk, chunks.c.number == number)
+    )
+    assert row is not None, "an applied chunk keeps its report"
+    return {"number": number, "applied_at": row["applied_at"], **json.loads(row["report"])}
+
+
+@dataclass
+class Applying:
+    """One chunk being applied: who, where, and the tasks' plugin."""
+
+    app: BuildMax
+    tx: Transaction
+    actor: Actor
+    principal_pk: int
+    space_pk: int
+    space_id: str
+    row: Mapping[str, Any]
+    made: Plan
+    number: int
+
+    @property
+    def queue(self) -> TaskQueue:
+        return self.app.services.get(TaskQueue)
+
+
+async def apply_chunk(job: Applying) -> dict[str, Any] | None:
+    """Apply chunk ``job.number`` (module docstring); its report, or
+    ``None`` when it was applied already (the caller answers the kept one)."""
+    row, number = job.row, job.number
+    if not 1 <= number <= row["chunk_count"]:
+        raise NotFound(f"the import has chunks 1 to {row['chunk_count']}")
+    now = job.app.clock.now_ms()
+    claimed = await job.tx.fetch_val(
+        sa.update(imports)
+        .where(imports.c.id == row["id"], imports.c.chunks_applied == number - 1)
+        .values(
+            chunks_applied=number,
+            state="applied" if number == row["chunk_count"] else "applying",
+            updated_at=now,
+        )
+        .returning(imports.c.id)
+    )
+    if claimed is None:
+        applied = await job.tx.fetch_val(
+            sa.select(imports.c.chunks_applied).where(imports.c.id == row["id"])
+        )
+        if applied >= number:
+            return None
+        raise ChunkOutOfOrder(
+            f"chunk {number} comes after chunk {applied + 1}, which is not applied",
+            next_chunk=applied + 1,
+        )
+    items = [item for item in job.made.items if item.chunk == number]
+    system = row["format"]
+    await _check_unmoved(job, system, items)
+    resolved = await _tasks_of(job, system, _targets(items))
+    report = []
+    for item in items:
+        report.append(await _apply_item(job, system, item, resolved, now))
+    relinked = await _relink_earlier(job, system, {item.record.source_id for item in items})
+    summary = {
+        action: sum(1 for entry in report if entry["action"] == action)
+        for action in ("create", "update", "unchanged", "conflict")
+    }
+    body = {"counts": summary, "items": report, "relinked": relinked}
+    await job.tx.execute(
+        chunks.insert().values(
+            import_id=row["id"],
+            number=number,
+            applied_at=now,
+            applied_by=job.principal_pk,
+            report=json.dumps(body, separators=(",", ":")),
+        )
+    )
+    await job.app.audit.record(
+        job.tx,
+        job.actor,
+        "import.chunk.applied",
+        space_id=job.space_id,
+        target_type="import",
+        target_id=row["public_id"],
+        details={"chunk": number, "of": row["chunk_count"], **summary},
+    )
+    await job.app.events.publish_many(
+        job.tx,
+        job.space_pk,
+        [
+            (
+                "import.chunk.applied",
+                {"import_id": row["public_id"], "chunk": number, "of": row["chunk_count"]},
+            )
+        ],
+    )
+    return {"number": number, "applied_at": now, **body}
+
+
+def _targets(items: Sequence[Item]) -> set[str]:
+    return {
+        target
+        for item in items
+        for target in (*item.prerequisites, *(link.target for link in item.links))
+    }
+
+
+async def _check_unmoved(job: Applying, system: str, items: Sequence[Item]) -> None:
+    """409 stale when a record of the chunk was imported, or its task
+    edited or closed, since the preview (what it assumed is not so now)."""
+    then = _known(job.row["earlier"])
+    now = await earlier_of(
+        job.tx, job.queue, job.space_pk, system, [item.record.source_id for item in items]
+    )
+    moved = [
+        item.record.source_id
+        for item in items
+        if _marks(now.get(item.record.source_id)) != _marks(then.get(item.record.source_id))
+    ]
+    if moved:
+        shown = ", ".join(moved[:10]) + (f" and {len(moved) - 10} more" if len(moved) > 10 else "")
+        raise ImportStale(
+            f"records {shown} were imported, or their tasks changed, since the preview: "
+            "preview the file again",
+            records=moved[:100],
+        )
+
+
+def _marks(known: Known | None) -> tuple[str, str, int] | None:
+    """What must not move between a preview and its apply: the task, the
+    digest applied and the task's revision (its state moves with the work)."""
+    return None if known is None else (known.earlier.task_id, known.earlier.digest, known.revision)
+
+
+async def _tasks_of(job: Applying, system: str, source_ids: Iterable[str]) -> dict[str, str]:
+    """The task of each of ``source_ids`` an import made (this one's earlier chunks too)."""
+    found: dict[str, str] = {}
+    wanted = sorted(set(source_ids))
+    for start in range(0, len(wanted), _BATCH):
+        rows = await job.tx.fetch_all(
+            sa.select(mappings.c.source_id, mappings.c.task_id).where(
+                mappings.c.space_id == job.space_pk,
+                mappings.c.system == system,
+                mappings.c.source_id.in_(sa.bindparam("ids", expanding=True)),
+            ),
+            {"ids": wanted[start : start + _BATCH]},
+        )
+        found.update((row["source_id"], row["task_id"]) for row in rows)
+    return found
+
+
+async def _apply_item(
+    job: Applying, system: str, item: Item, resolved: dict[str, str], now: int
+) -> dict[str, Any]:
+    """One record of the chunk become its task, and its mapping written."""
+    entry: dict[str, Any] = {
+        "source_id": item.record.source_id,
+        "action": item.action,
+        "task_id": item.task_id,
+        "changes": [],
+        "notes": list(item.notes),
+    }
+    if item.action in ("unchanged", "conflict"):
+        return entry
+    links = _resolved_links(item, resolved)
+    outcome = await job.queue.import_record(
+        job.tx,
+        item.record,
+        system=system,
+        space_id=job.space_id,
+        project_id=job.row["project_id"],
+        actor=job.actor,
+        task_id=item.task_id,
+        prerequisites=[resolved[target] for target in item.prerequisites],
+        links=links,
+    )
+    resolved[item.record.source_id] = outcome.task_id
+    values = {
+        "task_id": outcome.task_id,
+        "digest": item.digest,
+        "revision": outcome.revision,
+        "import_id": job.row["id"],
+        "updated_at": now,
+    }
+    if item.task_id is None:
+        await job.tx.execute(
+            mappings.insert().values(
+                space_id=job.space_pk, system=system, source_id=item.record.source_id, **values
+            )
+        )
+    else:
+        await job.tx.execute(
+            sa.update(mappings)
+            .where(
+                mappings.c.space_id == job.space_pk,
+                mappings.c.system == system,
+                mappings.c.source_id == item.record.source_id,
+            )
+            .values(**values)
+        )
+    entry.update(
+        task_id=outcome.task_id,
+        changes=list(outcome.changes),
+        notes=[*item.notes, *outcome.notes],
+        state=outcome.state,
+    )
+    return entry
+
+
+def _resolved_links(item: Item, resolved: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The links of ``item`` whose records have tasks, as ``(kind, task id)``."""
+    return [(link.kind, resolved[link.target]) for link in item.links if link.target in resolved]
+
+
+async def _relink_earlier(job: Applying, system: str, arrived: set[str]) -> list[str]:
+    """Give the tasks of this import's earlier chunks the links to records
+    that only now have tasks; the tasks relinked."""
+    waiting = [
+        item
+        for item in job.made.items
+        if item.chunk < job.number
+        and item.action in ("create", "update")
+        and any(link.target in arrived for link in item.links)
+    ]
+    if not waiting:
+        return []
+    resolved = await _tasks_of(
+        job, system, {item.record.source_id for item in waiting} | _targets(waiting)
+    )
+    relinked = []
+    for item in waiting:
+        links = [
+            (link.kind, resolved[link.target]) for link in item.links if link.target in resolved
+        ]
+        task_id = resolved[item.record.source_id]
+        if await job.queue.relink(job.tx, task_id, links, actor=job.actor):
+            relinked.append(task_id)
+    return relinked
+
+
+def new_import_id() -> str:
+    """A new import's public id."""
+    return new_id("im")

@@ -1,0 +1,340 @@
+"""Imports over HTTP, under ``/v1/spaces/{space}/imports``.
+
+``POST /imports`` previews a file (the body is its bytes; members);
+``GET /imports`` lists the space's imports and ``GET /imports/{id}`` shows
+one with its preview (viewers); ``POST /imports/{id}/chunks/{n}`` applies
+a chunk and ``GET`` shows an applied chunk's report. What a preview or a
+chunk decides is :mod:`.importing`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import tempfile
+from typing import Any
+
+import sqlalchemy as sa
+from buildmax_hookspecs import TaskQueue, Transaction
+from quart import Blueprint, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from buildmax.access import SpaceAccess
+from buildmax.apidoc import api, query_args
+from buildmax.app import blob_store
+from buildmax.auth import Caller
+from buildmax.bodies import json_response
+from buildmax.current import current_buildmax
+from buildmax.pagination import older_than, page_body, page_request
+from buildmax.problems import NotFound, PayloadTooLarge, ValidationFailed
+from buildmax.streaming import allow_body
+
+from . import importing
+from .plan import Plan
+from .problems import ImportStale
+from .reading import MAX_FILE_BYTES
+from .schemas import (
+    ApplyIn,
+    ChunkReportOut,
+    ImportOut,
+    ImportPage,
+    ImportQuery,
+    PreviewQuery,
+)
+from .sources import importers
+from .tables import chunks, imports
+
+blueprint = Blueprint("imports", __name__)
+TAGS = ["imports"]
+
+
+def view(row: Any, space_id: str, made: Plan | None, applied: int) -> dict[str, Any]:
+    """An import as the API shows it; with its plan, its chunks, problems,
+    refused edges and items."""
+    out: dict[str, Any] = {
+        "id": row["public_id"],
+        "space_id": space_id,
+        "project_id": row["project_id"],
+        "format": row["format"],
+        "file": {"name": row["file_name"], "sha256": row["file_sha256"], "size": row["file_size"]},
+        "identity": row["identity"],
+        "service_revision": row["service_revision"],
+        "state": row["state"],
+        "chunk_size": row["chunk_size"],
+        "chunks_applied": applied,
+        "counts": json.loads(row["counts"]),
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+    if made is None:
+        return ImportOut().dump(out)  # type: ignore[no-any-return]
+    out["chunks"] = [
+        {
+            "number": number,
+            "first": first,
+            "last": last,
+            "records": sum(1 for item in made.items if item.chunk == number),
+            "applied": number <= applied,
+        }
+        for number, (first, last) in enumerate(made.chunks, start=1)
+    ]
+    out["problems"] = [
+        {"line": p.line, "reason": p.reason, "source_id": p.source_id} for p in made.problems
+    ]
+    out["refused"] = [
+        {"source_id": e.source, "kind": e.kind, "target": e.target, "reason": e.reason}
+        for e in made.refused
+    ]
+    out["items"] = [
+        {
+            "source_id": item.record.source_id,
+            "line": item.record.line,
+            "title": item.record.title,
+            "action": item.action,
+            "chunk": item.chunk,
+            "task_id": item.task_id,
+            "state": item.record.state,
+            "source_state": item.record.source_state,
+            "state_reason": item.record.state_reason,
+            "prerequisites": list(item.prerequisites),
+            "links": [{"kind": link.kind, "target": link.target} for link in item.links],
+            "notes": list(item.notes),
+            "warnings": list(item.record.warnings),
+        }
+        for item in made.items
+    ]
+    return ImportOut().dump(out)  # type: ignore[no-any-return]
+
+
+async def _project_id(conn: Transaction, access: SpaceAccess, ref: str) -> str:
+    project = await current_buildmax().services.get(TaskQueue).project(conn, access.public_id, ref)
+    if project is None:
+        raise NotFound("no such project in this space")
+    return project.id
+
+
+@blueprint.post("/v1/spaces/<space>/imports")
+@api(
+    "Preview an import: the body is the file (members)",
+    response=ImportOut,
+    status=201,
+    role="member",
+    action="imports.preview",
+    tags=TAGS,
+    body_type="application/octet-stream",
+    query=PreviewQuery,
+)
+async def preview(caller: Caller, access: SpaceAccess) -> Response:
+    """Reads the file with the importer ``format`` and answers what applying
+    it would do, record by record, in chunks of ``chunk_size``: created,
+    updated, left unchanged, or a conflict (its task was changed here since
+    it was imported); the problems of the file by line; the prerequisites
+    and links left out, and why (a broken link, a cycle). Nothing but the
+    preview and the file's bytes is kept. 422 ``import-file-refused`` (with
+    ``line``) for a file that cannot be read as the format, 413 past 64
+    MiB."""
+    app = current_buildmax()
+    query = query_args()
+    try:
+        importer = importing.importer_named(app, query["format"])
+    except KeyError:
+        offered = ", ".join(importers(app.hooks))
+        raise ValidationFailed(
+            f"no importer {query['format']!r}; this server has {offered}",
+            errors={"format": [f"One of: {offered}."]},
+        ) from None
+    queue = app.services.get(TaskQueue)
+    async with app.db.read() as conn:
+        project_id = await _project_id(conn, access, query["project"])
+    declared = request.content_length
+    if declared is not None and declared > MAX_FILE_BYTES:
+        raise PayloadTooLarge(f"an import's file may have at most {MAX_FILE_BYTES} bytes")
+    app.disk.require_room(MAX_FILE_BYTES if declared is None else declared)
+    with tempfile.TemporaryFile() as file:
+        digest, size = hashlib.sha256(), 0
+        try:
+            async for part in allow_body(MAX_FILE_BYTES):
+                digest.update(part)
+                size += len(part)
+                await asyncio.to_thread(file.write, part)
+        except RequestEntityTooLarge:
+            raise PayloadTooLarge(
+                f"an import's file may have at most {MAX_FILE_BYTES} bytes"
+            ) from None
+        sha256 = digest.hexdigest()
+        reading = await asyncio.to_thread(importing.read_file, importer, file)
+        ids = [record.source_id for record in reading.records]
+        async with app.db.read(background=True) as conn:
+            known = await importing.earlier_of(conn, queue, access.pk, importer.name, ids)
+        made = await asyncio.to_thread(
+            importing.make_plan, reading, known, sha256, query["chunk_size"]
+        )
+        key = await importing.keep_file(blob_store(app), access.public_id, file, sha256)
+    now = app.clock.now_ms()
+    public_id = importing.new_import_id()
+    counted = importing.counts(made)
+    async with app.db.write() as tx:
+        await tx.execute(
+            imports.insert().values(
+                public_id=public_id,
+                space_id=access.pk,
+                project_id=project_id,
+                format=importer.name,
+                file_name=query.get("name"),
+                file_sha256=sha256,
+                file_size=size,
+                blob_key=key,
+                identity=made.identity,
+                service_revision=importing.SERVICE_REVISION,
+                chunk_size=query["chunk_size"],
+                chunk_count=len(made.chunks),
+                state="previewed",
+                counts=json.dumps(counted),
+                earlier=importing.assumed(known),
+                created_by=caller.principal_pk,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        await app.audit.record(
+            tx,
+            caller.actor,
+            "import.previewed",
+            space_id=access.public_id,
+            target_type="import",
+            target_id=public_id,
+            details={
+                "project_id": project_id,
+                "format": importer.name,
+                "file_sha256": sha256,
+                "identity": made.identity,
+                "chunks": len(made.chunks),
+                **counted,
+            },
+            admin_override=access.admin_override,
+        )
+        row = await importing.find(tx, access.pk, public_id)
+    importing.remember(row, made)
+    return json_response(view(row, access.public_id, made, 0), 201)
+
+
+@blueprint.get("/v1/spaces/<space>/imports")
+@api(
+    "List the space's imports, newest first (viewers)",
+    response=ImportPage,
+    role="viewer",
+    action="imports.read",
+    tags=TAGS,
+)
+async def list_imports(caller: Caller, access: SpaceAccess) -> Response:
+    """Each import's counts and state; its items are in ``GET /imports/{id}``."""
+    app = current_buildmax()
+    page = page_request()
+    statement = sa.select(imports).where(imports.c.space_id == access.pk)
+    if page.after is not None:
+        statement = statement.where(older_than(imports, page.after[0]))
+    async with app.db.read() as conn:
+        rows = await conn.fetch_all(statement.order_by(imports.c.id.desc()).limit(page.limit + 1))
+    items = [view(row, access.public_id, None, row["chunks_applied"]) for row in rows]
+    return json_response(
+        page_body(items[: page.limit], list(rows), page.limit, lambda row: [row["public_id"]])
+    )
+
+
+@blueprint.get("/v1/spaces/<space>/imports/<import_id>")
+@api(
+    "Show an import: its preview and how far it is applied (viewers)",
+    response=ImportOut,
+    role="viewer",
+    action="imports.read",
+    tags=TAGS,
+    query=ImportQuery,
+)
+async def show_import(import_id: str, caller: Caller, access: SpaceAccess) -> Response:
+    """The preview as it was made (from the kept file and what it assumed),
+    with ``chunks_applied``; ``items=false`` leaves out the items. 409
+    ``import-stale`` when this server would plan the file differently."""
+    app = current_buildmax()
+    async with app.db.read() as conn:
+        row = await importing.find(conn, access.pk, import_id)
+    made = await importing.plan_of(app, row)
+    shown = view(row, access.public_id, made, row["chunks_applied"])
+    if not query_args()["items"]:
+        del shown["items"]
+    return json_response(shown)
+
+
+@blueprint.post("/v1/spaces/<space>/imports/<import_id>/chunks/<int:number>")
+@api(
+    "Apply one chunk of a previewed import (members)",
+    body=ApplyIn,
+    response=ChunkReportOut,
+    role="member",
+    action="imports.apply",
+    tags=TAGS,
+)
+async def apply_chunk(
+    import_id: str, number: int, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Response:
+    """Applies chunk ``number`` in one transaction, after every chunk before
+    it (409 ``import-chunk-out-of-order`` otherwise, naming
+    ``next_chunk``), when ``identity`` is the preview's and nothing it
+    assumed moved (409 ``import-stale``: preview again). A chunk applied
+    already answers its report again and changes nothing, so a client that
+    lost the answer asks again."""
+    app = current_buildmax()
+    async with app.db.read() as conn:
+        row = await importing.find(conn, access.pk, import_id)
+    if data["identity"] != row["identity"]:
+        raise ImportStale(
+            "that is not this import's preview: show the import and apply what it previewed",
+            identity=row["identity"],
+        )
+    made = await importing.plan_of(app, row)
+    async with app.db.write() as tx:
+        report = await importing.apply_chunk(
+            importing.Applying(
+                app,
+                tx,
+                caller.actor,
+                caller.principal_pk,
+                access.pk,
+                access.public_id,
+                row,
+                made,
+                number,
+            )
+        )
+        if report is None:
+            report = await importing.applied_report(tx, row["id"], number)
+    return json_response(
+        ChunkReportOut().dump({"import_id": row["public_id"], "of": row["chunk_count"], **report})
+    )
+
+
+@blueprint.get("/v1/spaces/<space>/imports/<import_id>/chunks/<int:number>")
+@api(
+    "Show what applying a chunk did (viewers)",
+    response=ChunkReportOut,
+    role="viewer",
+    action="imports.read",
+    tags=TAGS,
+)
+async def show_chunk(import_id: str, number: int, caller: Caller, access: SpaceAccess) -> Response:
+    """Each record of the chunk: what it became, its task, what changed and
+    what was not applied and why. 404 for a chunk not applied."""
+    app = current_buildmax()
+    async with app.db.read() as conn:
+        row = await importing.find(conn, access.pk, import_id)
+        applied = await conn.fetch_val(
+            sa.select(chunks.c.number).where(
+                chunks.c.import_id == row["id"], chunks.c.number == number
+            )
+        )
+        if applied is None:
+            raise NotFound(f"chunk {number} of this import is not applied")
+        report = await importing.applied_report(conn, row["id"], number)
+    return json_response(
+        ChunkReportOut().dump({"import_id": row["public_id"], "of": row["chunk_count"], **report})
+    )

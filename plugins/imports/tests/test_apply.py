@@ -1,0 +1,335 @@
+"""A file previewed and applied through the API, chunk by chunk: tasks made
+through the tasks plugin with their source, prerequisites, links, holds and
+closed states; chunks in order, each once; a stale preview refused; a
+re-import changing nothing; a newer export updating only what changed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from buildmax_audit.tables import events as audit_events
+from buildmax_imports.tables import chunks, imports, mappings
+from buildmax_tasks.tables import dependencies, holds, tasks
+
+from buildmax.spaces import put_member
+from buildmax.testing import PrincipalHandle, call
+
+BASE = {"created_at": "2026-01-02T03:04:05Z"}
+
+
+def export(*issues: dict[str, Any]) -> bytes:
+    return "".join(json.dumps({**BASE, **issue}) + "\n" for issue in issues).encode()
+
+
+def issue(number: int, **fields: Any) -> dict[str, Any]:
+    return {"id": f"bd-{number}", "title": f"Issue {number}", "status": "open", **fields}
+
+
+def blocks(*numbers: int) -> list[dict[str, str]]:
+    return [{"depends_on_id": f"bd-{n}", "type": "blocks"} for n in numbers]
+
+
+class Desk:
+    """A space with a project, its owner, a member and a viewer."""
+
+    def __init__(self, app: Any, client: Any, space: Any, owner: PrincipalHandle) -> None:
+        self.app, self.client, self.space, self.owner = app, client, space, owner
+        self.base = f"/v1/spaces/{space.id}"
+
+    async def call(self, method: str, path: str, who: Any = None, **options: Any) -> Any:
+        return await call(self.client, method, self.base + path, who or self.owner, **options)
+
+    async def preview(self, data: bytes, expect: int = 201, **query: Any) -> Any:
+        params = {"format": "beads", "project": "main", **query}
+        text = "&".join(f"{k}={v}" for k, v in params.items())
+        return await self.call("POST", f"/imports?{text}", data=data, expect=expect)
+
+    async def apply(self, preview: dict[str, Any], number: int, **options: Any) -> Any:
+        return await self.call(
+            "POST",
+            f"/imports/{preview['id']}/chunks/{number}",
+            json={"identity": preview["identity"]},
+            **options,
+        )
+
+    async def apply_all(self, preview: dict[str, Any]) -> list[Any]:
+        return [
+            await self.apply(preview, number, expect=200)
+            for number in range(1, len(preview["chunks"]) + 1)
+        ]
+
+    async def rows(self, table: sa.Table, *where: Any) -> list[dict[str, Any]]:
+        async with self.app.db.read(background=True) as conn:
+            return [dict(r) for r in await conn.fetch_all(sa.select(table).where(*where))]
+
+    async def tasks_by_source(self) -> dict[str, dict[str, Any]]:
+        rows = await self.rows(tasks, tasks.c.space_id == self.space.pk)
+        return {row["source_id"]: row for row in rows if row["source_id"]}
+
+    async def state(self) -> dict[str, Any]:
+        """What the space's tasks say: by source id, their content, state,
+        prerequisites (by source id), links and holds."""
+        found = await self.tasks_by_source()
+        by_pk = {row["id"]: key for key, row in found.items()}
+        by_public = {row["public_id"]: key for key, row in found.items()}
+        edges = await self.rows(dependencies)
+        held = {
+            row["scope_pk"]
+            for row in await self.rows(holds, holds.c.lifted_at.is_(None))
+            if row["scope_type"] == "task"
+        }
+        shown = {}
+        for key, row in found.items():
+            task = await self.call("GET", f"/tasks/{row['public_id']}", expect=200)
+            shown[key] = {
+                "title": task["title"],
+                "body": task["body"],
+                "state": task["state"],
+                "priority": task["priority"],
+                "labels": task["labels"],
+                "revision": task["revision"],
+                "prerequisites": sorted(
+                    by_pk[e["prerequisite_id"]] for e in edges if e["task_id"] == row["id"]
+                ),
+                "links": sorted((link["kind"], by_public[link["task"]]) for link in task["links"]),
+                "held": row["id"] in held,
+            }
+        return shown
+
+
+@pytest.fixture
+async def desk(app, client, make_principal, make_space) -> Desk:
+    owner = await make_principal("human")
+    space = await make_space(owner)
+    made = Desk(app, client, space, owner)
+    await made.call("POST", "/projects", json={"name": "main"}, expect=201)
+    return made
+
+
+SMALL = export(
+    issue(1, priority=0, labels=["ui"], issue_type="bug"),
+    issue(2, status="closed", close_reason="fixed upstream", dependencies=blocks(1)),
+    issue(3, status="in_progress", dependencies=blocks(1, 2)),
+    issue(
+        4,
+        dependencies=[*blocks(3), {"depends_on_id": "bd-1", "type": "parent-child"}],
+        description="Body.",
+        acceptance_criteria="It works.",
+    ),
+    issue(5, dependencies=[{"depends_on_id": "bd-99", "type": "related"}]),
+)
+
+
+async def test_a_preview_says_what_would_happen_and_changes_no_task(desk: Desk) -> None:
+    preview = await desk.preview(SMALL, chunk_size=2)
+    assert preview["counts"] == {
+        "records": 5,
+        "create": 5,
+        "update": 0,
+        "unchanged": 0,
+        "conflict": 0,
+        "problems": 0,
+        "refused": 1,
+    }
+    assert [c["records"] for c in preview["chunks"]] == [2, 2, 1]
+    assert preview["refused"] == [
+        {
+            "source_id": "bd-5",
+            "kind": "related",
+            "target": "bd-99",
+            "reason": "no such record in the file or imported before: a broken link",
+        }
+    ]
+    items = {item["source_id"]: item for item in preview["items"]}
+    assert items["bd-3"]["state"] == "held" and items["bd-3"]["state_reason"]
+    assert items["bd-4"]["prerequisites"] == ["bd-3"]
+    assert items["bd-4"]["links"] == [{"kind": "parent", "target": "bd-1"}]
+    assert await desk.tasks_by_source() == {}
+    assert await desk.rows(mappings) == []
+    shown = await desk.call("GET", f"/imports/{preview['id']}", expect=200)
+    assert shown["identity"] == preview["identity"] and shown["items"] == preview["items"]
+
+
+async def test_chunks_apply_in_order_once_each(desk: Desk) -> None:
+    preview = await desk.preview(SMALL, chunk_size=2)
+    await desk.apply(preview, 2, expect=409, problem="import-chunk-out-of-order")
+    assert await desk.tasks_by_source() == {}
+    first = await desk.apply(preview, 1, expect=200)
+    assert first["counts"]["create"] == 2
+    again = await desk.apply(preview, 1, expect=200)
+    assert again == first  # the kept report: applied once
+    assert len(await desk.tasks_by_source()) == 2
+    await desk.apply(preview, 2, expect=200)
+    await desk.apply(preview, 3, expect=200)
+    await desk.apply(preview, 4, expect=404)
+    state = await desk.state()
+    assert state["bd-1"]["state"] == "ready" and state["bd-1"]["labels"] == ["type:bug", "ui"]
+    assert state["bd-2"]["state"] == "done" and state["bd-2"]["prerequisites"] == ["bd-1"]
+    assert state["bd-3"]["held"] and state["bd-3"]["prerequisites"] == ["bd-1", "bd-2"]
+    assert state["bd-3"]["state"] == "open"  # bd-1 is not done
+    assert state["bd-4"]["links"] == [("parent", "bd-1")]
+    assert state["bd-4"]["body"] == "Body."
+    row = (await desk.rows(imports))[0]
+    assert row["state"] == "applied" and row["chunks_applied"] == 3
+    assert len(await desk.rows(chunks)) == 3 and len(await desk.rows(mappings)) == 5
+
+
+async def test_links_to_a_later_chunk_are_made_when_it_is_applied(desk: Desk) -> None:
+    data = export(
+        issue(1, dependencies=[{"depends_on_id": "bd-2", "type": "related"}]),
+        issue(2),
+    )
+    preview = await desk.preview(data, chunk_size=1)
+    await desk.apply_all(preview)
+    state = await desk.state()
+    assert state["bd-1"]["links"] == [("related", "bd-2")]
+
+
+async def test_the_same_export_again_changes_nothing(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    before = await desk.state()
+    audited = len(await desk.rows(audit_events))
+    again = await desk.preview(SMALL)
+    assert again["counts"]["unchanged"] == 5 and again["counts"]["create"] == 0
+    reports = await desk.apply_all(again)
+    assert all(item["changes"] == [] for item in reports[0]["items"])
+    assert await desk.state() == before
+    # Only the import's own events: the preview and its chunk.
+    actions = [
+        row["action"] for row in await desk.rows(audit_events)
+    ][audited:]
+    assert actions == ["import.previewed", "import.chunk.applied"]
+
+
+async def test_a_newer_export_updates_only_what_changed(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    before = await desk.state()
+    newer = export(
+        issue(1, priority=0, labels=["ui"], issue_type="bug", status="closed"),
+        issue(2, status="open", close_reason="fixed upstream", dependencies=blocks(1)),
+        issue(3, status="in_progress", dependencies=blocks(1, 2)),
+        issue(
+            4,
+            title="Issue 4, renamed",
+            dependencies=[*blocks(3), {"depends_on_id": "bd-1", "type": "parent-child"}],
+            description="Body.",
+            acceptance_criteria="It works.",
+        ),
+        issue(5, dependencies=[{"depends_on_id": "bd-99", "type": "related"}]),
+        issue(6),
+    )
+    preview = await desk.preview(newer)
+    actions = {item["source_id"]: item["action"] for item in preview["items"]}
+    assert actions == {
+        "bd-1": "update",
+        "bd-2": "update",
+        "bd-3": "unchanged",
+        "bd-4": "update",
+        "bd-5": "unchanged",
+        "bd-6": "create",
+    }
+    notes = {item["source_id"]: item["notes"] for item in preview["items"]}
+    assert notes["bd-2"] and "stays closed" in notes["bd-2"][0]
+    await desk.apply_all(preview)
+    after = await desk.state()
+    assert after["bd-1"]["state"] == "done"  # closed in the source, nobody held it
+    assert after["bd-2"]["state"] == "done"  # never reopened
+    assert after["bd-4"]["title"] == "Issue 4, renamed"
+    assert after["bd-4"]["revision"] == before["bd-4"]["revision"] + 1
+    for same in ("bd-2", "bd-3", "bd-5"):
+        assert after[same]["revision"] == before[same]["revision"]
+    assert after["bd-6"]["state"] == "ready"
+
+
+async def test_a_task_edited_here_is_a_conflict_left_alone(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    mine = (await desk.tasks_by_source())["bd-1"]
+    await desk.call(
+        "PATCH",
+        f"/tasks/{mine['public_id']}",
+        json={"expected_revision": 1, "title": "Mine now"},
+        expect=200,
+    )
+    newer = SMALL.replace(b'"Issue 1"', b'"Issue 1, theirs"')
+    preview = await desk.preview(newer)
+    (item,) = [i for i in preview["items"] if i["source_id"] == "bd-1"]
+    assert item["action"] == "conflict" and item["notes"]
+    await desk.apply_all(preview)
+    assert (await desk.state())["bd-1"]["title"] == "Mine now"
+
+
+async def test_a_preview_is_stale_once_what_it_assumed_moved(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    newer = SMALL.replace(b'"Issue 1"', b'"Issue 1, theirs"')
+    preview = await desk.preview(newer)
+    mine = (await desk.tasks_by_source())["bd-1"]
+    await desk.call(
+        "PATCH",
+        f"/tasks/{mine['public_id']}",
+        json={"expected_revision": 1, "title": "Mine now"},
+        expect=200,
+    )
+    before = await desk.state()
+    refused = await desk.apply(preview, 1, expect=409, problem="import-stale")
+    assert refused["records"] == ["bd-1"]
+    assert await desk.state() == before
+    assert (await desk.rows(imports, imports.c.public_id == preview["id"]))[0][
+        "chunks_applied"
+    ] == 0
+    wrong = {**preview, "identity": "0" * 64}
+    await desk.apply(wrong, 1, expect=409, problem="import-stale")
+
+
+async def test_a_file_of_another_format_is_refused_with_its_line(desk: Desk) -> None:
+    refused = await desk.preview(b"id,title\n1,x\n", expect=422)
+    assert refused["type"].endswith("import-file-refused") and refused["line"] == 1
+    assert await desk.rows(imports) == []
+
+
+async def test_another_space_cannot_be_imported_into(desk: Desk, make_principal) -> None:
+    stranger = await make_principal("human")
+    await desk.call(
+        "POST",
+        "/imports?format=beads&project=main",
+        stranger,
+        data=SMALL,
+        expect=404,
+    )
+    preview = await desk.preview(SMALL)
+    await desk.call(
+        "POST",
+        f"/imports/{preview['id']}/chunks/1",
+        stranger,
+        json={"identity": preview["identity"]},
+        expect=404,
+    )
+    await desk.call("GET", f"/imports/{preview['id']}", stranger, expect=404)
+    viewer = await make_principal("human")
+    async with desk.app.db.write() as tx:
+        await put_member(tx, desk.space.pk, viewer.pk, "viewer", desk.app.clock.now_ms())
+    await desk.call(
+        "POST",
+        f"/imports/{preview['id']}/chunks/1",
+        viewer,
+        json={"identity": preview["identity"]},
+        expect=403,
+    )
+    assert await desk.tasks_by_source() == {}
+
+
+async def test_imported_tasks_carry_their_source_in_the_api_and_audit(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    one = (await desk.tasks_by_source())["bd-1"]
+    shown = await desk.call("GET", f"/tasks/{one['public_id']}", expect=200)
+    assert shown["source"] == {"system": "beads", "id": "bd-1"}
+    (created,) = await desk.rows(
+        audit_events,
+        audit_events.c.action == "task.created",
+        audit_events.c.target_id == one["public_id"],
+    )
+    assert json.loads(created["details"])["source"] == "beads:bd-1"
+    (applied,) = await desk.rows(audit_events, audit_events.c.action == "import.chunk.applied")
+    assert json.loads(applied["details"])["create"] == 5
