@@ -23,6 +23,7 @@ from buildmax.client import BuildMaxError
 from buildmax.commands.identity import CommandError, Remote, connected, space_option
 
 from .client import Import, ImportsClient, MalformedAnswer
+from .plan import CHUNK_SIZE
 from .schemas import MAX_CHUNK
 
 #: How many problems, refused edges and notes a preview prints of each.
@@ -140,7 +141,7 @@ def _details(found: Import) -> str:
 @click.option(
     "--chunk-size",
     type=click.IntRange(1, MAX_CHUNK),
-    help="Records per chunk, each applied in one transaction [default: 200].",
+    help=f"Records per chunk, each applied in one transaction [default: {CHUNK_SIZE}].",
 )
 @_in_space
 def preview_command(

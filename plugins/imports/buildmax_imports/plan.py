@@ -9,7 +9,7 @@ touches nothing. Its parts:
   from it is ``unchanged`` when its content is what was applied last,
   ``updated`` when the source changed it, and a ``conflict`` when the task
   was also changed here since (left alone, and said so). A task closed here
-  is never reopened: a record that reopened it updates its text only.
+  is never reopened or revised: the item says so.
 - **Prerequisites.** A ``prerequisite`` link to a record of the file, or to
   one an earlier import made a task of, is kept. One to neither is a broken
   link: listed, and the task imported without it. An edge that would close
@@ -35,7 +35,7 @@ from dataclasses import astuple, dataclass, field, fields
 from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord
 
 #: Records in one chunk unless asked otherwise.
-CHUNK_SIZE = 200
+CHUNK_SIZE = 100
 #: What happens to each record.
 ACTIONS = ("create", "update", "unchanged", "conflict")
 #: States a task is closed in: an import never reopens it.
@@ -187,9 +187,12 @@ def _item(
             record, "conflict", mark, chunk, before.task_id, kept_prerequisites, kept_links, (note,)
         )
     notes: tuple[str, ...] = ()
-    if before.state in CLOSED and record.state not in CLOSED:
+    if before.state in CLOSED:
         now = record.source_state or record.state
-        notes = (f"{before.state} here: it stays closed (the source has it {now})",)
+        notes = (
+            f"{before.state} here: it stays closed and its text is not revised "
+            f"(the source has it {now})",
+        )
     return Item(
         record, "update", mark, chunk, before.task_id, kept_prerequisites, kept_links, notes
     )

@@ -6,7 +6,7 @@ from marshmallow import EXCLUDE, Schema, fields, validate
 
 from buildmax.schemas import BoundedInteger, Pattern, Timestamp
 
-from .plan import ACTIONS
+from .plan import ACTIONS, CHUNK_SIZE
 from .tables import STATES
 
 #: The most records a chunk holds (one short transaction each).
@@ -32,7 +32,7 @@ class PreviewQuery(Schema):
     chunk_size = BoundedInteger(
         1,
         MAX_CHUNK,
-        load_default=200,
+        load_default=CHUNK_SIZE,
         text=True,
         metadata={"description": "Records per chunk (each chunk is one transaction)"},
     )

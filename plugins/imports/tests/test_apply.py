@@ -198,9 +198,7 @@ async def test_the_same_export_again_changes_nothing(desk: Desk) -> None:
     assert all(item["changes"] == [] for item in reports[0]["items"])
     assert await desk.state() == before
     # Only the import's own events: the preview and its chunk.
-    actions = [
-        row["action"] for row in await desk.rows(audit_events)
-    ][audited:]
+    actions = [row["action"] for row in await desk.rows(audit_events)][audited:]
     assert actions == ["import.previewed", "import.chunk.applied"]
 
 

@@ -47,7 +47,9 @@ def test_each_record_is_created_updated_left_alone_or_a_conflict() -> None:
     }
     notes = {item.record.source_id: item.notes for item in made.items}
     assert "not applied" in notes["D"][0]
-    assert notes["E"] == ("done here: it stays closed (the source has it open)",)
+    assert notes["E"] == (
+        "done here: it stays closed and its text is not revised (the source has it open)",
+    )
     assert [made.count(a) for a in ("create", "update", "unchanged", "conflict")] == [1, 2, 1, 1]
 
 

@@ -103,7 +103,7 @@ async def _update(
         await lock_graph(ch)  # before any task row: the order every graph edit takes
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
     if row.state in TERMINAL:
-        if record.state not in ("done", "canceled"):
+        if _revised(row, data) or record.state not in ("done", "canceled"):
             notes.append(f"{row.state} here: it stays closed and is not revised")
     elif row.state not in EDITABLE:
         notes.append(f"{row.state} here: someone holds it, so it is not revised or closed")
