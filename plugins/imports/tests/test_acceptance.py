@@ -22,6 +22,7 @@ import httpx
 import sqlalchemy as sa
 from buildmax_audit.tables import events as audit_events
 from buildmax_imports.tables import mappings
+from buildmax_imports.testing import BROKEN, CYCLE, beads_export
 from buildmax_tasks.tables import dependencies, holds, task_revisions, tasks
 
 from buildmax.config import Config
@@ -29,54 +30,6 @@ from buildmax.testing import ServerProcess, start_server
 
 ISSUES = 5_000
 CHUNK = 100
-
-
-def _issue(rng: random.Random, number: int) -> dict[str, Any]:
-    roll = rng.random()
-    status = "closed" if roll < 0.3 else "in_progress" if roll < 0.4 else "open"
-    deps = []
-    for _ in range(rng.choice((0, 0, 1, 1, 2))):
-        if number > 1:
-            deps.append({"depends_on_id": f"bd-{rng.randrange(1, number)}", "type": "blocks"})
-    if number > 10 and rng.random() < 0.2:
-        deps.append({"depends_on_id": f"bd-{rng.randrange(1, 11)}", "type": "parent-child"})
-    if rng.random() < 0.1:
-        deps.append({"depends_on_id": f"bd-{rng.randrange(1, ISSUES + 1)}", "type": "related"})
-    if number > 1 and rng.random() < 0.05:
-        target = f"bd-{rng.randrange(1, number)}"
-        deps.append({"depends_on_id": target, "type": "discovered-from"})
-    found = {
-        "id": f"bd-{number}",
-        "title": f"Issue {number}: {rng.choice(['parse', 'render', 'store', 'ship'])} it",
-        "description": f"What issue {number} is about.",
-        "acceptance_criteria": f"Issue {number} is done when it works.",
-        "status": status,
-        "priority": rng.randrange(0, 5),
-        "issue_type": rng.choice(["bug", "feature", "task", "chore"]),
-        "labels": rng.sample(["ui", "db", "api", "docs"], rng.randrange(0, 3)),
-        "created_at": "2026-01-02T03:04:05Z",
-        "dependencies": deps,
-    }
-    if status == "closed":
-        found["close_reason"] = "done"
-    return found
-
-
-def beads_export() -> list[dict[str, Any]]:
-    rng = random.Random(25)
-    issues = [_issue(rng, number) for number in range(1, ISSUES + 1)]
-    # A cycle: 10 waits for 12, which waits for 11, which waits for 10.
-    issues[9]["dependencies"] = [{"depends_on_id": "bd-12", "type": "blocks"}]
-    issues[10]["dependencies"] = [{"depends_on_id": "bd-10", "type": "blocks"}]
-    issues[11]["dependencies"] = [{"depends_on_id": "bd-11", "type": "blocks"}]
-    # A link to an issue the export does not hold.
-    issues[19]["dependencies"].append({"depends_on_id": "bd-99999", "type": "related"})
-    return issues
-
-
-def write(path: Path, issues: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(issue) + "\n" for issue in issues))
-    return path
 
 
 class Cli:
@@ -164,13 +117,8 @@ async def _state(app: Any, space_pk: int) -> dict[str, Any]:
     }
 
 
-def _applied(url: str, token: str, space: str, import_id: str) -> int:
-    answer = httpx.get(
-        f"{url}/v1/spaces/{space}/imports/{import_id}",
-        params={"items": "false"},
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
+async def _applied(api: httpx.AsyncClient, space: str, import_id: str) -> int:
+    answer = await api.get(f"/v1/spaces/{space}/imports/{import_id}", params={"items": "false"})
     return int(answer.json()["chunks_applied"])
 
 
@@ -182,40 +130,38 @@ async def test_a_5000_issue_export_killed_and_resumed_equals_one_import(
     server: ServerProcess = await asyncio.to_thread(
         start_server, buildmax_settings, tmp_path / "server.log"
     )
+    api = httpx.AsyncClient(base_url=server.url, headers=owner.headers, timeout=30)
     try:
         cli = Cli(server.url, owner.token)
         for space in (killed_space, whole_space):
-            httpx.post(
-                f"{server.url}/v1/spaces/{space.id}/projects",
-                json={"name": "main"},
-                headers=owner.headers,
-                timeout=30,
-            ).raise_for_status()
-        issues = beads_export()
-        path = write(tmp_path / "issues.jsonl", issues)
+            made = await api.post(f"/v1/spaces/{space.id}/projects", json={"name": "main"})
+            made.raise_for_status()
+        export = beads_export(ISSUES)
+        issues = export.issues
+        path = export.write(tmp_path / "issues.jsonl")
 
         preview = await asyncio.to_thread(cli.preview, killed_space.id, path)
         assert preview["counts"]["create"] == ISSUES
         assert len(preview["chunks"]) == ISSUES // CHUNK
         refused = {(e["source_id"], e["target"]): e["reason"] for e in preview["refused"]}
-        ring = {"bd-10", "bd-11", "bd-12"}
+        ring = set(CYCLE)
         (cut,) = [edge for edge, reason in refused.items() if "would close a cycle" in reason]
         assert set(cut) <= ring
-        assert "broken link" in refused[("bd-20", "bd-99999")]
+        assert "broken link" in refused[BROKEN]
         held = sum(1 for item in preview["items"] if item["state"] == "held")
-        assert held > 400
+        assert held == export.held > 400
 
         # Killed part way, then run again to the end.
         apply = await asyncio.to_thread(cli.start_apply, killed_space.id, preview["id"])
         deadline = time.monotonic() + 300
-        while _applied(server.url, owner.token, killed_space.id, preview["id"]) < 3:
+        while await _applied(api, killed_space.id, preview["id"]) < 3:
             assert apply.poll() is None, apply.communicate()
             assert time.monotonic() < deadline, "the apply did not get to chunk 3"
             await asyncio.sleep(0.05)
         apply.send_signal(signal.SIGKILL)
         apply.communicate()  # waits, and closes its pipes
         assert apply.returncode == -signal.SIGKILL
-        stopped = _applied(server.url, owner.token, killed_space.id, preview["id"])
+        stopped = await _applied(api, killed_space.id, preview["id"])
         assert 3 <= stopped < len(preview["chunks"])
         resumed = await asyncio.to_thread(cli.run, killed_space.id, "apply", preview["id"])
         assert f"of {len(preview['chunks'])}" in resumed.stdout
@@ -235,7 +181,7 @@ async def test_a_5000_issue_export_killed_and_resumed_equals_one_import(
         assert mapped == ISSUES
         kept = {(key, target) for key in ring for target in killed_state[key][9]}
         assert len(kept) == 2 and cut not in kept  # the rest of the cycle is imported
-        assert ("related", "bd-99999") not in killed_state["bd-20"][10]
+        assert ("related", BROKEN[1]) not in killed_state[BROKEN[0]][10]
 
         # The same export again: nothing changes, no task is audited.
         async with app.db.read(background=True) as conn:
@@ -265,7 +211,7 @@ async def test_a_5000_issue_export_killed_and_resumed_equals_one_import(
             issues[index]["status"] = "closed"
         issues += [{"id": f"bd-new-{n}", "title": f"New {n}", "status": "open"} for n in range(10)]
         newer = await asyncio.to_thread(
-            cli.preview, killed_space.id, write(tmp_path / "newer.jsonl", issues)
+            cli.preview, killed_space.id, export.write(tmp_path / "newer.jsonl")
         )
         assert newer["counts"]["update"] == 80 and newer["counts"]["create"] == 10
         await asyncio.to_thread(cli.run, killed_space.id, "apply", newer["id"])
@@ -290,4 +236,5 @@ async def test_a_5000_issue_export_killed_and_resumed_equals_one_import(
             assert after[f"bd-{index + 1}"][3] == "done"
         assert len(after) == ISSUES + 10
     finally:
+        await api.aclose()
         await asyncio.to_thread(server.stop)
