@@ -70,6 +70,7 @@ class World:
     submission: str
     spare_token: str
     lesson: str
+    imported: str
 
     def path_parameters(self) -> dict[str, str]:
         """Every path parameter name of the OpenAPI document, mapped to an id
@@ -89,6 +90,8 @@ class World:
             "finding": self.finding,
             "submission": self.submission,
             "lesson": self.lesson,
+            "import_id": self.imported,
+            "number": "1",
             "principal": self.agent_principal,
             "ref": self.human_principal,
             "token_id": self.spare_token,
@@ -200,6 +203,18 @@ async def seed(http: Http, admin_token: str, slug: str = "contract") -> World:
         f"{base}/lessons",
         json={"kind": "gotcha", "title": "contract lesson", "text": "what the world learned"},
     )
+    imported = await admin(
+        "POST",
+        f"{base}/imports",
+        params={"format": "csv", "project": project},
+        content=b"id,title\nc-1,an imported task\n",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    await admin(
+        "POST",
+        f"{base}/imports/{imported['id']}/chunks/1",
+        json={"identity": imported["identity"]},
+    )
     await admin(
         "POST",
         f"/v1/catalog/{PLUGIN_NAME}/releases",
@@ -227,4 +242,5 @@ async def seed(http: Http, admin_token: str, slug: str = "contract") -> World:
         submission=handed["submission"]["id"],
         spare_token=spare["id"],
         lesson=lesson["id"],
+        imported=imported["id"],
     )

@@ -118,7 +118,8 @@ class ImportsClient(OverClient):
     def preview(
         self, space: str, path: Path, *, format: str, project: str, chunk_size: int | None = None
     ) -> Import:
-        """Send the file at ``path`` (streamed) to be previewed; the preview."""
+        """Send the file at ``path`` (streamed) to be previewed; the preview,
+        with each record's item."""
         params: dict[str, Any] = {"format": format, "project": project, "name": path.name}
         if chunk_size is not None:
             params["chunk_size"] = chunk_size
@@ -130,11 +131,12 @@ class ImportsClient(OverClient):
             headers={"Content-Type": "application/octet-stream"},
         ) as response:
             response.read()
-            return Import.of(response.json())
+            made = Import.of(response.json())
+        return self.show(space, made.id)
 
     def show(self, space: str, import_id: str, *, items: bool = True) -> Import:
         """The import ``import_id``, with its preview."""
-        params = None if items else {"items": "false"}
+        params = None if items else {"items": "exclude"}
         return Import.of(
             self.client.request("GET", space_path(space, "imports", import_id), params=params)
         )

@@ -248,11 +248,18 @@ class Applying:
     tx: Transaction
     actor: Actor
     principal_pk: int
-    space_pk: int
-    space_id: str
+    space: tuple[int, str]
     row: Mapping[str, Any]
     made: Plan
     number: int
+
+    @property
+    def space_pk(self) -> int:
+        return self.space[0]
+
+    @property
+    def space_id(self) -> str:
+        return self.space[1]
 
     @property
     def queue(self) -> TaskQueue:

@@ -13,21 +13,28 @@ import asyncio
 import hashlib
 import json
 import tempfile
-from typing import Any
+from dataclasses import dataclass
+from typing import IO, Any, BinaryIO
 
 import sqlalchemy as sa
-from buildmax_hookspecs import TaskQueue, Transaction
+from buildmax_hookspecs import Importer, TaskQueue, Transaction
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from buildmax.access import SpaceAccess
 from buildmax.apidoc import api, query_args
-from buildmax.app import blob_store
+from buildmax.app import BuildMax, blob_store
 from buildmax.auth import Caller
 from buildmax.bodies import json_response
 from buildmax.current import current_buildmax
+from buildmax.idempotency import Receipt, Reply, Work, fingerprint_of, replayed
 from buildmax.pagination import older_than, page_body, page_request
-from buildmax.problems import NotFound, PayloadTooLarge, ValidationFailed
+from buildmax.problems import (
+    IdempotencyKeyReused,
+    NotFound,
+    PayloadTooLarge,
+    ValidationFailed,
+)
 from buildmax.streaming import allow_body
 
 from . import importing
@@ -47,11 +54,15 @@ from .tables import chunks, imports
 
 blueprint = Blueprint("imports", __name__)
 TAGS = ["imports"]
+#: An import without its items (``items`` would read a dict's own method).
+_BARE = ImportOut(exclude=("items",))
 
 
-def view(row: Any, space_id: str, made: Plan | None, applied: int) -> dict[str, Any]:
-    """An import as the API shows it; with its plan, its chunks, problems,
-    refused edges and items."""
+def view(
+    row: Any, space_id: str, made: Plan | None, applied: int, *, items: bool = False
+) -> dict[str, Any]:
+    """An import as the API shows it; with its plan, its chunks, problems
+    and refused edges, and with ``items`` each record's item."""
     out: dict[str, Any] = {
         "id": row["public_id"],
         "space_id": space_id,
@@ -68,7 +79,7 @@ def view(row: Any, space_id: str, made: Plan | None, applied: int) -> dict[str, 
         "updated_at": row["updated_at"],
     }
     if made is None:
-        return ImportOut().dump(out)  # type: ignore[no-any-return]
+        return _BARE.dump(out)  # type: ignore[no-any-return]
     out["chunks"] = [
         {
             "number": number,
@@ -86,6 +97,8 @@ def view(row: Any, space_id: str, made: Plan | None, applied: int) -> dict[str, 
         {"source_id": e.source, "kind": e.kind, "target": e.target, "reason": e.reason}
         for e in made.refused
     ]
+    if not items:
+        return _BARE.dump(out)  # type: ignore[no-any-return]
     out["items"] = [
         {
             "source_id": item.record.source_id,
@@ -119,6 +132,7 @@ async def _project_id(conn: Transaction, access: SpaceAccess, ref: str) -> str:
     "Preview an import: the body is the file (members)",
     response=ImportOut,
     status=201,
+    idempotent=True,
     role="member",
     action="imports.preview",
     tags=TAGS,
@@ -127,13 +141,15 @@ async def _project_id(conn: Transaction, access: SpaceAccess, ref: str) -> str:
 )
 async def preview(caller: Caller, access: SpaceAccess) -> Response:
     """Reads the file with the importer ``format`` and answers what applying
-    it would do, record by record, in chunks of ``chunk_size``: created,
-    updated, left unchanged, or a conflict (its task was changed here since
-    it was imported); the problems of the file by line; the prerequisites
-    and links left out, and why (a broken link, a cycle). Nothing but the
-    preview and the file's bytes is kept. 422 ``import-file-refused`` (with
+    it would do, in chunks of ``chunk_size``: how many records would be
+    created, updated, left unchanged, or are in conflict (changed here too
+    since they were imported); the problems of the file by line; the
+    prerequisites and links left out, and why (a broken link, a cycle).
+    Each record's item is in ``GET /imports/{id}``. Nothing but the preview
+    and the file's bytes is kept. 422 ``import-file-refused`` (with
     ``line``) for a file that cannot be read as the format, 413 past 64
-    MiB."""
+    MiB. A retry with the same ``Idempotency-Key`` and the same bytes
+    answers the first preview."""
     app = current_buildmax()
     query = query_args()
     try:
@@ -144,33 +160,96 @@ async def preview(caller: Caller, access: SpaceAccess) -> Response:
             f"no importer {query['format']!r}; this server has {offered}",
             errors={"format": [f"One of: {offered}."]},
         ) from None
-    queue = app.services.get(TaskQueue)
     async with app.db.read() as conn:
         project_id = await _project_id(conn, access, query["project"])
     declared = request.content_length
     if declared is not None and declared > MAX_FILE_BYTES:
         raise PayloadTooLarge(f"an import's file may have at most {MAX_FILE_BYTES} bytes")
     app.disk.require_room(MAX_FILE_BYTES if declared is None else declared)
-    with tempfile.TemporaryFile() as file:
-        digest, size = hashlib.sha256(), 0
-        try:
-            async for part in allow_body(MAX_FILE_BYTES):
-                digest.update(part)
-                size += len(part)
-                await asyncio.to_thread(file.write, part)
-        except RequestEntityTooLarge:
-            raise PayloadTooLarge(
-                f"an import's file may have at most {MAX_FILE_BYTES} bytes"
-            ) from None
-        sha256 = digest.hexdigest()
-        reading = await asyncio.to_thread(importing.read_file, importer, file)
-        ids = [record.source_id for record in reading.records]
-        async with app.db.read(background=True) as conn:
-            known = await importing.earlier_of(conn, queue, access.pk, importer.name, ids)
-        made = await asyncio.to_thread(
-            importing.make_plan, reading, known, sha256, query["chunk_size"]
+    fingerprint = fingerprint_of(sorted(query.items()))
+    async with app.idempotency.streamed(caller, fingerprint) as receipt:
+        with tempfile.TemporaryFile() as file:
+            sha256, size = await _received(file)
+            if receipt.replay is not None:
+                if receipt.replay.body["file"]["sha256"] != sha256:
+                    raise IdempotencyKeyReused(
+                        "this idempotency key was already used to preview another file"
+                    )
+                return replayed(receipt.replay)
+            made, known, key = await _planned(app, access, importer, file, sha256, query)
+        row = await _recorded(
+            app,
+            caller,
+            access,
+            project_id,
+            importer.name,
+            made,
+            known,
+            _File(key, sha256, size, query.get("name")),
+            query["chunk_size"],
+            receipt,
         )
-        key = await importing.keep_file(blob_store(app), access.public_id, file, sha256)
+    importing.remember(row, made)
+    return json_response(view(row, access.public_id, made, 0), 201)
+
+
+@dataclass(frozen=True)
+class _File:
+    """An import's file as kept: its blob key, digest, size and name."""
+
+    key: str
+    sha256: str
+    size: int
+    name: str | None
+
+
+async def _received(file: IO[bytes]) -> tuple[str, int]:
+    """The request's body written to ``file``; its sha256 and size (413 past the limit)."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        async for part in allow_body(MAX_FILE_BYTES):
+            digest.update(part)
+            size += len(part)
+            await asyncio.to_thread(file.write, part)
+    except RequestEntityTooLarge:
+        raise PayloadTooLarge(f"an import's file may have at most {MAX_FILE_BYTES} bytes") from None
+    return digest.hexdigest(), size
+
+
+async def _planned(
+    app: BuildMax,
+    access: SpaceAccess,
+    importer: Importer,
+    file: BinaryIO,
+    sha256: str,
+    query: dict[str, Any],
+) -> tuple[Plan, dict[str, importing.Known], str]:
+    """The file read and planned over the space's earlier imports, and kept
+    in the blob store: the plan, what it assumed, and the file's key."""
+    reading = await asyncio.to_thread(importing.read_file, importer, file)
+    ids = [record.source_id for record in reading.records]
+    async with app.db.read(background=True) as conn:
+        known = await importing.earlier_of(
+            conn, app.services.get(TaskQueue), access.pk, importer.name, ids
+        )
+    made = await asyncio.to_thread(importing.make_plan, reading, known, sha256, query["chunk_size"])
+    key = await importing.keep_file(blob_store(app), access.public_id, file, sha256)
+    return made, known, key
+
+
+async def _recorded(
+    app: BuildMax,
+    caller: Caller,
+    access: SpaceAccess,
+    project_id: str,
+    format: str,
+    made: Plan,
+    known: dict[str, importing.Known],
+    file: _File,
+    chunk_size: int,
+    receipt: Receipt,
+) -> Any:
+    """The preview's row, its audit event and the key's receipt, in one transaction."""
     now = app.clock.now_ms()
     public_id = importing.new_import_id()
     counted = importing.counts(made)
@@ -180,14 +259,14 @@ async def preview(caller: Caller, access: SpaceAccess) -> Response:
                 public_id=public_id,
                 space_id=access.pk,
                 project_id=project_id,
-                format=importer.name,
-                file_name=query.get("name"),
-                file_sha256=sha256,
-                file_size=size,
-                blob_key=key,
+                format=format,
+                file_name=file.name,
+                file_sha256=file.sha256,
+                file_size=file.size,
+                blob_key=file.key,
                 identity=made.identity,
                 service_revision=importing.SERVICE_REVISION,
-                chunk_size=query["chunk_size"],
+                chunk_size=chunk_size,
                 chunk_count=len(made.chunks),
                 state="previewed",
                 counts=json.dumps(counted),
@@ -206,8 +285,8 @@ async def preview(caller: Caller, access: SpaceAccess) -> Response:
             target_id=public_id,
             details={
                 "project_id": project_id,
-                "format": importer.name,
-                "file_sha256": sha256,
+                "format": format,
+                "file_sha256": file.sha256,
                 "identity": made.identity,
                 "chunks": len(made.chunks),
                 **counted,
@@ -215,8 +294,8 @@ async def preview(caller: Caller, access: SpaceAccess) -> Response:
             admin_override=access.admin_override,
         )
         row = await importing.find(tx, access.pk, public_id)
-    importing.remember(row, made)
-    return json_response(view(row, access.public_id, made, 0), 201)
+        await receipt.keep(tx, Reply(201, view(row, access.public_id, made, 0)))
+    return row
 
 
 @blueprint.get("/v1/spaces/<space>/imports")
@@ -253,37 +332,44 @@ async def list_imports(caller: Caller, access: SpaceAccess) -> Response:
 )
 async def show_import(import_id: str, caller: Caller, access: SpaceAccess) -> Response:
     """The preview as it was made (from the kept file and what it assumed),
-    with ``chunks_applied``; ``items=false`` leaves out the items. 409
+    with ``chunks_applied``; ``items=exclude`` leaves out the items. 409
     ``import-stale`` when this server would plan the file differently."""
     app = current_buildmax()
     async with app.db.read() as conn:
         row = await importing.find(conn, access.pk, import_id)
     made = await importing.plan_of(app, row)
-    shown = view(row, access.public_id, made, row["chunks_applied"])
-    if not query_args()["items"]:
-        del shown["items"]
-    return json_response(shown)
+    items = query_args()["items"] == "include"
+    return json_response(view(row, access.public_id, made, row["chunks_applied"], items=items))
 
 
-@blueprint.post("/v1/spaces/<space>/imports/<import_id>/chunks/<int:number>")
+def _chunk_number(text: str) -> int:
+    """A chunk's number from its path segment (404 for what is none)."""
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise NotFound("no such chunk of this import")
+    return int(text)
+
+
+@blueprint.post("/v1/spaces/<space>/imports/<import_id>/chunks/<number>")
 @api(
     "Apply one chunk of a previewed import (members)",
     body=ApplyIn,
     response=ChunkReportOut,
+    idempotent=True,
     role="member",
     action="imports.apply",
     tags=TAGS,
 )
 async def apply_chunk(
-    import_id: str, number: int, caller: Caller, access: SpaceAccess, data: dict[str, Any]
-) -> Response:
+    import_id: str, number: str, caller: Caller, access: SpaceAccess, data: dict[str, Any]
+) -> Work:
     """Applies chunk ``number`` in one transaction, after every chunk before
     it (409 ``import-chunk-out-of-order`` otherwise, naming
     ``next_chunk``), when ``identity`` is the preview's and nothing it
     assumed moved (409 ``import-stale``: preview again). A chunk applied
     already answers its report again and changes nothing, so a client that
-    lost the answer asks again."""
+    lost the answer asks again, with its key or without."""
     app = current_buildmax()
+    chunk = _chunk_number(number)
     async with app.db.read() as conn:
         row = await importing.find(conn, access.pk, import_id)
     if data["identity"] != row["identity"]:
@@ -292,28 +378,33 @@ async def apply_chunk(
             identity=row["identity"],
         )
     made = await importing.plan_of(app, row)
-    async with app.db.write() as tx:
-        report = await importing.apply_chunk(
-            importing.Applying(
-                app,
-                tx,
-                caller.actor,
-                caller.principal_pk,
-                access.pk,
-                access.public_id,
-                row,
-                made,
-                number,
-            )
+
+    async def work(tx: Transaction) -> Reply:
+        job = importing.Applying(
+            app,
+            tx,
+            caller.actor,
+            caller.principal_pk,
+            (access.pk, access.public_id),
+            row,
+            made,
+            chunk,
         )
+        report = await importing.apply_chunk(job)
         if report is None:
-            report = await importing.applied_report(tx, row["id"], number)
-    return json_response(
-        ChunkReportOut().dump({"import_id": row["public_id"], "of": row["chunk_count"], **report})
+            report = await importing.applied_report(tx, row["id"], chunk)
+        return Reply(200, _report(row, report))
+
+    return work
+
+
+def _report(row: Any, report: dict[str, Any]) -> dict[str, Any]:
+    return ChunkReportOut().dump(  # type: ignore[no-any-return]
+        {"import_id": row["public_id"], "of": row["chunk_count"], **report}
     )
 
 
-@blueprint.get("/v1/spaces/<space>/imports/<import_id>/chunks/<int:number>")
+@blueprint.get("/v1/spaces/<space>/imports/<import_id>/chunks/<number>")
 @api(
     "Show what applying a chunk did (viewers)",
     response=ChunkReportOut,
@@ -321,20 +412,19 @@ async def apply_chunk(
     action="imports.read",
     tags=TAGS,
 )
-async def show_chunk(import_id: str, number: int, caller: Caller, access: SpaceAccess) -> Response:
+async def show_chunk(import_id: str, number: str, caller: Caller, access: SpaceAccess) -> Response:
     """Each record of the chunk: what it became, its task, what changed and
     what was not applied and why. 404 for a chunk not applied."""
     app = current_buildmax()
+    chunk = _chunk_number(number)
     async with app.db.read() as conn:
         row = await importing.find(conn, access.pk, import_id)
         applied = await conn.fetch_val(
             sa.select(chunks.c.number).where(
-                chunks.c.import_id == row["id"], chunks.c.number == number
+                chunks.c.import_id == row["id"], chunks.c.number == chunk
             )
         )
         if applied is None:
-            raise NotFound(f"chunk {number} of this import is not applied")
-        report = await importing.applied_report(conn, row["id"], number)
-    return json_response(
-        ChunkReportOut().dump({"import_id": row["public_id"], "of": row["chunk_count"], **report})
-    )
+            raise NotFound(f"chunk {chunk} of this import is not applied")
+        report = await importing.applied_report(conn, row["id"], chunk)
+    return json_response(_report(row, report))

@@ -54,8 +54,10 @@ class ImportQuery(Schema):
     class Meta:
         unknown = EXCLUDE
 
-    items = fields.Boolean(
-        load_default=True, metadata={"description": "Include each record's item (default true)"}
+    items = fields.String(
+        load_default="include",
+        validate=validate.OneOf(("include", "exclude")),
+        metadata={"description": "Each record's item: include (the default) or exclude"},
     )
 
 

@@ -118,7 +118,7 @@ async def _state(app: Any, space_pk: int) -> dict[str, Any]:
 
 
 async def _applied(api: httpx.AsyncClient, space: str, import_id: str) -> int:
-    answer = await api.get(f"/v1/spaces/{space}/imports/{import_id}", params={"items": "false"})
+    answer = await api.get(f"/v1/spaces/{space}/imports/{import_id}", params={"items": "exclude"})
     return int(answer.json()["chunks_applied"])
 
 
