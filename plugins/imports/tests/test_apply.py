@@ -223,7 +223,7 @@ async def test_a_newer_export_updates_only_what_changed(desk: Desk) -> None:
             description="Body.",
             acceptance_criteria="It works.",
         ),
-        issue(5, dependencies=[{"depends_on_id": "bd-99", "type": "related"}]),
+        issue(5, dependencies=[{"depends_on_id": "bd-99", "type": "related"}, *blocks(4)]),
         issue(6),
     )
     preview = await desk.preview(newer)
@@ -233,12 +233,19 @@ async def test_a_newer_export_updates_only_what_changed(desk: Desk) -> None:
         "bd-2": "update",
         "bd-3": "unchanged",
         "bd-4": "update",
-        "bd-5": "unchanged",
+        "bd-5": "update",
         "bd-6": "create",
     }
     notes = {item["source_id"]: item["notes"] for item in preview["items"]}
     assert notes["bd-2"] and "stays closed" in notes["bd-2"][0]
-    await desk.apply_all(preview)
+    (report,) = await desk.apply_all(preview)
+    entries = {entry["source_id"]: entry for entry in report["items"]}
+    assert entries["bd-1"]["changes"] == ["closed"]
+    assert any(
+        "done here: it stays closed and is not revised" in n for n in entries["bd-2"]["notes"]
+    )
+    assert entries["bd-4"]["changes"] == ["revised"] and entries["bd-6"]["changes"] == ["created"]
+    assert entries["bd-5"]["changes"] == ["prerequisites"]
     after = await desk.state()
     assert after["bd-1"]["state"] == "done"  # closed in the source, nobody held it
     assert after["bd-2"]["state"] == "done"  # never reopened
@@ -247,6 +254,7 @@ async def test_a_newer_export_updates_only_what_changed(desk: Desk) -> None:
     for same in ("bd-2", "bd-3", "bd-5"):
         assert after[same]["revision"] == before[same]["revision"]
     assert after["bd-6"]["state"] == "ready"
+    assert after["bd-5"]["prerequisites"] == ["bd-4"] and after["bd-5"]["state"] == "open"
 
 
 async def test_a_task_edited_here_is_a_conflict_left_alone(desk: Desk) -> None:
@@ -294,7 +302,9 @@ async def test_a_file_of_another_format_is_refused_with_its_line(desk: Desk) -> 
     assert await desk.rows(imports) == []
 
 
-async def test_another_space_cannot_be_imported_into(desk: Desk, make_principal) -> None:
+async def test_another_space_cannot_be_imported_into(
+    desk: Desk, make_principal, make_space
+) -> None:
     stranger = await make_principal("human")
     await desk.call(
         "POST",
@@ -312,6 +322,22 @@ async def test_another_space_cannot_be_imported_into(desk: Desk, make_principal)
         expect=404,
     )
     await desk.call("GET", f"/imports/{preview['id']}", stranger, expect=404)
+    # Named under a space of the stranger's own, the import is not found either.
+    own = await make_space(stranger)
+    await call(
+        desk.client, "POST", f"/v1/spaces/{own.id}/projects", stranger, json={"name": "main"}
+    )
+    elsewhere = f"/v1/spaces/{own.id}/imports/{preview['id']}"
+    await call(desk.client, "GET", elsewhere, stranger, expect=404)
+    await call(
+        desk.client,
+        "POST",
+        f"{elsewhere}/chunks/1",
+        stranger,
+        json={"identity": preview["identity"]},
+        expect=404,
+    )
+    await call(desk.client, "GET", f"{elsewhere}/chunks/1", stranger, expect=404)
     viewer = await make_principal("human")
     async with desk.app.db.write() as tx:
         await put_member(tx, desk.space.pk, viewer.pk, "viewer", desk.app.clock.now_ms())
@@ -338,3 +364,33 @@ async def test_imported_tasks_carry_their_source_in_the_api_and_audit(desk: Desk
     assert json.loads(created["details"])["source"] == "beads:bd-1"
     (applied,) = await desk.rows(audit_events, audit_events.c.action == "import.chunk.applied")
     assert json.loads(applied["details"])["create"] == 5
+
+
+async def test_a_chunk_refused_part_way_leaves_nothing_of_it(desk: Desk) -> None:
+    """bd-4's source identity is a task's already (made through the API):
+    the chunk stops at bd-4, after bd-1 to bd-3 were written in its
+    transaction, and none of them is left."""
+    taken = await desk.call(
+        "POST",
+        "/tasks",
+        json={"project": "main", "title": "mine", "source": {"system": "beads", "id": "bd-4"}},
+        expect=201,
+    )
+    before = len(await desk.rows(audit_events))
+    preview = await desk.preview(SMALL, chunk_size=5)
+    refused = await desk.apply(preview, 1, expect=409, problem="task-source-taken")
+    assert refused["task"] == taken["id"]
+    assert set(await desk.tasks_by_source()) == {"bd-4"}
+    assert await desk.rows(mappings) == [] and await desk.rows(chunks) == []
+    (row,) = await desk.rows(imports)
+    assert row["chunks_applied"] == 0 and row["state"] == "previewed"
+    actions = [r["action"] for r in await desk.rows(audit_events)][before:]
+    assert actions == ["import.previewed"]
+
+
+async def test_a_chunk_of_another_preview_is_refused(desk: Desk) -> None:
+    preview = await desk.preview(SMALL)
+    wrong = {**preview, "identity": "0" * 64}
+    refused = await desk.apply(wrong, 1, expect=409, problem="import-stale")
+    assert refused["identity"] == preview["identity"]
+    assert await desk.tasks_by_source() == {} and await desk.rows(chunks) == []
