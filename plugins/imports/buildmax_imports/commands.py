@@ -13,6 +13,7 @@ import functools
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,12 +83,20 @@ def _summary(found: Import) -> str:
         f"{found.chunks_applied} of {found.chunk_count} chunks applied",
         f"  file      {_safe((body.get('file') or {}).get('name'))} ({_safe(body.get('format'))})",
         f"  identity  {found.identity}",
-        f"  records   {counts.get('records', 0)}: {counts.get('create', 0)} to create, "
+        f"  preview   {counts.get('records', 0)} records: {counts.get('create', 0)} to create, "
         f"{counts.get('update', 0)} to update, {counts.get('unchanged', 0)} unchanged, "
         f"{counts.get('conflict', 0)} in conflict",
         f"  problems  {counts.get('problems', 0)} in the file, "
         f"{counts.get('refused', 0)} prerequisites or links left out",
     ]
+    items = [item for item in body.get("items") or () if isinstance(item, dict)]
+    if items:
+        states = Counter(str(item.get("state")) for item in items)
+        lines.append(
+            "  states    " + ", ".join(f"{n} {_safe(state)}" for state, n in sorted(states.items()))
+        )
+        reasons = Counter(str(i.get("state_reason")) for i in items if i.get("state_reason"))
+        lines += [f"            {n}: {_safe(reason)}" for reason, n in reasons.most_common(SHOWN)]
     return "\n".join(lines)
 
 

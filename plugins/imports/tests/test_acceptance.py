@@ -235,6 +235,25 @@ async def test_a_5000_issue_export_killed_and_resumed_equals_one_import(
         for index in closed:
             assert after[f"bd-{index + 1}"][3] == "done"
         assert len(after) == ISSUES + 10
+
+        # What a person reads: the status, and a file of another format refused.
+        status = await asyncio.to_thread(cli.run, killed_space.id, "status", preview["id"])
+        assert f"applied, {ISSUES // CHUNK} of {ISSUES // CHUNK} chunks applied" in status.stdout
+        assert f"{export.held} held" in status.stdout and "lift the hold" in status.stdout
+        assert "would close a cycle" in status.stdout
+        other = tmp_path / "issues.csv"
+        other.write_text("id,title\nc-1,a row\n")
+        refused = await asyncio.to_thread(
+            subprocess.run,
+            cli.args(
+                killed_space.id, "preview", str(other), "--format", "beads", "--project", "main"
+            ),
+            env=cli.env,
+            capture_output=True,
+            text=True,
+        )
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert refused.stderr.startswith("error: 422 import-file-refused: line 1:")
     finally:
         await api.aclose()
         await asyncio.to_thread(server.stop)
