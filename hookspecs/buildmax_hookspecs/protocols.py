@@ -218,6 +218,12 @@ class TaskQueue(Protocol):
     async def attempts(self, conn: Transaction, task_id: str) -> Sequence[AttemptRef]:
         """Every attempt at a task, by generation."""
 
+    async def sourced(
+        self, conn: Transaction, space_id: str, system: str, source_ids: Sequence[str]
+    ) -> Mapping[str, TaskRef]:
+        """The tasks of the space made from records of the source ``system``,
+        by the record's id (ids no task names are left out)."""
+
     async def linked_work(self, conn: Transaction, submission_id: str) -> Sequence[TaskRef]:
         """The stage work items created for a submission, by stage order and slot."""
 

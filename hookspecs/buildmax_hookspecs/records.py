@@ -393,6 +393,14 @@ TASK_TEXT_CHARS = 100_000
 SOURCE_ID_CHARS = 200
 #: The most labels a task carries.
 TASK_LABELS = 20
+#: A task's kinds.
+TASK_KINDS = ("code", "review", "integration", "general")
+#: The lowest and highest priority of a task.
+TASK_PRIORITIES = (-1000, 1000)
+#: The most prerequisites, and the most links, a task is given at once.
+TASK_LINKS = 100
+#: A short lowercase word: a source's name (an importer's) and a link's kind.
+WORD_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 #: The shape of a task's label (the tasks plugin refuses any other; an
 #: importer makes a source's labels into it).
 LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"

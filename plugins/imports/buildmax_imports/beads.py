@@ -20,12 +20,13 @@ issue a line, read into BuildMax's terms as ``docs/imports.md`` maps them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord, SourceRefused
+from buildmax_hookspecs import WORD_PATTERN, SourceLink, SourceProblem, SourceRecord, SourceRefused
 
-from .reading import MAX_RECORDS, labels, lines, text, unknown
+from .reading import MAX_RECORDS, labels, lines, printable, text, unknown
 
 #: Fields of a beads issue this importer reads or knows it leaves out.
 KNOWN = frozenset(
@@ -219,7 +220,14 @@ def _links(value: Any, source_id: str, warnings: list[str]) -> tuple[SourceLink,
         if not isinstance(kind, str) or not kind:
             warnings.append(f"dependency {number} has no type: left out")
             continue
-        found[SourceLink(LINKS.get(kind, kind), dependency["depends_on_id"])] = None
+        kind = LINKS.get(kind, kind)
+        if not re.fullmatch(WORD_PATTERN, kind):
+            warnings.append(
+                f"dependency {number} is of type {printable(kind)[:40]!r}, not a word: "
+                "kept as a related link"
+            )
+            kind = "related"
+        found[SourceLink(kind, dependency["depends_on_id"])] = None
     return tuple(found)
 
 

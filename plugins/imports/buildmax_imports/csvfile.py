@@ -19,7 +19,14 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord, SourceRefused
+from buildmax_hookspecs import (
+    TASK_KINDS,
+    TASK_PRIORITIES,
+    SourceLink,
+    SourceProblem,
+    SourceRecord,
+    SourceRefused,
+)
 
 from .reading import MAX_RECORDS, Line, labels, lines, some
 
@@ -41,7 +48,6 @@ COLUMNS = (
     "closed_at",
     "close_reason",
 )
-KINDS = ("code", "review", "integration", "general")
 #: The words read in ``state``, and what each becomes.
 STATES = {
     "": "ready",
@@ -160,15 +166,16 @@ def _record(
     if state_word not in STATES:
         return SourceProblem(line, f"state {state_word!r} is none of {_STATE_WORDS}", source_id)
     kind = row.get("kind", "").strip().lower() or "general"
-    if kind not in KINDS:
-        return SourceProblem(line, f"kind {kind!r} is none of {', '.join(KINDS)}", source_id)
+    if kind not in TASK_KINDS:
+        return SourceProblem(line, f"kind {kind!r} is none of {', '.join(TASK_KINDS)}", source_id)
     priority_text = row.get("priority", "").strip() or "0"
     try:
         priority = int(priority_text)
     except ValueError:
         return SourceProblem(line, f"priority {priority_text!r} is not a whole number", source_id)
-    if not -1000 <= priority <= 1000:
-        return SourceProblem(line, f"priority {priority} is outside -1000..1000", source_id)
+    low, high = TASK_PRIORITIES
+    if not low <= priority <= high:
+        return SourceProblem(line, f"priority {priority} is outside {low}..{high}", source_id)
     links = [SourceLink("prerequisite", ref) for ref in _split(row.get("prerequisites", ""))]
     parent = row.get("parent", "").strip()
     if parent:

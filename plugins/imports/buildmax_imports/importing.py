@@ -35,7 +35,7 @@ from buildmax.app import BuildMax, blob_store
 from buildmax.ids import new_id
 from buildmax.problems import NotFound
 
-from .plan import Earlier, Item, Plan, plan
+from .plan import UNAPPLIED, Earlier, Item, Plan, plan
 from .problems import ChunkOutOfOrder, FileRefused, ImportStale
 from .sources import Reading, importers, read
 from .tables import chunks, imports, mappings
@@ -91,23 +91,30 @@ def read_file(importer: Importer, file: BinaryIO) -> Reading:
 
 
 async def earlier_of(
-    conn: Transaction, queue: TaskQueue, space_pk: int, system: str, source_ids: Iterable[str]
+    conn: Transaction,
+    queue: TaskQueue,
+    space: tuple[int, str],
+    system: str,
+    source_ids: Iterable[str],
 ) -> dict[str, Known]:
-    """What earlier imports of the space from ``system`` left of each of
-    ``source_ids`` that one left: its task, the digest applied, the task's
-    state and revision now, and whether it was revised here since."""
+    """What earlier imports of the space (pk, public id) from ``system``
+    left of each of ``source_ids`` that one left: its task, the digest
+    applied, the task's state and revision now, and whether it was revised
+    here since. A task that names a record no import applied (made through
+    the API with its source) is there too, with no digest applied."""
     found: dict[str, Known] = {}
     wanted = sorted(set(source_ids))
     for start in range(0, len(wanted), _BATCH):
+        part = wanted[start : start + _BATCH]
         rows = await conn.fetch_all(
             sa.select(
                 mappings.c.source_id, mappings.c.task_id, mappings.c.digest, mappings.c.revision
             ).where(
-                mappings.c.space_id == space_pk,
+                mappings.c.space_id == space[0],
                 mappings.c.system == system,
                 mappings.c.source_id.in_(sa.bindparam("ids", expanding=True)),
             ),
-            {"ids": wanted[start : start + _BATCH]},
+            {"ids": part},
         )
         tasks = await queue.tasks(conn, [row["task_id"] for row in rows])
         for row in rows:
@@ -120,6 +127,9 @@ async def earlier_of(
                 ),
                 task.revision,
             )
+        unmapped = [key for key in part if key not in found]
+        for key, task in (await queue.sourced(conn, space[1], system, unmapped)).items():
+            found[key] = Known(Earlier(task.id, UNAPPLIED, task.state), task.revision)
     return found
 
 
@@ -350,7 +360,7 @@ async def _check_unmoved(job: Applying, system: str, items: Sequence[Item]) -> N
     edited or closed, since the preview (what it assumed is not so now)."""
     then = _known(job.row["earlier"])
     now = await earlier_of(
-        job.tx, job.queue, job.space_pk, system, [item.record.source_id for item in items]
+        job.tx, job.queue, job.space, system, [item.record.source_id for item in items]
     )
     moved = [
         item.record.source_id
@@ -422,21 +432,21 @@ async def _apply_item(
         "import_id": job.row["id"],
         "updated_at": now,
     }
-    if item.task_id is None:
+    updated = await job.tx.fetch_val(
+        sa.update(mappings)
+        .where(
+            mappings.c.space_id == job.space_pk,
+            mappings.c.system == system,
+            mappings.c.source_id == item.record.source_id,
+        )
+        .values(**values)
+        .returning(mappings.c.id)
+    )
+    if updated is None:  # created now, or made outside an import
         await job.tx.execute(
             mappings.insert().values(
                 space_id=job.space_pk, system=system, source_id=item.record.source_id, **values
             )
-        )
-    else:
-        await job.tx.execute(
-            sa.update(mappings)
-            .where(
-                mappings.c.space_id == job.space_pk,
-                mappings.c.system == system,
-                mappings.c.source_id == item.record.source_id,
-            )
-            .values(**values)
         )
     entry.update(
         task_id=outcome.task_id,

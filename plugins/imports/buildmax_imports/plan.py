@@ -42,6 +42,11 @@ ACTIONS = ("create", "update", "unchanged", "conflict")
 CLOSED = ("done", "canceled", "failed")
 
 
+#: The digest of a record no import applied, whose task names it all the
+#: same (made through the API with its source): imported as an update.
+UNAPPLIED = ""
+
+
 @dataclass(frozen=True)
 class Earlier:
     """What an earlier import of a record left: its task, the digest of
@@ -187,9 +192,11 @@ def _item(
             record, "conflict", mark, chunk, before.task_id, kept_prerequisites, kept_links, (note,)
         )
     notes: tuple[str, ...] = ()
+    if before.digest == UNAPPLIED:
+        notes = ("its task was made outside an import, naming this record: it is updated",)
     if before.state in CLOSED:
         now = record.source_state or record.state
-        notes = (
+        notes += (
             f"{before.state} here: it stays closed and its text is not revised "
             f"(the source has it {now})",
         )

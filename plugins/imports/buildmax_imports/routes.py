@@ -230,7 +230,7 @@ async def _planned(
     ids = [record.source_id for record in reading.records]
     async with app.db.read(background=True) as conn:
         known = await importing.earlier_of(
-            conn, app.services.get(TaskQueue), access.pk, importer.name, ids
+            conn, app.services.get(TaskQueue), (access.pk, access.public_id), importer.name, ids
         )
     made = await asyncio.to_thread(importing.make_plan, reading, known, sha256, query["chunk_size"])
     key = await importing.keep_file(blob_store(app), access.public_id, file, sha256)

@@ -11,14 +11,22 @@ so, a third party's as much as the built-ins'.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import BinaryIO
 
 from buildmax_hookspecs import (
+    IMPORT_STATES,
+    LABEL_PATTERN,
     SOURCE_ID_CHARS,
+    TASK_KINDS,
+    TASK_LABELS,
+    TASK_LINKS,
+    TASK_PRIORITIES,
     TASK_TEXT_CHARS,
     TASK_TITLE_CHARS,
+    WORD_PATTERN,
     Importer,
     SourceLink,
     SourceProblem,
@@ -43,6 +51,12 @@ def importers(hooks: Hooks) -> dict[str, Importer]:
             if not isinstance(importer, Importer) or not isinstance(importer.name, str):
                 raise ImporterDeclarationError(
                     f"plugin {plugin!r} offered {importer!r}, not an importer"
+                )
+            if not re.fullmatch(WORD_PATTERN, importer.name):
+                raise ImporterDeclarationError(
+                    f"plugin {plugin!r} offered an importer named {importer.name!r}: a name "
+                    "is a lowercase word (letters, digits, '-'; at most 32), as a task's "
+                    "source names it"
                 )
             if importer.name in found:
                 raise ImporterDeclarationError(
@@ -123,6 +137,31 @@ def _unfit(record: SourceRecord) -> str | None:
         length = len(getattr(record, name))
         if length > most:
             return f"{name} is {length:,} characters (at most {most:,})"
+    return _unplaceable(record)
+
+
+def _unplaceable(record: SourceRecord) -> str | None:
+    """What of ``record`` is no value a task takes (a third party's importer
+    may give anything), or ``None``."""
+    low, high = TASK_PRIORITIES
+    if record.state not in IMPORT_STATES:
+        return f"state {printable(str(record.state))[:40]!r} is none of {', '.join(IMPORT_STATES)}"
+    if record.kind not in TASK_KINDS:
+        return f"kind {printable(str(record.kind))[:40]!r} is none of {', '.join(TASK_KINDS)}"
+    if type(record.priority) is not int or not low <= record.priority <= high:
+        return (
+            f"priority {printable(str(record.priority))[:40]} is not a whole number {low}..{high}"
+        )
+    if len(record.labels) > TASK_LABELS:
+        return f"{len(record.labels)} labels (at most {TASK_LABELS})"
+    for label in record.labels:
+        if not re.fullmatch(LABEL_PATTERN, label):
+            return f"label {printable(label)[:80]!r} is not a label a task carries"
+    for link in record.links:
+        if not re.fullmatch(WORD_PATTERN, link.kind):
+            return f"a link's kind {printable(link.kind)[:40]!r} is not a lowercase word"
+        if not 1 <= len(link.target) <= SOURCE_ID_CHARS:
+            return f"a link names an id of {len(link.target):,} characters"
     return None
 
 
@@ -149,7 +188,23 @@ def _problem(reading: Reading, problem: SourceProblem) -> None:
 
 
 def _bounded(record: SourceRecord) -> SourceRecord:
-    if len(record.warnings) <= MAX_WARNINGS:
+    """``record`` with at most :data:`~buildmax_hookspecs.TASK_LINKS`
+    prerequisites and as many other links (the first; a warning says how
+    many more) and at most :data:`MAX_WARNINGS` warnings."""
+    prerequisites = [link for link in record.links if link.kind == "prerequisite"]
+    others = [link for link in record.links if link.kind != "prerequisite"]
+    warnings = []  # what is cut here first: never among the warnings cut below
+    for what, links in (("prerequisites", prerequisites), ("links", others)):
+        if len(links) > TASK_LINKS:
+            warnings.append(
+                f"{len(links)} {what}: the first {TASK_LINKS} are kept, "
+                f"{len(links) - TASK_LINKS} left out"
+            )
+            del links[TASK_LINKS:]
+    warnings += record.warnings
+    if len(warnings) > MAX_WARNINGS:
+        more = f"and {len(warnings) - MAX_WARNINGS} more warnings"
+        warnings = [*warnings[:MAX_WARNINGS], more]
+    if len(prerequisites) + len(others) == len(record.links) and warnings == list(record.warnings):
         return record
-    more = f"and {len(record.warnings) - MAX_WARNINGS} more warnings"
-    return replace(record, warnings=(*record.warnings[:MAX_WARNINGS], more))
+    return replace(record, links=(*prerequisites, *others), warnings=tuple(warnings))

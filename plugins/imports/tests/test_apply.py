@@ -366,10 +366,30 @@ async def test_imported_tasks_carry_their_source_in_the_api_and_audit(desk: Desk
     assert json.loads(applied["details"])["create"] == 5
 
 
+async def test_a_task_made_outside_an_import_naming_a_record_is_updated(desk: Desk) -> None:
+    made = await desk.call(
+        "POST",
+        "/tasks",
+        json={"project": "main", "title": "mine", "source": {"system": "beads", "id": "bd-4"}},
+        expect=201,
+    )
+    preview = await desk.preview(SMALL)
+    (item,) = [i for i in preview["items"] if i["source_id"] == "bd-4"]
+    assert item["action"] == "update" and item["task_id"] == made["id"]
+    assert "made outside an import" in item["notes"][0]
+    await desk.apply_all(preview)
+    found = await desk.tasks_by_source()
+    assert found["bd-4"]["public_id"] == made["id"] and len(found) == 5
+    assert (await desk.state())["bd-4"]["title"] == "Issue 4"
+    again = await desk.preview(SMALL)
+    assert again["counts"]["unchanged"] == 5
+
+
 async def test_a_chunk_refused_part_way_leaves_nothing_of_it(desk: Desk) -> None:
-    """bd-4's source identity is a task's already (made through the API):
-    the chunk stops at bd-4, after bd-1 to bd-3 were written in its
-    transaction, and none of them is left."""
+    """bd-4's source identity is taken by a task made through the API after
+    the preview: the chunk stops at bd-4, after bd-1 to bd-3 were written in
+    its transaction, and none of them is left."""
+    preview = await desk.preview(SMALL, chunk_size=5)
     taken = await desk.call(
         "POST",
         "/tasks",
@@ -377,15 +397,14 @@ async def test_a_chunk_refused_part_way_leaves_nothing_of_it(desk: Desk) -> None
         expect=201,
     )
     before = len(await desk.rows(audit_events))
-    preview = await desk.preview(SMALL, chunk_size=5)
-    refused = await desk.apply(preview, 1, expect=409, problem="task-source-taken")
-    assert refused["task"] == taken["id"]
+    refused = await desk.apply(preview, 1, expect=409, problem="import-stale")
+    assert refused["records"] == ["bd-4"]
     assert set(await desk.tasks_by_source()) == {"bd-4"}
+    assert (await desk.tasks_by_source())["bd-4"]["public_id"] == taken["id"]
     assert await desk.rows(mappings) == [] and await desk.rows(chunks) == []
     (row,) = await desk.rows(imports)
     assert row["chunks_applied"] == 0 and row["state"] == "previewed"
-    actions = [r["action"] for r in await desk.rows(audit_events)][before:]
-    assert actions == ["import.previewed"]
+    assert len(await desk.rows(audit_events)) == before
 
 
 async def test_a_chunk_of_another_preview_is_refused(desk: Desk) -> None:

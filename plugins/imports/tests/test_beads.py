@@ -234,3 +234,19 @@ def test_a_file_past_the_record_limit_is_refused_at_the_first_record_too_many(
     assert len(result.records) == 3
     assert result.refused is not None and result.refused.line == 4
     assert "more than 3 issues" in result.refused.reason
+
+
+def test_a_dependency_type_that_is_no_word_is_kept_as_a_related_link() -> None:
+    data = export(
+        {
+            "id": "bd-1",
+            "title": "t",
+            "dependencies": [{"depends_on_id": "bd-2", "type": "Waits On!"}],
+        },
+        {"id": "bd-2", "title": "u"},
+    )
+    first = by_id(read_bytes(data))["bd-1"]
+    assert first.links == (SourceLink("related", "bd-2"),)
+    assert first.warnings == (
+        "dependency 1 is of type 'Waits On!', not a word: kept as a related link",
+    )

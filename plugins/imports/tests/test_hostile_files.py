@@ -8,7 +8,7 @@ import io
 import json
 
 import pytest
-from buildmax_hookspecs import TASK_LABELS, SourceProblem, SourceRecord
+from buildmax_hookspecs import TASK_LABELS, TASK_LINKS, SourceProblem, SourceRecord
 from buildmax_imports import beads, csvfile, github, reading
 from buildmax_imports.sources import MAX_WARNINGS, read
 
@@ -141,7 +141,8 @@ def test_a_record_of_many_labels_links_and_columns_is_read_in_linear_time() -> N
     )
     (record,) = beads_of(line)
     assert isinstance(record, SourceRecord)
-    assert len(record.labels) == TASK_LABELS and len(record.links) == many
+    assert len(record.labels) == TASK_LABELS and len(record.links) == TASK_LINKS
+    assert record.warnings[0] == f"{many} links: the first 100 are kept, {many - 100} left out"
     assert len(record.warnings) == MAX_WARNINGS + 1
     header = ",".join(["id", "title", *(f"c{n}" for n in range(many))])
     result = read(csvfile.IMPORTER, io.BytesIO(f"{header}\n1,t\n".encode()))

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import pytest
-from buildmax_hookspecs import SourceProblem, SourceRecord, hookimpl
+from buildmax_hookspecs import SourceLink, SourceProblem, SourceRecord, hookimpl
 from buildmax_imports.sources import importers, read
 
 from buildmax.app import create_app
@@ -56,6 +56,7 @@ def test_a_third_party_source_is_offered_beside_them_and_read(buildmax_settings:
     [
         (Lines("beads"), "importer 'beads' is offered by plugins 'imports' and 'again'"),
         ("beads", "plugin 'again' offered 'beads', not an importer"),
+        (Lines("My Lines"), "plugin 'again' offered an importer named 'My Lines': a name"),
     ],
 )
 async def test_a_source_that_cannot_be_offered_stops_the_server(
@@ -67,3 +68,51 @@ async def test_a_source_that_cannot_be_offered_stops_the_server(
     with pytest.raises(Exception, match=re.escape(message)):
         async with app.test_app():
             pass
+
+
+class Anything:
+    """A third party's source that gives what no task takes."""
+
+    name = "anything"
+    title = "records of every shape"
+
+    def __init__(self, *records: SourceRecord) -> None:
+        self.records = records
+
+    def read(self, source: BinaryIO) -> Iterator[SourceRecord | SourceProblem]:
+        yield from self.records
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"state": "in_progress"}, "state 'in_progress' is none of ready, held, done, canceled"),
+        ({"kind": "epic"}, "kind 'epic' is none of code, review, integration, general"),
+        ({"priority": 1001}, "priority 1001 is not a whole number -1000..1000"),
+        ({"priority": 1.5}, "priority 1.5 is not a whole number -1000..1000"),
+        ({"priority": True}, "priority True is not a whole number -1000..1000"),
+        ({"labels": ("ok", "not ok")}, "label 'not ok' is not a label a task carries"),
+        ({"labels": tuple(f"l{n}" for n in range(21))}, "21 labels (at most 20)"),
+        (
+            {"links": (SourceLink("Parent Of", "r2"),)},
+            "a link's kind 'Parent Of' is not a lowercase word",
+        ),
+        ({"links": (SourceLink("related", ""),)}, "a link names an id of 0 characters"),
+    ],
+)
+def test_a_third_partys_record_no_task_takes_is_a_problem_at_its_line(
+    fields: dict[str, Any], reason: str
+) -> None:
+    bad = SourceRecord(source_id="r1", line=3, title="t", **fields)
+    good = SourceRecord(source_id="r2", line=4, title="t")
+    reading = read(Anything(bad, good), io.BytesIO(b""))
+    assert reading.problems == [SourceProblem(3, reason, "r1")]
+    assert [record.source_id for record in reading.records] == ["r2"]
+
+
+def test_more_than_100_prerequisites_keep_the_first_100_and_say_so() -> None:
+    links = tuple(SourceLink("prerequisite", f"p{n}") for n in range(150))
+    record = SourceRecord(source_id="r1", line=1, title="t", links=links)
+    (kept,) = read(Anything(record), io.BytesIO(b"")).records
+    assert kept.links == links[:100]
+    assert kept.warnings == ("150 prerequisites: the first 100 are kept, 50 left out",)

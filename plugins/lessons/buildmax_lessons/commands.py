@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import click
+from buildmax_hookspecs import TASK_KINDS
 from click.globals import resolve_color_default
 
 from buildmax.commands.identity import CommandError, Remote, connected, render_table, space_option
@@ -35,7 +36,7 @@ from .client import (
     Match,
     Source,
 )
-from .schemas import MAX_TEXT, TASK_KINDS
+from .schemas import MAX_TEXT
 from .tables import KINDS, VOTES
 
 #: The most lessons ``search`` prints unless told otherwise.

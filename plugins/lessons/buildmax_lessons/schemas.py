@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from buildmax_hookspecs import TASK_KINDS
 from marshmallow import EXCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from buildmax.schemas import Pattern, StrictBoolean, revision_number
@@ -28,7 +29,6 @@ MAX_REASON = 2_000
 MAX_CARRIED = 5
 CARRIED_SOURCES = MAX_SOURCES - 3
 #: Task kinds a lesson may apply to (the tasks plugin's kinds).
-TASK_KINDS = ("code", "review", "integration", "general")
 
 #: Control characters (tab, newline and carriage return aside): never in a
 #: lesson, so the search's snippet marks (U+0002, U+0003) are unambiguous.

@@ -139,6 +139,22 @@ class SqlTaskQueue:
         rows = await conn.fetch_all(TASK_SELECT.where(tasks.c.public_id.in_(list(task_ids))))
         return {row["id"]: task_ref(TaskRow.of(row)) for row in rows}
 
+    async def sourced(
+        self, conn: Transaction, space_id: str, system: str, source_ids: Sequence[str]
+    ) -> Mapping[str, TaskRef]:
+        if not source_ids:
+            return {}
+        rows = await conn.fetch_all(
+            TASK_SELECT.where(
+                tasks.c.space_id
+                == sa.select(spaces.c.id).where(spaces.c.public_id == space_id).scalar_subquery(),
+                tasks.c.source_system == system,
+                tasks.c.source_id.in_(sa.bindparam("ids", expanding=True)),
+            ),
+            {"ids": list(source_ids)},
+        )
+        return {row["source_id"]: task_ref(TaskRow.of(row)) for row in rows}
+
     async def attempts(self, conn: Transaction, task_id: str) -> Sequence[AttemptRef]:
         rows = await conn.fetch_all(
             ATTEMPT_SELECT.where(tasks.c.public_id == task_id).order_by(attempts.c.generation)

@@ -8,9 +8,13 @@ from typing import Any
 from buildmax_hookspecs import (
     LABEL_PATTERN,
     SOURCE_ID_CHARS,
+    TASK_KINDS,
     TASK_LABELS,
+    TASK_LINKS,
+    TASK_PRIORITIES,
     TASK_TEXT_CHARS,
     TASK_TITLE_CHARS,
+    WORD_PATTERN,
     App,
 )
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
@@ -26,7 +30,7 @@ from buildmax.schemas import (
 )
 
 from .settings import task_settings
-from .tables import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_KINDS, TASK_STATES
+from .tables import HOLD_SCOPES, HOLD_STRENGTHS, INTEGRATION_MODES, TASK_STATES
 
 LABEL = fields.String(validate=Pattern(LABEL_PATTERN))
 RESOURCE = fields.String(validate=Pattern(r"^[a-z]+:\S{1,500}$"))
@@ -109,7 +113,7 @@ class ProjectPage(Schema):
 # -- tasks -------------------------------------------------------------------
 
 #: A source's name and a link's kind: a short lowercase word.
-WORD = Pattern(r"^[a-z][a-z0-9-]{0,31}$")
+WORD = Pattern(WORD_PATTERN)
 #: The states a task may be created in: closed ones only with a source.
 CREATED_STATES = ("ready", "done", "canceled")
 
@@ -125,7 +129,9 @@ class LinkedTask(_Strict):
 
 
 def _links(**kwargs: Any) -> fields.List[Any]:
-    return fields.List(fields.Nested(LinkedTask), validate=validate.Length(max=100), **kwargs)
+    return fields.List(
+        fields.Nested(LinkedTask), validate=validate.Length(max=TASK_LINKS), **kwargs
+    )
 
 
 class TaskCreate(_Strict):
@@ -134,13 +140,15 @@ class TaskCreate(_Strict):
     body = fields.String(load_default="", validate=validate.Length(max=TASK_TEXT_CHARS))
     criteria = fields.String(load_default="", validate=validate.Length(max=TASK_TEXT_CHARS))
     kind = fields.String(load_default="code", validate=validate.OneOf(TASK_KINDS))
-    priority = BoundedInteger(-1000, 1000, load_default=0)
+    priority = BoundedInteger(*TASK_PRIORITIES, load_default=0)
     labels = fields.List(LABEL, load_default=list, validate=validate.Length(max=TASK_LABELS))
     agent = fields.String(load_default=None, allow_none=True)
     max_attempts = BoundedInteger(1, 100, load_default=3)
     resources = fields.List(RESOURCE, load_default=list, validate=validate.Length(max=20))
     prerequisites = fields.List(
-        fields.String(validate=TASK_REF), load_default=list, validate=validate.Length(max=100)
+        fields.String(validate=TASK_REF),
+        load_default=list,
+        validate=validate.Length(max=TASK_LINKS),
     )
     source = fields.Nested(TaskSource, load_default=None, allow_none=True)
     state = fields.String(load_default="ready", validate=validate.OneOf(CREATED_STATES))
@@ -157,7 +165,7 @@ class TaskUpdate(Override):
     title = fields.String(validate=validate.Length(min=1, max=TASK_TITLE_CHARS))
     body = fields.String(validate=validate.Length(max=TASK_TEXT_CHARS))
     criteria = fields.String(validate=validate.Length(max=TASK_TEXT_CHARS))
-    priority = BoundedInteger(-1000, 1000)
+    priority = BoundedInteger(*TASK_PRIORITIES)
     labels = fields.List(LABEL, validate=validate.Length(max=TASK_LABELS))
     agent = fields.String(allow_none=True)
     max_attempts = BoundedInteger(1, 100)
@@ -592,7 +600,7 @@ class TaskListQuery(QueueQuery):
         },
     )
     min_priority = BoundedInteger(
-        -1000, 1000, text=True, metadata={"description": "Only tasks of at least this priority"}
+        *TASK_PRIORITIES, text=True, metadata={"description": "Only tasks of at least this priority"}
     )
 
 

@@ -9,6 +9,7 @@ keys never leave the server.
 from __future__ import annotations
 
 import sqlalchemy as sa
+from buildmax_hookspecs import TASK_KINDS
 
 from buildmax.tables import Id, Millis, one_of
 
@@ -18,7 +19,6 @@ metadata = sa.MetaData()
 _spaces = sa.Table("spaces", metadata, sa.Column("id", Id, primary_key=True))
 _principals = sa.Table("principals", metadata, sa.Column("id", Id, primary_key=True))
 
-TASK_KINDS = ("code", "review", "integration", "general")
 TASK_STATES = ("open", "ready", "claimed", "waiting", "done", "canceled", "failed")
 ATTEMPT_STATES = ("active", "submitted", "released", "expired", "canceled", "failed")
 HOLD_STRENGTHS = ("suspended", "stopped")

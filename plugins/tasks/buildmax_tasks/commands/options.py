@@ -7,10 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from buildmax_hookspecs import TASK_KINDS
 
 from buildmax.commands.identity import SPACE_ENV, space_option
-
-from ..tables import TASK_KINDS
 
 __all__ = ["SPACE_ENV", "json_object", "json_value", "space_option"]
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import click
+from buildmax_hookspecs import TASK_KINDS, TASK_PRIORITIES
 
 from buildmax.commands.identity import render_table
 from buildmax.commands.server import (
@@ -19,7 +20,7 @@ from buildmax.commands.server import (
 )
 
 from ..client import MARK_END, MARK_START
-from ..tables import TASK_KINDS, TASK_STATES
+from ..tables import TASK_STATES
 from .attempts import ATTEMPT_COLUMNS
 from .options import filter_options, lease_option, override_option
 from .remote import SpaceRemote, in_space
@@ -79,7 +80,7 @@ def task_group() -> None:
 @click.option("--body", help="What to do.")
 @click.option("--criteria", help="Acceptance criteria: when it is done.")
 @click.option("--kind", type=click.Choice(TASK_KINDS), help="What kind of work [default: code].")
-@click.option("--priority", type=click.IntRange(-1000, 1000), help="Higher is claimed first.")
+@click.option("--priority", type=click.IntRange(*TASK_PRIORITIES), help="Higher is claimed first.")
 @click.option("--label", "labels", multiple=True, metavar="LABEL", help="A label (repeatable).")
 @click.option("--agent", metavar="AGENT", help="The agent definition to run it with.")
 @click.option(
@@ -219,7 +220,7 @@ def task_show(r: SpaceRemote, task: str) -> None:
 @click.option("--title", help="A new title.")
 @click.option("--body", help="A new body.")
 @click.option("--criteria", help="New acceptance criteria.")
-@click.option("--priority", type=click.IntRange(-1000, 1000), help="A new priority.")
+@click.option("--priority", type=click.IntRange(*TASK_PRIORITIES), help="A new priority.")
 @click.option(
     "--label", "labels", multiple=True, metavar="LABEL", help="Replace the labels (repeatable)."
 )
