@@ -308,8 +308,10 @@ class TaskQueue(Protocol):
         project_id: str,
         actor: Actor,
         task_id: str | None,
+        revision: int | None,
         prerequisites: Sequence[str],
         links: Sequence[tuple[str, str]],
+        admin_override: bool = False,
     ) -> ImportedTask:
         """Make the task of ``record`` (of the source ``system``) say what
         the record says, in ``tx``, audited and announced as ``actor``'s
@@ -319,22 +321,33 @@ class TaskQueue(Protocol):
         source identity ``(system, record.source_id)``: ``ready`` (or
         ``open`` until its prerequisites are done), ``held`` as ``ready``
         under a hold on the task, or closed (``done``, ``canceled``) with
-        the record's close reason. With ``task_id``, that task is updated:
-        what differs of its title, body, criteria, priority and labels is
-        its next revision; missing ``prerequisites`` are added; a record
+        the record's close reason. With ``task_id``, that task is updated,
+        409 ``revision-conflict`` unless it is at ``revision`` (what the
+        caller last saw): what differs of its title, body, criteria,
+        priority and labels is its next revision; missing
+        ``prerequisites`` and ``links`` are added (an import removes none);
+        a record ``held`` puts a hold on a task that has none; a record
         closed in the source closes the task when nobody holds it (its
         dependents go ready). A task closed here is never reopened or
         revised, and a task someone holds is not revised or closed: the
-        outcome's notes say so. ``prerequisites`` name tasks of the space;
-        ``links`` are ``(kind, task id)`` and replace the task's links.
-        Raises the tasks plugin's problems (404, 409 ``task-source-taken``,
-        422) for what it cannot do; the caller checks ``actor``'s role."""
+        outcome's notes say so, and ``applied`` is false. ``prerequisites``
+        name tasks of the space; ``links`` are ``(kind, task id)``.
+        ``admin_override`` marks the audit events as an admin acting in a
+        space it is no member of. Raises the tasks plugin's problems (404,
+        409 ``task-source-taken``, 422) for what it cannot do; the caller
+        checks ``actor``'s role."""
 
     async def relink(
-        self, tx: Transaction, task_id: str, links: Sequence[tuple[str, str]], *, actor: Actor
+        self,
+        tx: Transaction,
+        task_id: str,
+        links: Sequence[tuple[str, str]],
+        *,
+        actor: Actor,
+        admin_override: bool = False,
     ) -> bool:
-        """Replace the links of ``task_id`` with ``links`` (``(kind, task
-        id)``), audited as ``actor``'s; whether they changed."""
+        """Add to the links of ``task_id`` those of ``links`` (``(kind, task
+        id)``) it lacks, audited as ``actor``'s; whether any was added."""
 
 
 @runtime_checkable

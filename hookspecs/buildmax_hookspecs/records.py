@@ -480,11 +480,13 @@ class ImportedTask:
     """What importing one record did to its task (``TaskQueue.import_record``):
     the task, its revision and state after, what changed (``created``,
     ``revised``, ``held``, ``closed``, ``prerequisites``, ``links``; none
-    when it already said what the record says) and what was not applied,
-    and why (``notes``)."""
+    when it already said what the record says), what was not applied, and
+    why (``notes``), and whether the record is applied (false while someone
+    holds the task: a later import applies it then)."""
 
     task_id: str
     revision: int
     state: str
     changes: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    applied: bool = True

@@ -198,9 +198,9 @@ def apply_command(remote: Remote, imports: ImportsClient, space: str, import_id:
             try:
                 reports.append(imports.apply_chunk(space, found.id, number, found.identity))
             except BuildMaxError as exc:
+                done = f"chunks 1 to {number - 1} are" if number > 1 else "none is"
                 raise CommandError(
-                    f"chunk {number} of {found.chunk_count} was not applied: {exc}; "
-                    f"chunks 1 to {number - 1} are"
+                    f"chunk {number} of {found.chunk_count} was not applied: {exc}; {done}"
                 ) from None
             bar.update(1)
     totals: dict[str, int] = {}

@@ -29,11 +29,11 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any, BinaryIO
 
 import sqlalchemy as sa
-from buildmax_hookspecs import Actor, BlobStore, Importer, TaskQueue, Transaction
+from buildmax_hookspecs import Actor, BlobNotFound, BlobStore, Importer, TaskQueue, Transaction
 
 from buildmax.app import BuildMax, blob_store
 from buildmax.ids import new_id
-from buildmax.problems import NotFound
+from buildmax.problems import BlobMissing, NotFound
 
 from .plan import UNAPPLIED, Earlier, Item, Plan, plan
 from .problems import ChunkOutOfOrder, FileRefused, ImportStale
@@ -44,6 +44,8 @@ from .tables import chunks, imports, mappings
 KEY_PREFIX = "imports"
 #: The most records one read of the space asks for at once.
 _BATCH = 500
+#: Problems a refusal of a file with no record names.
+SHOWN_PROBLEMS = 20
 #: Plans kept in memory between the chunks of an import (each is made
 #: again from the kept file when it is not).
 _PLANS_KEPT = 4
@@ -86,6 +88,19 @@ def read_file(importer: Importer, file: BinaryIO) -> Reading:
             f"line {reading.refused.line}: {reading.refused.reason}",
             line=reading.refused.line,
             reason=reading.refused.reason,
+        )
+    if not reading.records:
+        first = reading.problems[:SHOWN_PROBLEMS]
+        raise FileRefused(
+            "the file holds no record to import"
+            + (
+                f" ({len(reading.problems)} problems; the first on line {first[0].line})"
+                if first
+                else ""
+            ),
+            problems=[
+                {"line": p.line, "reason": p.reason, "source_id": p.source_id} for p in first
+            ],
         )
     return reading
 
@@ -207,7 +222,12 @@ async def plan_of(app: BuildMax, row: Mapping[str, Any]) -> Plan:
         return _plans[key]
     importer = importer_named(app, row["format"])
     with tempfile.TemporaryFile() as file:
-        await spool(blob_store(app).open(row["blob_key"]), file)
+        try:
+            await spool(blob_store(app).open(row["blob_key"]), file)
+        except BlobNotFound:
+            raise BlobMissing(
+                "the import's file is gone from the blob store: preview the file again"
+            ) from None
         reading = await asyncio.to_thread(read_file, importer, file)
     made = await asyncio.to_thread(
         make_plan, reading, _known(row["earlier"]), row["file_sha256"], row["chunk_size"]
@@ -262,6 +282,8 @@ class Applying:
     row: Mapping[str, Any]
     made: Plan
     number: int
+    #: An admin acting in a space it is no member of (audited so).
+    admin_override: bool = False
 
     @property
     def space_pk(self) -> int:
@@ -307,10 +329,13 @@ async def apply_chunk(job: Applying) -> dict[str, Any] | None:
     system = row["format"]
     await _check_unmoved(job, system, items)
     resolved = await _tasks_of(job, system, _targets(items))
+    seen = _known(row["earlier"])
     report = []
     for item in items:
-        report.append(await _apply_item(job, system, item, resolved, now))
-    relinked = await _relink_earlier(job, system, {item.record.source_id for item in items})
+        before = seen.get(item.record.source_id)
+        revision = None if before is None else before.revision
+        report.append(await _apply_item(job, system, item, revision, resolved, now))
+    relinked = await _relink(job, system, {item.record.source_id for item in items})
     summary = {
         action: sum(1 for entry in report if entry["action"] == action)
         for action in ("create", "update", "unchanged", "conflict")
@@ -333,6 +358,7 @@ async def apply_chunk(job: Applying) -> dict[str, Any] | None:
         target_type="import",
         target_id=row["public_id"],
         details={"chunk": number, "of": row["chunk_count"], **summary},
+        admin_override=job.admin_override,
     )
     await job.app.events.publish_many(
         job.tx,
@@ -400,9 +426,15 @@ async def _tasks_of(job: Applying, system: str, source_ids: Iterable[str]) -> di
 
 
 async def _apply_item(
-    job: Applying, system: str, item: Item, resolved: dict[str, str], now: int
+    job: Applying,
+    system: str,
+    item: Item,
+    revision: int | None,
+    resolved: dict[str, str],
+    now: int,
 ) -> dict[str, Any]:
-    """One record of the chunk become its task, and its mapping written."""
+    """One record of the chunk become its task (at ``revision``, the one
+    the preview saw), and its mapping written once the record is applied."""
     entry: dict[str, Any] = {
         "source_id": item.record.source_id,
         "action": item.action,
@@ -421,10 +453,20 @@ async def _apply_item(
         project_id=job.row["project_id"],
         actor=job.actor,
         task_id=item.task_id,
+        revision=revision,
         prerequisites=[resolved[target] for target in item.prerequisites],
         links=links,
+        admin_override=job.admin_override,
     )
     resolved[item.record.source_id] = outcome.task_id
+    entry.update(
+        task_id=outcome.task_id,
+        changes=list(outcome.changes),
+        notes=[*item.notes, *outcome.notes],
+        state=outcome.state,
+    )
+    if not outcome.applied:
+        return entry  # the mapping keeps what was applied: a later import tries again
     values = {
         "task_id": outcome.task_id,
         "digest": item.digest,
@@ -448,12 +490,6 @@ async def _apply_item(
                 space_id=job.space_pk, system=system, source_id=item.record.source_id, **values
             )
         )
-    entry.update(
-        task_id=outcome.task_id,
-        changes=list(outcome.changes),
-        notes=[*item.notes, *outcome.notes],
-        state=outcome.state,
-    )
     return entry
 
 
@@ -462,13 +498,13 @@ def _resolved_links(item: Item, resolved: Mapping[str, str]) -> list[tuple[str, 
     return [(link.kind, resolved[link.target]) for link in item.links if link.target in resolved]
 
 
-async def _relink_earlier(job: Applying, system: str, arrived: set[str]) -> list[str]:
-    """Give the tasks of this import's earlier chunks the links to records
-    that only now have tasks; the tasks relinked."""
+async def _relink(job: Applying, system: str, arrived: set[str]) -> list[str]:
+    """Give the tasks of this import's chunks so far (this one's too) the
+    links to records that only now have tasks; the tasks relinked."""
     waiting = [
         item
         for item in job.made.items
-        if item.chunk < job.number
+        if item.chunk <= job.number
         and item.action in ("create", "update")
         and any(link.target in arrived for link in item.links)
     ]
@@ -483,7 +519,10 @@ async def _relink_earlier(job: Applying, system: str, arrived: set[str]) -> list
             (link.kind, resolved[link.target]) for link in item.links if link.target in resolved
         ]
         task_id = resolved[item.record.source_id]
-        if await job.queue.relink(job.tx, task_id, links, actor=job.actor):
+        relinked_now = await job.queue.relink(
+            job.tx, task_id, links, actor=job.actor, admin_override=job.admin_override
+        )
+        if relinked_now:
             relinked.append(task_id)
     return relinked
 

@@ -179,7 +179,7 @@ def _item(
 ) -> Item:
     kept_prerequisites = tuple(dict.fromkeys(prerequisites[record.source_id]))
     kept_links = tuple(dict.fromkeys(links[record.source_id]))
-    mark = digest(record)
+    mark = _applied(digest(record), kept_prerequisites, kept_links)
     if before is None:
         return Item(record, "create", mark, chunk, None, kept_prerequisites, kept_links)
     if before.digest == mark:
@@ -203,6 +203,15 @@ def _item(
     return Item(
         record, "update", mark, chunk, before.task_id, kept_prerequisites, kept_links, notes
     )
+
+
+def _applied(said: str, prerequisites: tuple[str, ...], links: tuple[SourceLink, ...]) -> str:
+    """The digest of what applying a record gives its task: what the record
+    says and which of its prerequisites and links can be kept. A record
+    exported again unchanged whose broken link now has a record to name
+    is applied again, so its task gets it."""
+    kept = json.dumps([said, prerequisites, [astuple(link) for link in links]])
+    return hashlib.sha256(kept.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _break_cycles(

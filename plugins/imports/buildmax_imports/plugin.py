@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
-from buildmax_hookspecs import AuditAction, Importer, Migration, hookimpl
+from buildmax_hookspecs import AuditAction, BlobRef, Importer, Migration, Transaction, hookimpl
 
 from buildmax.app import BuildMax
 from buildmax.migrations import create_tables
@@ -50,6 +51,13 @@ def buildmax_register_commands(cli: click.Group) -> None:
     from .commands import import_group
 
     cli.add_command(import_group)
+
+
+@hookimpl
+def buildmax_backup_blobs(conn: Transaction) -> AsyncIterator[BlobRef]:
+    from .backup import kept_files
+
+    return kept_files(conn)
 
 
 @hookimpl

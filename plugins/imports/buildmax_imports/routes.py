@@ -227,7 +227,9 @@ async def _planned(
     """The file read and planned over the space's earlier imports, and kept
     in the blob store: the plan, what it assumed, and the file's key."""
     reading = await asyncio.to_thread(importing.read_file, importer, file)
-    ids = [record.source_id for record in reading.records]
+    # The records of the file, and those they name: an earlier import may have made them.
+    ids = {record.source_id for record in reading.records}
+    ids |= {link.target for record in reading.records for link in record.links}
     async with app.db.read(background=True) as conn:
         known = await importing.earlier_of(
             conn, app.services.get(TaskQueue), (access.pk, access.public_id), importer.name, ids
@@ -310,7 +312,9 @@ async def list_imports(caller: Caller, access: SpaceAccess) -> Response:
     """Each import's counts and state; its items are in ``GET /imports/{id}``."""
     app = current_buildmax()
     page = page_request()
-    statement = sa.select(imports).where(imports.c.space_id == access.pk)
+    # Not what a preview assumed: it can be megabytes, and a list shows none of it.
+    shown = [column for column in imports.c if column.name != "earlier"]
+    statement = sa.select(*shown).where(imports.c.space_id == access.pk)
     if page.after is not None:
         statement = statement.where(older_than(imports, page.after[0]))
     async with app.db.read() as conn:
@@ -344,7 +348,7 @@ async def show_import(import_id: str, caller: Caller, access: SpaceAccess) -> Re
 
 def _chunk_number(text: str) -> int:
     """A chunk's number from its path segment (404 for what is none)."""
-    if not text.isascii() or not text.isdigit() or len(text) > 9:
+    if not text.isascii() or not text.isdigit() or len(text) > 9 or text.startswith("0"):
         raise NotFound("no such chunk of this import")
     return int(text)
 
@@ -389,6 +393,7 @@ async def apply_chunk(
             row,
             made,
             chunk,
+            admin_override=access.admin_override,
         )
         report = await importing.apply_chunk(job)
         if report is None:

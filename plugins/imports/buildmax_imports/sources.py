@@ -86,6 +86,8 @@ LIMITS = {
     "body": TASK_TEXT_CHARS,
     "criteria": TASK_TEXT_CHARS,
 }
+#: The texts of a record, each a string.
+TEXTS = ("source_id", "title", "body", "criteria", "state", "kind", "source_state", "state_reason")
 #: The most warnings a record keeps (then how many more there were).
 MAX_WARNINGS = 20
 #: Past this many problems a file is refused: it is not what it was read as.
@@ -102,6 +104,12 @@ def read(importer: Importer, source: BinaryIO) -> Reading:
             if isinstance(item, SourceProblem):
                 _problem(reading, item)
                 continue
+            if not isinstance(item, SourceRecord) or type(item.line) is not int:
+                raise SourceRefused(
+                    getattr(item, "line", 0) if type(getattr(item, "line", 0)) is int else 0,
+                    f"the importer {importer.name!r} gave {type(item).__name__}, not a record "
+                    "with its line: a fault of the importer's plugin",
+                )
             unfit = _unfit(item)
             if unfit is not None:
                 _problem(reading, SourceProblem(item.line, unfit, item.source_id))
@@ -126,6 +134,20 @@ def read(importer: Importer, source: BinaryIO) -> Reading:
 
 def _unfit(record: SourceRecord) -> str | None:
     """Why no task could hold ``record``, or ``None``."""
+    for name in TEXTS:
+        if not isinstance(getattr(record, name), str):
+            return f"{name} is not text"
+    if not all(isinstance(label, str) for label in record.labels):
+        return "a label is not text"
+    if not all(
+        isinstance(link, SourceLink) and isinstance(link.kind, str) and isinstance(link.target, str)
+        for link in record.links
+    ):
+        return "a link is not a kind and the id of a record"
+    if not record.source_id.strip():
+        return "the record has no id"
+    if not record.title.strip():
+        return "the record has no title"
     for name, text in _strings(record):
         if "\x00" in text:
             return f"{name} holds a NUL character"
@@ -183,8 +205,10 @@ def _problem(reading: Reading, problem: SourceProblem) -> None:
             problem.line,
             f"more than {MAX_PROBLEMS:,} problems: is it the file, and the format, meant?",
         )
-    shown = None if problem.source_id is None else printable(problem.source_id)[:SOURCE_ID_CHARS]
-    reading.problems.append(SourceProblem(problem.line, printable(problem.reason)[:1000], shown))
+    named = problem.source_id
+    shown = printable(named)[:SOURCE_ID_CHARS] if isinstance(named, str) else None
+    line = problem.line if type(problem.line) is int else 0  # a third party's may be anything
+    reading.problems.append(SourceProblem(line, printable(str(problem.reason))[:1000], shown))
 
 
 def _bounded(record: SourceRecord) -> SourceRecord:

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from buildmax_audit.tables import events as audit_events
 from buildmax_imports.tables import chunks, imports, mappings
-from buildmax_tasks.tables import dependencies, holds, tasks
+from buildmax_tasks.tables import dependencies, holds, task_revisions, tasks
 
 from buildmax.spaces import put_member
 from buildmax.testing import PrincipalHandle, call
@@ -413,3 +413,187 @@ async def test_a_chunk_of_another_preview_is_refused(desk: Desk) -> None:
     refused = await desk.apply(wrong, 1, expect=409, problem="import-stale")
     assert refused["identity"] == preview["identity"]
     assert await desk.tasks_by_source() == {} and await desk.rows(chunks) == []
+
+
+async def test_a_link_to_a_record_later_in_the_same_chunk_is_made(desk: Desk) -> None:
+    data = export(
+        issue(1, dependencies=[{"depends_on_id": "bd-2", "type": "related"}]),
+        issue(2),
+    )
+    (report,) = await desk.apply_all(await desk.preview(data))
+    state = await desk.state()
+    assert state["bd-1"]["links"] == [("related", "bd-2")]
+    assert report["relinked"] == [(await desk.tasks_by_source())["bd-1"]["public_id"]]
+
+
+async def test_a_link_broken_before_is_made_once_its_record_is_imported(desk: Desk) -> None:
+    first = export(
+        issue(1, dependencies=[*blocks(9), {"depends_on_id": "bd-8", "type": "related"}])
+    )
+    preview = await desk.preview(first)
+    assert preview["counts"]["refused"] == 2
+    await desk.apply_all(preview)
+    # bd-8 and bd-9 arrive in a file of their own; bd-1, unchanged, in the next.
+    await desk.apply_all(await desk.preview(export(issue(8), issue(9))))
+    again = await desk.preview(first)
+    (item,) = again["items"]
+    assert item["action"] == "update" and again["refused"] == []
+    await desk.apply_all(again)
+    state = await desk.state()
+    assert state["bd-1"]["prerequisites"] == ["bd-9"] and state["bd-1"]["state"] == "open"
+    assert state["bd-1"]["links"] == [("related", "bd-8")]
+    assert (await desk.preview(first))["counts"]["unchanged"] == 1
+
+
+async def test_an_update_adds_and_never_removes_links_made_here(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    found = await desk.tasks_by_source()
+    one, two = found["bd-1"]["public_id"], found["bd-2"]["public_id"]
+    await desk.call(
+        "PUT", f"/tasks/{one}/links", json={"links": [{"kind": "related", "task": two}]}, expect=200
+    )
+    renamed = SMALL.replace(b'"Issue 1"', b'"Issue 1, renamed"')
+    await desk.apply_all(await desk.preview(renamed))
+    state = await desk.state()
+    assert state["bd-1"]["title"] == "Issue 1, renamed"
+    assert state["bd-1"]["links"] == [("related", "bd-2")]
+
+
+async def test_work_started_in_the_source_is_held_and_a_claimed_task_waits(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(SMALL))
+    found = await desk.tasks_by_source()
+    # bd-1 is claimed here; bd-5 goes in progress in the source; bd-1 is renamed there.
+    claim = await desk.call(
+        "POST", f"/tasks/{found['bd-1']['public_id']}/claim", json={}, expect=201
+    )
+    newer = SMALL.replace(b'"Issue 1"', b'"Issue 1, renamed"').replace(
+        b'"id": "bd-5", "title": "Issue 5", "status": "open"',
+        b'"id": "bd-5", "title": "Issue 5", "status": "in_progress"',
+    )
+    (report,) = await desk.apply_all(await desk.preview(newer))
+    entries = {entry["source_id"]: entry for entry in report["items"]}
+    assert entries["bd-5"]["changes"] == ["held"]
+    assert entries["bd-1"]["changes"] == [] and "someone holds it" in entries["bd-1"]["notes"][-1]
+    state = await desk.state()
+    assert state["bd-5"]["held"] and state["bd-1"]["title"] == "Issue 1"
+    # Not applied yet, so the next import of the same file tries again.
+    again = await desk.preview(newer)
+    actions = {item["source_id"]: item["action"] for item in again["items"]}
+    assert actions["bd-1"] == "update" and actions["bd-5"] == "unchanged"
+    await desk.call(
+        "POST",
+        f"/attempts/{claim['attempt']['id']}/release",
+        claim["token"],
+        json={"generation": claim["attempt"]["generation"], "reason": "later"},
+        expect=200,
+    )
+    await desk.apply_all(await desk.preview(newer))
+    assert (await desk.state())["bd-1"]["title"] == "Issue 1, renamed"
+
+
+async def test_a_link_to_a_record_an_earlier_import_made_is_kept(desk: Desk) -> None:
+    await desk.apply_all(await desk.preview(export(issue(1))))
+    preview = await desk.preview(export(issue(2, dependencies=blocks(1))))
+    assert preview["refused"] == [] and preview["items"][0]["prerequisites"] == ["bd-1"]
+    await desk.apply_all(preview)
+    assert (await desk.state())["bd-2"]["prerequisites"] == ["bd-1"]
+
+
+async def test_an_admin_outside_the_space_is_audited_as_an_override(
+    desk: Desk, make_principal
+) -> None:
+    admin = await make_principal("human", system_role="admin")
+    preview = await desk.preview(SMALL)
+    await desk.call(
+        "POST",
+        f"/imports/{preview['id']}/chunks/1",
+        admin,
+        json={"identity": preview["identity"]},
+        expect=200,
+    )
+    rows = await desk.rows(audit_events, audit_events.c.actor_id == admin.id)
+    assert {row["action"] for row in rows} >= {"import.chunk.applied", "task.created"}
+    assert all(row["admin_override"] for row in rows)
+
+
+async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staleness check reads without a lock: an edit committing right
+    after it (PostgreSQL runs both at once) is caught when the task's row is
+    locked, by its revision, and the chunk is refused whole."""
+    from buildmax_imports import importing
+
+    await desk.apply_all(await desk.preview(SMALL))
+    preview = await desk.preview(SMALL.replace(b'"Issue 1"', b'"Issue 1, theirs"'))
+    checked = importing._check_unmoved
+
+    async def then_edited(job: Any, system: str, items: Any) -> None:
+        await checked(job, system, items)
+        row = await job.tx.fetch_one(sa.select(tasks).where(tasks.c.source_id == "bd-1"))
+        await job.tx.execute(
+            task_revisions.insert().values(
+                task_id=row["id"],
+                number=row["revision"] + 1,
+                title="Mine now",
+                body="",
+                criteria="",
+                created_at=row["created_at"],
+                created_by=row["created_by"],
+            )
+        )
+        await job.tx.execute(
+            sa.update(tasks)
+            .where(tasks.c.id == row["id"])
+            .values(revision=row["revision"] + 1, title="Mine now")
+        )
+
+    monkeypatch.setattr(importing, "_check_unmoved", then_edited)
+    await desk.apply(preview, 1, expect=409, problem="revision-conflict")
+    assert (await desk.state())["bd-1"]["title"] == "Issue 1"
+    assert len(await desk.rows(chunks)) == 1
+
+
+@pytest.mark.parametrize(
+    ("format_", "data"),
+    [("github", b"[]"), ("csv", b"id,title\n"), ("beads", b'{"id": "bd-1"}\n')],
+)
+async def test_a_file_with_no_record_to_import_is_refused(
+    desk: Desk, format_: str, data: bytes
+) -> None:
+    refused = await desk.preview(data, expect=422, format=format_)
+    assert refused["type"].endswith("import-file-refused")
+    assert refused["detail"].startswith("the file holds no record to import")
+    if format_ == "beads":
+        assert refused["problems"][0]["line"] == 1
+    assert await desk.rows(imports) == []
+
+
+async def test_an_import_whose_file_is_gone_is_410_not_a_crash(desk: Desk) -> None:
+    from buildmax_imports import importing
+
+    from buildmax.app import blob_store
+
+    preview = await desk.preview(SMALL)
+    (row,) = await desk.rows(imports)
+    assert await blob_store(desk.app).delete(row["blob_key"])
+    importing._plans.clear()  # another server process, or this one restarted
+    await desk.call("GET", f"/imports/{preview['id']}", expect=410, problem="blob-missing")
+    await desk.apply(preview, 1, expect=410, problem="blob-missing")
+    assert await desk.tasks_by_source() == {}
+
+
+async def test_the_list_shows_each_import_without_its_items(desk: Desk) -> None:
+    first = await desk.preview(SMALL)
+    second = await desk.preview(export(issue(7)))
+    listed = await desk.call("GET", "/imports", expect=200)
+    assert [item["id"] for item in listed["items"]] == [second["id"], first["id"]]
+    assert all("items" not in item and "earlier" not in item for item in listed["items"])
+    assert listed["items"][1]["counts"]["records"] == 5
+
+
+@pytest.mark.parametrize("number", ["0", "01", "-1", "1.0", "x", "\u0661"])
+async def test_a_chunk_that_is_no_number_of_the_import_is_404(desk: Desk, number: str) -> None:
+    preview = await desk.preview(SMALL)
+    await desk.apply(preview, number, expect=404, problem="not-found")  # type: ignore[arg-type]
+    assert await desk.tasks_by_source() == {}

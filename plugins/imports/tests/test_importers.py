@@ -98,15 +98,22 @@ class Anything:
             "a link's kind 'Parent Of' is not a lowercase word",
         ),
         ({"links": (SourceLink("related", ""),)}, "a link names an id of 0 characters"),
+        ({"title": None}, "title is not text"),
+        ({"title": "  "}, "the record has no title"),
+        ({"source_id": 5}, "source_id is not text"),
+        ({"source_id": " "}, "the record has no id"),
+        ({"labels": (1,)}, "a label is not text"),
+        ({"links": ("bd-2",)}, "a link is not a kind and the id of a record"),
     ],
 )
 def test_a_third_partys_record_no_task_takes_is_a_problem_at_its_line(
     fields: dict[str, Any], reason: str
 ) -> None:
-    bad = SourceRecord(source_id="r1", line=3, title="t", **fields)
+    bad = SourceRecord(**{"source_id": "r1", "line": 3, "title": "t", **fields})
     good = SourceRecord(source_id="r2", line=4, title="t")
     reading = read(Anything(bad, good), io.BytesIO(b""))
-    assert reading.problems == [SourceProblem(3, reason, "r1")]
+    shown = bad.source_id if isinstance(bad.source_id, str) else None
+    assert reading.problems == [SourceProblem(3, reason, shown)]
     assert [record.source_id for record in reading.records] == ["r2"]
 
 
@@ -116,3 +123,8 @@ def test_more_than_100_prerequisites_keep_the_first_100_and_say_so() -> None:
     (kept,) = read(Anything(record), io.BytesIO(b"")).records
     assert kept.links == links[:100]
     assert kept.warnings == ("150 prerequisites: the first 100 are kept, 50 left out",)
+
+
+def test_an_importer_that_gives_no_record_refuses_the_file() -> None:
+    reading = read(Anything("not a record"), io.BytesIO(b""))  # type: ignore[arg-type]
+    assert reading.refused is not None and "not a record" in reading.refused.reason

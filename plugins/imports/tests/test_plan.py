@@ -30,11 +30,14 @@ def test_each_record_is_created_updated_left_alone_or_a_conflict() -> None:
         rec("D", title="source edit"),
         rec("E", state="ready", source_state="open"),
     )
+    # What an earlier import of B (then on line 40), C, D and E applied.
+    before = plan_of([rec("B", line=40), rec("C"), rec("D"), rec("E", state="done")])
+    applied = {item.record.source_id: item.digest for item in before.items}
     earlier = {
-        "B": Earlier("ta_b", digest(rec("B", line=40)), "ready"),
-        "C": Earlier("ta_c", digest(rec("C")), "ready"),
-        "D": Earlier("ta_d", digest(rec("D")), "ready", changed_here=True),
-        "E": Earlier("ta_e", digest(rec("E", state="done")), "done"),
+        "B": Earlier("ta_b", applied["B"], "ready"),
+        "C": Earlier("ta_c", applied["C"], "ready"),
+        "D": Earlier("ta_d", applied["D"], "ready", changed_here=True),
+        "E": Earlier("ta_e", applied["E"], "done"),
     }
     made = plan_of([fresh, same, changed, edited, reopened], earlier)
     actions = {item.record.source_id: (item.action, item.task_id) for item in made.items}
@@ -137,3 +140,20 @@ def test_a_link_to_itself_is_refused_and_the_chunk_size_is_part_of_the_identity(
     assert made.items[0].links == ()
     other = plan_of([rec("A", links=[SourceLink("parent", "A")]), rec("B")], chunk_size=2)
     assert made.identity != other.identity
+
+
+def test_a_record_whose_broken_link_now_has_a_record_is_applied_again() -> None:
+    first = plan_of([rec("A", "B", links=[SourceLink("related", "C")])])
+    assert len(first.refused) == 2
+    (item,) = first.items
+    again = plan_of(
+        [rec("A", "B", links=[SourceLink("related", "C")]), rec("B"), rec("C")],
+        {"A": Earlier("ta_a", item.digest, "ready")},
+    )
+    (a,) = [i for i in again.items if i.record.source_id == "A"]
+    assert a.action == "update" and a.prerequisites == ("B",) and len(a.links) == 1
+    same = plan_of(
+        [rec("A", "B", links=[SourceLink("related", "C")])],
+        {"A": Earlier("ta_a", item.digest, "ready")},
+    )
+    assert [i.action for i in same.items] == ["unchanged"]

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from buildmax_hookspecs import ImportedTask, SourceRecord
 
 from buildmax.bodies import validate
@@ -23,9 +24,10 @@ from .change import Change
 from .graph import EDITABLE, add_dependency, lock_graph
 from .holds import place_hold
 from .lifecycle import TERMINAL, complete, finish
-from .problems import DependencyCycle
+from .problems import DependencyCycle, RevisionConflict
 from .records import load_task, task_or_404
 from .schemas import REASON_CHARS, TaskCreate
+from .tables import holds
 from .tasks import create_task, revise_task, set_links
 
 #: The fields of a task an import revises, as a create body names them.
@@ -70,16 +72,17 @@ async def import_record(
     *,
     system: str,
     project_id: str,
-    task_id: str | None,
+    task: tuple[str, int | None] | None,
     prerequisites: Sequence[str],
     links: Sequence[tuple[str, str]],
 ) -> ImportedTask:
     """The task of ``record`` made to say what it says (the protocol's
-    ``TaskQueue.import_record``)."""
+    ``TaskQueue.import_record``); ``task`` is the task and the revision the
+    caller saw, or ``None`` to create one."""
     data = _body(record, system, project_id, prerequisites, links)
-    if task_id is None:
+    if task is None:
         return await _create(ch, importer, record, data)
-    return await _update(ch, importer, record, task_id, data)
+    return await _update(ch, importer, record, task, data)
 
 
 async def _create(
@@ -88,33 +91,67 @@ async def _create(
     public_id = await create_task(ch, importer.principal_pk, data)
     changes = ["created"]
     if record.state == "held":
-        reason = record.state_reason or f"{record.source_state or 'in progress'} in the source"
-        await place_hold(ch, importer.principal_pk, "task", public_id, HELD, reason[:REASON_CHARS])
+        await _hold(ch, importer, record, public_id)
         changes.append("held")
     return await _outcome(ch, public_id, changes, [])
 
 
+async def _hold(ch: Change, importer: Authority, record: SourceRecord, task_id: str) -> None:
+    reason = record.state_reason or f"{record.source_state or 'in progress'} in the source"
+    await place_hold(ch, importer.principal_pk, "task", task_id, HELD, reason[:REASON_CHARS])
+
+
+async def _held(ch: Change, task_pk: int) -> bool:
+    """Whether a live hold is on the task itself."""
+    found = await ch.tx.fetch_val(
+        sa.select(holds.c.id).where(
+            holds.c.scope_type == "task", holds.c.scope_pk == task_pk, holds.c.lifted_at.is_(None)
+        )
+    )
+    return found is not None
+
+
 async def _update(
-    ch: Change, importer: Authority, record: SourceRecord, task_id: str, data: dict[str, Any]
+    ch: Change,
+    importer: Authority,
+    record: SourceRecord,
+    task: tuple[str, int | None],
+    data: dict[str, Any],
 ) -> ImportedTask:
+    task_id, expected = task
     changes: list[str] = []
     notes: list[str] = []
+    applied = True
     if data["prerequisites"]:
         await lock_graph(ch)  # before any task row: the order every graph edit takes
     row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+    if expected is not None and row.revision != expected:
+        raise RevisionConflict(
+            f"task {row.id} is at revision {row.revision}, not {expected}: it changed since",
+            revision=row.revision,
+        )
     if row.state in TERMINAL:
         if _revised(row, data) or record.state not in ("done", "canceled"):
             notes.append(f"{row.state} here: it stays closed and is not revised")
     elif row.state not in EDITABLE:
-        notes.append(f"{row.state} here: someone holds it, so it is not revised or closed")
+        notes.append(f"{row.state} here: someone holds it, so it is not revised or closed yet")
+        applied = False
     else:
         revised = _revised(row, data)
         if revised:
             await revise_task(ch, task_id, row.revision, importer, revised)
             changes.append("revised")
+        if data["kind"] != row.kind:
+            notes.append(f"{data['kind']} in the source: a task's kind stays {row.kind}")
         if await _add_prerequisites(ch, task_id, data["prerequisites"], notes):
             changes.append("prerequisites")
         row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
+        held = await _held(ch, row.pk)
+        if record.state == "held" and not held:
+            await _hold(ch, importer, record, task_id)
+            changes.append("held")
+        elif record.state == "ready" and held:
+            notes.append("held here: lift the hold when the work is free")
         if record.state == "done":
             await complete(ch, row)
             changes.append("closed")
@@ -122,9 +159,23 @@ async def _update(
             reason = data["outcome_reason"] or "canceled in the source"
             await finish(ch, row, "canceled", reason)
             changes.append("closed")
-    if await set_links(ch, task_id, data["links"]):
+    wanted = [(link["kind"], link["task"]) for link in data["links"]]
+    if await add_links(ch, task_id, wanted):
         changes.append("links")
-    return await _outcome(ch, task_id, changes, notes)
+    return await _outcome(ch, task_id, changes, notes, applied)
+
+
+async def add_links(ch: Change, task_id: str, links: Sequence[tuple[str, str]]) -> bool:
+    """Add to the task's links those of ``links`` (``(kind, task id)``) it
+    lacks (an import adds links, and removes none a person made); whether
+    any was added."""
+    row = await task_or_404(ch.tx, ch.space_pk, task_id)
+    now = [(link["kind"], link["task"]) for link in json.loads(row.links)]
+    wanted = list(dict.fromkeys([*now, *links]))
+    if wanted == now:
+        return False
+    await set_links(ch, task_id, [{"kind": kind, "task": task} for kind, task in wanted])
+    return True
 
 
 def _revised(row: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +210,9 @@ async def _add_prerequisites(
     return added
 
 
-async def _outcome(ch: Change, task_id: str, changes: list[str], notes: list[str]) -> ImportedTask:
+async def _outcome(
+    ch: Change, task_id: str, changes: list[str], notes: list[str], applied: bool = True
+) -> ImportedTask:
     row = await load_task(ch.tx, task_id, space_pk=ch.space_pk)
     assert row is not None, "the task was just written"
-    return ImportedTask(row.id, row.revision, row.state, tuple(changes), tuple(notes))
+    return ImportedTask(row.id, row.revision, row.state, tuple(changes), tuple(notes), applied)

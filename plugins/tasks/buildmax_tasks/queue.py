@@ -29,7 +29,7 @@ from .change import Change
 from .claims import claim_named
 from .decisions import open_decision
 from .engine import policy_of_project, stage_engine
-from .imported import import_record
+from .imported import add_links, import_record
 from .problems import NotAttemptOwner, TaskNotClaimable
 from .records import (
     AGENT_REVISION_SELECT,
@@ -53,7 +53,6 @@ from .tables import (
     submissions,
     tasks,
 )
-from .tasks import set_links
 
 if TYPE_CHECKING:
     from buildmax.app import BuildMax
@@ -304,29 +303,37 @@ class SqlTaskQueue:
         project_id: str,
         actor: Actor,
         task_id: str | None,
+        revision: int | None,
         prerequisites: Sequence[str],
         links: Sequence[tuple[str, str]],
+        admin_override: bool = False,
     ) -> ImportedTask:
-        ch, importer = await self._importing(tx, space_id, actor)
+        ch, importer = await self._importing(tx, space_id, actor, admin_override)
         return await import_record(
             ch,
             importer,
             record,
             system=system,
             project_id=project_id,
-            task_id=task_id,
+            task=None if task_id is None else (task_id, revision),
             prerequisites=prerequisites,
             links=links,
         )
 
     async def relink(
-        self, tx: Transaction, task_id: str, links: Sequence[tuple[str, str]], *, actor: Actor
+        self,
+        tx: Transaction,
+        task_id: str,
+        links: Sequence[tuple[str, str]],
+        *,
+        actor: Actor,
+        admin_override: bool = False,
     ) -> bool:
         task = await load_task(tx, task_id)
         if task is None:
             raise NotFound("no such task")
-        ch, _ = await self._importing(tx, task.space_id, actor)
-        return await set_links(ch, task_id, [{"kind": k, "task": t} for k, t in links])
+        ch, _ = await self._importing(tx, task.space_id, actor, admin_override)
+        return await add_links(ch, task_id, links)
 
     async def _space_change(
         self,
@@ -352,7 +359,7 @@ class SqlTaskQueue:
         return Change(self._app, tx, actor, space["id"], space["public_id"], now), principal_pk
 
     async def _importing(
-        self, tx: Transaction, space_id: str, actor: Actor
+        self, tx: Transaction, space_id: str, actor: Actor, admin_override: bool
     ) -> tuple[Change, Authority]:
         """A change by ``actor`` importing into ``space_id`` (the caller
         checked the role), who overrides no one's attempt."""
@@ -363,4 +370,5 @@ class SqlTaskQueue:
             NotFound("no such space"),
             Forbidden("only a principal imports tasks"),
         )
+        ch.admin_override = admin_override
         return ch, Authority(principal_pk, may_override=False)

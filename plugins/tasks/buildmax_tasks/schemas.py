@@ -600,7 +600,9 @@ class TaskListQuery(QueueQuery):
         },
     )
     min_priority = BoundedInteger(
-        *TASK_PRIORITIES, text=True, metadata={"description": "Only tasks of at least this priority"}
+        *TASK_PRIORITIES,
+        text=True,
+        metadata={"description": "Only tasks of at least this priority"},
     )
 
 
