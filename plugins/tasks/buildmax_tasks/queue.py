@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,11 @@ class SqlTaskQueue:
 
     def __init__(self, app: BuildMax) -> None:
         self._app = app
+        # The change each transaction imports in, by space, actor and
+        # override: one per chunk, so its events are published together.
+        self._imports: weakref.WeakKeyDictionary[
+            Transaction, dict[tuple[str, str | None, bool], tuple[Change, Authority]]
+        ] = weakref.WeakKeyDictionary()
 
     async def task(self, conn: Transaction, task_id: str) -> TaskRef | None:
         row = await load_task(conn, task_id)
@@ -362,13 +368,18 @@ class SqlTaskQueue:
         self, tx: Transaction, space_id: str, actor: Actor, admin_override: bool
     ) -> tuple[Change, Authority]:
         """A change by ``actor`` importing into ``space_id`` (the caller
-        checked the role), who overrides no one's attempt."""
-        ch, principal_pk = await self._space_change(
-            tx,
-            space_id,
-            actor,
-            NotFound("no such space"),
-            Forbidden("only a principal imports tasks"),
-        )
-        ch.admin_override = admin_override
-        return ch, Authority(principal_pk, may_override=False)
+        checked the role), who overrides no one's attempt: the same for
+        every record a transaction imports."""
+        key = (space_id, actor.principal_id, admin_override)
+        made = self._imports.setdefault(tx, {})
+        if key not in made:
+            ch, principal_pk = await self._space_change(
+                tx,
+                space_id,
+                actor,
+                NotFound("no such space"),
+                Forbidden("only a principal imports tasks"),
+            )
+            ch.admin_override = admin_override
+            made[key] = (ch, Authority(principal_pk, may_override=False))
+        return made[key]
