@@ -525,12 +525,15 @@ async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
     from buildmax_imports import importing
 
     await desk.apply_all(await desk.preview(SMALL))
-    preview = await desk.preview(SMALL.replace(b'"Issue 1"', b'"Issue 1, theirs"'))
+    theirs = SMALL.replace(b'"Issue 1"', b'"Issue 1, theirs"').replace(
+        b'"Issue 4"', b'"Issue 4, theirs"'
+    )
+    preview = await desk.preview(theirs)
     checked = importing._check_unmoved
 
     async def then_edited(job: Any, system: str, items: Any) -> None:
         await checked(job, system, items)
-        row = await job.tx.fetch_one(sa.select(tasks).where(tasks.c.source_id == "bd-1"))
+        row = await job.tx.fetch_one(sa.select(tasks).where(tasks.c.source_id == "bd-4"))
         await job.tx.execute(
             task_revisions.insert().values(
                 task_id=row["id"],
@@ -550,7 +553,10 @@ async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
 
     monkeypatch.setattr(importing, "_check_unmoved", then_edited)
     await desk.apply(preview, 1, expect=409, problem="revision-conflict")
-    assert (await desk.state())["bd-1"]["title"] == "Issue 1"
+    # bd-1 was revised in the chunk's transaction before bd-4 refused it: gone with it.
+    state = await desk.state()
+    assert state["bd-1"]["title"] == "Issue 1" and state["bd-1"]["revision"] == 1
+    assert state["bd-4"]["title"] == "Issue 4"
     assert len(await desk.rows(chunks)) == 1
 
 
@@ -597,3 +603,25 @@ async def test_a_chunk_that_is_no_number_of_the_import_is_404(desk: Desk, number
     preview = await desk.preview(SMALL)
     await desk.apply(preview, number, expect=404, problem="not-found")  # type: ignore[arg-type]
     assert await desk.tasks_by_source() == {}
+
+
+async def test_bad_lines_are_previewed_with_their_line_and_the_rest_imported(desk: Desk) -> None:
+    data = (
+        export(issue(1, comments=[{"text": "a field we do not keep"}]))
+        + b'{"id": "bd-2", "title": \n'
+        + export(issue(3, title="x" * 501), issue(1, title="again"))
+        + b'{"id": "bd-5", "title": "caf\xe9"}\n'
+        + export(issue(6))
+    )
+    preview = await desk.preview(data)
+    assert [(p["line"], p["reason"]) for p in preview["problems"]] == [
+        (2, "not JSON: Expecting value at column 25"),
+        (3, "title is 501 characters (at most 500)"),
+        (4, "id 'bd-1' again (first on line 1): left out"),
+        (5, "not UTF-8 text: 0xe9 at byte 29 of the line"),
+    ]
+    items = {item["source_id"]: item for item in preview["items"]}
+    assert sorted(items) == ["bd-1", "bd-6"]
+    assert items["bd-1"]["warnings"] == ["fields not imported: comments"]
+    await desk.apply_all(preview)
+    assert sorted(await desk.tasks_by_source()) == ["bd-1", "bd-6"]
