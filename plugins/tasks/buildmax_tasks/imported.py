@@ -32,6 +32,8 @@ from .tasks import create_task, revise_task, set_links
 
 #: The fields of a task an import revises, as a create body names them.
 REVISED = ("title", "body", "criteria", "priority", "labels")
+#: Every record is checked as a create body is (one schema, built once).
+_CREATE = TaskCreate()
 #: The hold that keeps work in progress elsewhere from being claimed here.
 HELD = "suspended"
 
@@ -47,7 +49,7 @@ def _body(
     closed = record.state in ("done", "canceled")
     reason = (record.close_reason or "").strip()[:REASON_CHARS] or None
     return validate(
-        TaskCreate(),
+        _CREATE,
         {
             "project": project_id,
             "title": record.title,

@@ -7,6 +7,7 @@ audits and announces what it did. The routes authorize, parse and render.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, NoReturn
 
@@ -27,6 +28,49 @@ from .records import agent_pk, find_project, load_task, task_or_404
 from .rows import TaskRow
 from .search import index_task
 from .tables import attempts, dependencies, task_revisions, tasks
+
+#: What a new task's row is written with (each a bind parameter of its name).
+_NEW_TASK = (
+    "public_id",
+    "space_id",
+    "project_id",
+    "kind",
+    "title",
+    "priority",
+    "labels",
+    "resources",
+    "agent_id",
+    "state",
+    "outcome_reason",
+    "max_attempts",
+    "ready_at",
+    "created_at",
+    "created_by",
+    "updated_at",
+    "source_system",
+    "source_id",
+    "links",
+)
+
+
+@functools.cache
+def _insert_task(dialect: str) -> Any:
+    """A new task's insert, built once per engine: skipped (no id back)
+    when its source record is another task's."""
+    return (
+        insert_ignoring_conflict(dialect, tasks)
+        .values({name: sa.bindparam(name) for name in _NEW_TASK})
+        .returning(tasks.c.id)
+    )
+
+
+_INSERT_FIRST_REVISION = task_revisions.insert().values(
+    number=1,
+    **{
+        name: sa.bindparam(name)
+        for name in ("task_id", "title", "body", "criteria", "created_at", "created_by")
+    },
+)
 
 
 async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
@@ -62,44 +106,43 @@ async def create_task(ch: Change, creator_pk: int, data: dict[str, Any]) -> str:
     # A source record another task came from skips the insert (the unique
     # index decides, also between creates that run at once).
     pk = await ch.tx.fetch_val(
-        insert_ignoring_conflict(ch.tx.dialect, tasks)
-        .values(
-            public_id=public_id,
-            space_id=ch.space_pk,
-            project_id=project.pk,
-            kind=data["kind"],
-            title=data["title"],
-            priority=data["priority"],
-            labels=json.dumps(sorted(set(data["labels"]))),
-            resources=json.dumps(sorted(set(data["resources"]))),
-            agent_id=agent,
+        _insert_task(ch.tx.dialect),
+        {
+            "public_id": public_id,
+            "space_id": ch.space_pk,
+            "project_id": project.pk,
+            "kind": data["kind"],
+            "title": data["title"],
+            "priority": data["priority"],
+            "labels": json.dumps(sorted(set(data["labels"]))),
+            "resources": json.dumps(sorted(set(data["resources"]))),
+            "agent_id": agent,
             # A task's first state; every later one is lifecycle's to write.
-            state=state,
-            outcome_reason=data["outcome_reason"],
-            max_attempts=data["max_attempts"],
-            ready_at=ch.now,
-            created_at=ch.now,
-            created_by=creator_pk,
-            updated_at=ch.now,
-            source_system=None if source is None else source["system"],
-            source_id=None if source is None else source["id"],
-            links=json.dumps(links),
-        )
-        .returning(tasks.c.id)
+            "state": state,
+            "outcome_reason": data["outcome_reason"],
+            "max_attempts": data["max_attempts"],
+            "ready_at": ch.now,
+            "created_at": ch.now,
+            "created_by": creator_pk,
+            "updated_at": ch.now,
+            "source_system": None if source is None else source["system"],
+            "source_id": None if source is None else source["id"],
+            "links": json.dumps(links),
+        },
     )
     if pk is None:
         assert source is not None, "only a task's source may be taken"
         await _refuse_taken(ch, source)
     await ch.tx.execute(
-        task_revisions.insert().values(
-            task_id=pk,
-            number=1,
-            title=data["title"],
-            body=data["body"],
-            criteria=data["criteria"],
-            created_at=ch.now,
-            created_by=creator_pk,
-        )
+        _INSERT_FIRST_REVISION,
+        {
+            "task_id": pk,
+            "title": data["title"],
+            "body": data["body"],
+            "criteria": data["criteria"],
+            "created_at": ch.now,
+            "created_by": creator_pk,
+        },
     )
     await index_task(ch.tx, pk, ch.space_pk, data["title"], data["criteria"])
     for prereq in prereqs:
