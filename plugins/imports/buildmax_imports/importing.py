@@ -33,7 +33,7 @@ from buildmax_hookspecs import Actor, BlobNotFound, BlobStore, Importer, TaskQue
 
 from buildmax.app import BuildMax, blob_store
 from buildmax.ids import new_id
-from buildmax.problems import BlobMissing, NotFound
+from buildmax.problems import BlobMissing, NotFound, Problem
 
 from .plan import UNAPPLIED, Earlier, Item, Plan, plan
 from .problems import ChunkOutOfOrder, FileRefused, ImportStale
@@ -445,19 +445,27 @@ async def _apply_item(
     if item.action in ("unchanged", "conflict"):
         return entry
     links = _resolved_links(item, resolved)
-    outcome = await job.queue.import_record(
-        job.tx,
-        item.record,
-        system=system,
-        space_id=job.space_id,
-        project_id=job.row["project_id"],
-        actor=job.actor,
-        task_id=item.task_id,
-        revision=revision,
-        prerequisites=[resolved[target] for target in item.prerequisites],
-        links=links,
-        admin_override=job.admin_override,
-    )
+    try:
+        outcome = await job.queue.import_record(
+            job.tx,
+            item.record,
+            system=system,
+            space_id=job.space_id,
+            project_id=job.row["project_id"],
+            actor=job.actor,
+            task_id=item.task_id,
+            revision=revision,
+            prerequisites=[resolved[target] for target in item.prerequisites],
+            links=links,
+            admin_override=job.admin_override,
+        )
+    except Problem as refused:
+        # The whole chunk is refused: say which record refused it.
+        refused.detail = (
+            f"record {item.record.source_id} (line {item.record.line}): {refused.detail}"
+        )
+        refused.extra.setdefault("source_id", item.record.source_id)
+        raise
     resolved[item.record.source_id] = outcome.task_id
     entry.update(
         task_id=outcome.task_id,

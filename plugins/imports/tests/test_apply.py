@@ -552,7 +552,8 @@ async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
         )
 
     monkeypatch.setattr(importing, "_check_unmoved", then_edited)
-    await desk.apply(preview, 1, expect=409, problem="revision-conflict")
+    refused = await desk.apply(preview, 1, expect=409, problem="revision-conflict")
+    assert refused["source_id"] == "bd-4" and refused["detail"].startswith("record bd-4 (line 4): ")
     # bd-1 was revised in the chunk's transaction before bd-4 refused it: gone with it.
     state = await desk.state()
     assert state["bd-1"]["title"] == "Issue 1" and state["bd-1"]["revision"] == 1
