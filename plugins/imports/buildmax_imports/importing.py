@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -172,6 +172,29 @@ def make_plan(reading: Reading, known: Mapping[str, Known], sha256: str, chunk_s
         file_digest=sha256,
         service_revision=SERVICE_REVISION,
         chunk_size=chunk_size,
+    )
+
+
+def summary(made: Plan) -> str:
+    """What the preview found, as the import row keeps it (JSON): each
+    chunk's first and last record and size, the problems, the edges left out."""
+    sizes = Counter(item.chunk for item in made.items)
+    return json.dumps(
+        {
+            "chunks": [
+                {"number": number, "first": first, "last": last, "records": sizes[number]}
+                for number, (first, last) in enumerate(made.chunks, start=1)
+            ],
+            "problems": [
+                {"line": p.line, "reason": p.reason, "source_id": p.source_id}
+                for p in made.problems
+            ],
+            "refused": [
+                {"source_id": e.source, "kind": e.kind, "target": e.target, "reason": e.reason}
+                for e in made.refused
+            ],
+        },
+        separators=(",", ":"),
     )
 
 

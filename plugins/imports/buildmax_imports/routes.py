@@ -59,10 +59,11 @@ _BARE = ImportOut(exclude=("items",))
 
 
 def view(
-    row: Any, space_id: str, made: Plan | None, applied: int, *, items: bool = False
+    row: Any, space_id: str, applied: int, *, made: Plan | None = None, found: bool = True
 ) -> dict[str, Any]:
-    """An import as the API shows it; with its plan, its chunks, problems
-    and refused edges, and with ``items`` each record's item."""
+    """An import as the API shows it: with ``found``, its chunks, problems
+    and refused edges (kept with it); with the plan ``made``, each record's
+    item too."""
     out: dict[str, Any] = {
         "id": row["public_id"],
         "space_id": space_id,
@@ -78,26 +79,11 @@ def view(
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }
+    if found:
+        out.update(json.loads(row["summary"]))
+        for chunk in out["chunks"]:
+            chunk["applied"] = chunk["number"] <= applied
     if made is None:
-        return _BARE.dump(out)  # type: ignore[no-any-return]
-    out["chunks"] = [
-        {
-            "number": number,
-            "first": first,
-            "last": last,
-            "records": sum(1 for item in made.items if item.chunk == number),
-            "applied": number <= applied,
-        }
-        for number, (first, last) in enumerate(made.chunks, start=1)
-    ]
-    out["problems"] = [
-        {"line": p.line, "reason": p.reason, "source_id": p.source_id} for p in made.problems
-    ]
-    out["refused"] = [
-        {"source_id": e.source, "kind": e.kind, "target": e.target, "reason": e.reason}
-        for e in made.refused
-    ]
-    if not items:
         return _BARE.dump(out)  # type: ignore[no-any-return]
     out["items"] = [
         {
@@ -190,7 +176,7 @@ async def preview(caller: Caller, access: SpaceAccess) -> Response:
             receipt,
         )
     importing.remember(row, made)
-    return json_response(view(row, access.public_id, made, 0), 201)
+    return json_response(view(row, access.public_id, 0), 201)
 
 
 @dataclass(frozen=True)
@@ -273,6 +259,7 @@ async def _recorded(
                 state="previewed",
                 counts=json.dumps(counted),
                 earlier=importing.assumed(known),
+                summary=importing.summary(made),
                 created_by=caller.principal_pk,
                 created_at=now,
                 updated_at=now,
@@ -296,7 +283,7 @@ async def _recorded(
             admin_override=access.admin_override,
         )
         row = await importing.find(tx, access.pk, public_id)
-        await receipt.keep(tx, Reply(201, view(row, access.public_id, made, 0)))
+        await receipt.keep(tx, Reply(201, view(row, access.public_id, 0)))
     return row
 
 
@@ -312,14 +299,14 @@ async def list_imports(caller: Caller, access: SpaceAccess) -> Response:
     """Each import's counts and state; its items are in ``GET /imports/{id}``."""
     app = current_buildmax()
     page = page_request()
-    # Not what a preview assumed: it can be megabytes, and a list shows none of it.
-    shown = [column for column in imports.c if column.name != "earlier"]
+    # Not what a preview assumed or found: megabytes, maybe, and a list shows neither.
+    shown = [column for column in imports.c if column.name not in ("earlier", "summary")]
     statement = sa.select(*shown).where(imports.c.space_id == access.pk)
     if page.after is not None:
         statement = statement.where(older_than(imports, page.after[0]))
     async with app.db.read() as conn:
         rows = await conn.fetch_all(statement.order_by(imports.c.id.desc()).limit(page.limit + 1))
-    items = [view(row, access.public_id, None, row["chunks_applied"]) for row in rows]
+    items = [view(row, access.public_id, row["chunks_applied"], found=False) for row in rows]
     return json_response(
         page_body(items[: page.limit], list(rows), page.limit, lambda row: [row["public_id"]])
     )
@@ -335,15 +322,17 @@ async def list_imports(caller: Caller, access: SpaceAccess) -> Response:
     query=ImportQuery,
 )
 async def show_import(import_id: str, caller: Caller, access: SpaceAccess) -> Response:
-    """The preview as it was made (from the kept file and what it assumed),
-    with ``chunks_applied``; ``items=exclude`` leaves out the items. 409
-    ``import-stale`` when this server would plan the file differently."""
+    """The preview as it was made, with ``chunks_applied``. Each record's
+    item is made again from the kept file and what the preview assumed (409
+    ``import-stale`` when this server would plan the file differently, 410
+    ``blob-missing`` when the file is gone); ``items=exclude`` leaves the
+    items out and reads only what is kept with the import."""
     app = current_buildmax()
     async with app.db.read() as conn:
         row = await importing.find(conn, access.pk, import_id)
-    made = await importing.plan_of(app, row)
-    items = query_args()["items"] == "include"
-    return json_response(view(row, access.public_id, made, row["chunks_applied"], items=items))
+    # The items are made again from the kept file; the rest is kept with the import.
+    made = await importing.plan_of(app, row) if query_args()["items"] == "include" else None
+    return json_response(view(row, access.public_id, row["chunks_applied"], made=made))
 
 
 def _chunk_number(text: str) -> int:

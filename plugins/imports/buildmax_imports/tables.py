@@ -4,7 +4,8 @@
 space, a project by the tasks plugin's public id), what it was read with,
 the file's digest and where its bytes are kept, the preview's identity,
 what it assumed of the space's earlier imports (``earlier``, JSON by
-source id) and how many of its chunks are applied. ``import_chunks``
+source id), what it found (``summary``) and how many of its chunks are
+applied. ``import_chunks``
 holds each applied chunk's report. ``import_mappings`` is the stable
 mapping of a space's source records to their tasks: the task, the digest
 of the record as last applied and the task's revision after it (a task
@@ -48,6 +49,9 @@ imports = sa.Table(
     sa.Column("counts", sa.Text, nullable=False),
     # What the preview assumed of earlier imports (JSON, by source id).
     sa.Column("earlier", sa.Text, nullable=False),
+    # What the preview found (JSON): its chunks, the file's problems, the
+    # edges left out; shown without planning the file again.
+    sa.Column("summary", sa.Text, nullable=False),
     sa.Column("created_by", Id, sa.ForeignKey("principals.id"), nullable=False),
     sa.Column("created_at", Millis, nullable=False),
     sa.Column("updated_at", Millis, nullable=False),

@@ -626,3 +626,23 @@ async def test_bad_lines_are_previewed_with_their_line_and_the_rest_imported(des
     assert items["bd-1"]["warnings"] == ["fields not imported: comments"]
     await desk.apply_all(preview)
     assert sorted(await desk.tasks_by_source()) == ["bd-1", "bd-6"]
+
+
+async def test_an_import_without_its_items_is_shown_without_its_file(desk: Desk) -> None:
+    from buildmax_imports import importing
+
+    from buildmax.app import blob_store
+
+    preview = await desk.preview(SMALL, chunk_size=2)
+    await desk.apply(preview, 1, expect=200)
+    (row,) = await desk.rows(imports)
+    assert await blob_store(desk.app).delete(row["blob_key"])
+    importing._plans.clear()
+    bare = await desk.call("GET", f"/imports/{preview['id']}?items=exclude", expect=200)
+    assert bare == {
+        **{k: v for k, v in preview.items() if k not in ("items", "state", "updated_at")},
+        "state": "applying",
+        "updated_at": bare["updated_at"],
+        "chunks_applied": 1,
+        "chunks": [{**c, "applied": c["number"] == 1} for c in preview["chunks"]],
+    }
