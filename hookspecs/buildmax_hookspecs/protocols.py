@@ -311,6 +311,7 @@ class TaskQueue(Protocol):
         revision: int | None,
         prerequisites: Sequence[str],
         links: Sequence[tuple[str, str]],
+        hold: bool = True,
         admin_override: bool = False,
     ) -> ImportedTask:
         """Make the task of ``record`` (of the source ``system``) say what
@@ -325,8 +326,10 @@ class TaskQueue(Protocol):
         409 ``revision-conflict`` unless it is at ``revision`` (what the
         caller last saw): what differs of its title, body, criteria,
         priority and labels is its next revision; missing
-        ``prerequisites`` and ``links`` are added (an import removes none);
-        a record ``held`` puts a hold on a task that has none; a record
+        ``prerequisites`` and ``links`` are added (an import removes none;
+        pass only those new in the source, so that one a person took away
+        stays away); a record ``held`` puts a hold on a task that has none
+        when ``hold`` (false: it was held when last applied); a record
         closed in the source closes the task when nobody holds it (its
         dependents go ready). A task closed here is never reopened or
         revised, and a task someone holds is not revised or closed: the

@@ -93,6 +93,11 @@ class ChunkReport:
     counts: dict[str, int]
     body: dict[str, Any]
 
+    @property
+    def replayed(self) -> bool:
+        """Whether the chunk had been applied before (this is its report again)."""
+        return self.body.get("replayed") is True
+
     @classmethod
     def of(cls, body: Any, number: int) -> ChunkReport:
         if _field(body, "number", int) != number:

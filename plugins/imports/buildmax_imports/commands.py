@@ -203,13 +203,17 @@ def apply_command(remote: Remote, imports: ImportsClient, space: str, import_id:
                     f"chunk {number} of {found.chunk_count} was not applied: {exc}; {done}"
                 ) from None
             bar.update(1)
+    if remote.as_json:
+        click.echo(json.dumps([report.body for report in reports], indent=2))
+        return
+    before = [report.number for report in reports if report.replayed]
+    reports = [report for report in reports if not report.replayed]
     totals: dict[str, int] = {}
     for report in reports:
         for action, count in report.counts.items():
             totals[action] = totals.get(action, 0) + count
-    if remote.as_json:
-        click.echo(json.dumps([report.body for report in reports], indent=2))
-        return
+    if before:
+        click.echo(f"chunks {', '.join(map(str, before))} had been applied already (not again)")
     if not reports:
         click.echo(f"import {_safe(found.id)}: every chunk was applied already")
         return

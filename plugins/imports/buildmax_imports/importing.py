@@ -24,7 +24,7 @@ import json
 import tempfile
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import IO, Any, BinaryIO
 
@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Actor, BlobNotFound, BlobStore, Importer, TaskQueue, Transaction
 
 from buildmax.app import BuildMax, blob_store
+from buildmax.database.locks import lock
 from buildmax.ids import new_id
 from buildmax.problems import BlobMissing, NotFound, Problem
 
@@ -67,10 +68,13 @@ SERVICE_REVISION = (
 @dataclass(frozen=True)
 class Known:
     """What an earlier import left of a record, as a preview saw it: the
-    plan's :class:`~.plan.Earlier` and the task's revision then."""
+    plan's :class:`~.plan.Earlier`, the task's revision then, and what of
+    the record was applied (its state, prerequisites and links by source
+    id; empty for a task no import made)."""
 
     earlier: Earlier
     revision: int
+    applied: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 def importer_named(app: BuildMax, name: str) -> Importer:
@@ -123,7 +127,11 @@ async def earlier_of(
         part = wanted[start : start + _BATCH]
         rows = await conn.fetch_all(
             sa.select(
-                mappings.c.source_id, mappings.c.task_id, mappings.c.digest, mappings.c.revision
+                mappings.c.source_id,
+                mappings.c.task_id,
+                mappings.c.digest,
+                mappings.c.revision,
+                mappings.c.applied,
             ).where(
                 mappings.c.space_id == space[0],
                 mappings.c.system == system,
@@ -141,6 +149,7 @@ async def earlier_of(
                     row["task_id"], row["digest"], task.state, task.revision != row["revision"]
                 ),
                 task.revision,
+                json.loads(row["applied"]),
             )
         unmapped = [key for key in part if key not in found]
         for key, task in (await queue.sourced(conn, space[1], system, unmapped)).items():
@@ -328,6 +337,10 @@ async def apply_chunk(job: Applying) -> dict[str, Any] | None:
     if not 1 <= number <= row["chunk_count"]:
         raise NotFound(f"the import has chunks 1 to {row['chunk_count']}")
     now = job.app.clock.now_ms()
+    # One chunk at a time in a space: two imports over the same records
+    # would otherwise wait on each other's new tasks (a deadlock on
+    # PostgreSQL); the second finds the first's mappings, and is stale.
+    await lock(job.tx, "import_apply", job.space_pk)
     claimed = await job.tx.fetch_val(
         sa.update(imports)
         .where(imports.c.id == row["id"], imports.c.chunks_applied == number - 1)
@@ -350,15 +363,14 @@ async def apply_chunk(job: Applying) -> dict[str, Any] | None:
         )
     items = [item for item in job.made.items if item.chunk == number]
     system = row["format"]
-    await _check_unmoved(job, system, items)
+    known = await _check_unmoved(job, system, items)
     resolved = await _tasks_of(job, system, _targets(items))
-    seen = _known(row["earlier"])
     report = []
     for item in items:
-        before = seen.get(item.record.source_id)
-        revision = None if before is None else before.revision
-        report.append(await _apply_item(job, system, item, revision, resolved, now))
-    relinked = await _relink(job, system, {item.record.source_id for item in items})
+        before = known.get(item.record.source_id)
+        report.append(await _apply_item(job, system, item, before, resolved, now))
+    created = {entry["source_id"] for entry in report if "created" in entry["changes"]}
+    relinked = await _relink(job, system, created)
     summary = {
         action: sum(1 for entry in report if entry["action"] == action)
         for action in ("create", "update", "unchanged", "conflict")
@@ -404,9 +416,10 @@ def _targets(items: Sequence[Item]) -> set[str]:
     }
 
 
-async def _check_unmoved(job: Applying, system: str, items: Sequence[Item]) -> None:
-    """409 stale when a record of the chunk was imported, or its task
-    edited or closed, since the preview (what it assumed is not so now)."""
+async def _check_unmoved(job: Applying, system: str, items: Sequence[Item]) -> dict[str, Known]:
+    """What earlier imports left of the chunk's records now; 409 stale when
+    a record of the chunk was imported, or its task edited, since the
+    preview (what it assumed is not so now)."""
     then = _known(job.row["earlier"])
     now = await earlier_of(
         job.tx, job.queue, job.space, system, [item.record.source_id for item in items]
@@ -423,6 +436,7 @@ async def _check_unmoved(job: Applying, system: str, items: Sequence[Item]) -> N
             "preview the file again",
             records=moved[:100],
         )
+    return now
 
 
 def _marks(known: Known | None) -> tuple[str, str, int] | None:
@@ -432,19 +446,24 @@ def _marks(known: Known | None) -> tuple[str, str, int] | None:
 
 
 async def _tasks_of(job: Applying, system: str, source_ids: Iterable[str]) -> dict[str, str]:
-    """The task of each of ``source_ids`` an import made (this one's earlier chunks too)."""
+    """The task of each of ``source_ids`` that has one: an import made it
+    (this one's earlier chunks too), or it was made naming the record."""
     found: dict[str, str] = {}
     wanted = sorted(set(source_ids))
     for start in range(0, len(wanted), _BATCH):
+        part = wanted[start : start + _BATCH]
         rows = await job.tx.fetch_all(
             sa.select(mappings.c.source_id, mappings.c.task_id).where(
                 mappings.c.space_id == job.space_pk,
                 mappings.c.system == system,
                 mappings.c.source_id.in_(sa.bindparam("ids", expanding=True)),
             ),
-            {"ids": wanted[start : start + _BATCH]},
+            {"ids": part},
         )
         found.update((row["source_id"], row["task_id"]) for row in rows)
+        unmapped = [key for key in part if key not in found]
+        sourced = await job.queue.sourced(job.tx, job.space_id, system, unmapped)
+        found.update((key, task.id) for key, task in sourced.items())
     return found
 
 
@@ -452,12 +471,14 @@ async def _apply_item(
     job: Applying,
     system: str,
     item: Item,
-    revision: int | None,
+    before: Known | None,
     resolved: dict[str, str],
     now: int,
 ) -> dict[str, Any]:
-    """One record of the chunk become its task (at ``revision``, the one
-    the preview saw), and its mapping written once the record is applied."""
+    """One record of the chunk become its task (at the revision the preview
+    saw, given what was applied of it ``before``), and its mapping written
+    once the record is applied. Of its prerequisites, links and hold, only
+    what is new since it was last applied is asked for."""
     entry: dict[str, Any] = {
         "source_id": item.record.source_id,
         "action": item.action,
@@ -467,7 +488,14 @@ async def _apply_item(
     }
     if item.action in ("unchanged", "conflict"):
         return entry
-    links = _resolved_links(item, resolved)
+    since = {} if before is None else before.applied
+    done_before = set(since.get("prerequisites", ()))
+    linked_before = {tuple(link) for link in since.get("links", ())}
+    new_links = [
+        (link.kind, resolved[link.target])
+        for link in item.links
+        if (link.kind, link.target) not in linked_before and link.target in resolved
+    ]
     try:
         outcome = await job.queue.import_record(
             job.tx,
@@ -477,9 +505,12 @@ async def _apply_item(
             project_id=job.row["project_id"],
             actor=job.actor,
             task_id=item.task_id,
-            revision=revision,
-            prerequisites=[resolved[target] for target in item.prerequisites],
-            links=links,
+            revision=None if before is None else before.revision,
+            prerequisites=[
+                resolved[target] for target in item.prerequisites if target not in done_before
+            ],
+            links=new_links,
+            hold=since.get("state") != "held",
             admin_override=job.admin_override,
         )
     except Problem as refused:
@@ -498,10 +529,16 @@ async def _apply_item(
     )
     if not outcome.applied:
         return entry  # the mapping keeps what was applied: a later import tries again
+    applied = {
+        "state": item.record.state,
+        "prerequisites": list(item.prerequisites),
+        "links": [[link.kind, link.target] for link in item.links],
+    }
     values = {
         "task_id": outcome.task_id,
         "digest": item.digest,
         "revision": outcome.revision,
+        "applied": json.dumps(applied, separators=(",", ":")),
         "import_id": job.row["id"],
         "updated_at": now,
     }
@@ -524,20 +561,14 @@ async def _apply_item(
     return entry
 
 
-def _resolved_links(item: Item, resolved: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The links of ``item`` whose records have tasks, as ``(kind, task id)``."""
-    return [(link.kind, resolved[link.target]) for link in item.links if link.target in resolved]
-
-
 async def _relink(job: Applying, system: str, arrived: set[str]) -> list[str]:
-    """Give the tasks of this import's chunks so far (this one's too) the
-    links to records that only now have tasks; the tasks relinked."""
+    """Give the tasks of this import's chunks so far (this one's too) their
+    links to the records ``arrived``, that only now have tasks (none of
+    those links can be one a person took away); the tasks relinked."""
     waiting = [
         item
         for item in job.made.items
-        if item.chunk <= job.number
-        and item.action in ("create", "update")
-        and any(link.target in arrived for link in item.links)
+        if item.chunk <= job.number and any(link.target in arrived for link in item.links)
     ]
     if not waiting:
         return []
@@ -547,9 +578,13 @@ async def _relink(job: Applying, system: str, arrived: set[str]) -> list[str]:
     relinked = []
     for item in waiting:
         links = [
-            (link.kind, resolved[link.target]) for link in item.links if link.target in resolved
+            (link.kind, resolved[link.target])
+            for link in item.links
+            if link.target in arrived and link.target in resolved
         ]
-        task_id = resolved[item.record.source_id]
+        task_id = resolved.get(item.record.source_id)
+        if task_id is None:
+            continue  # not applied (someone holds its task): a later import links it
         relinked_now = await job.queue.relink(
             job.tx, task_id, links, actor=job.actor, admin_override=job.admin_override
         )

@@ -385,8 +385,8 @@ async def apply_chunk(
             admin_override=access.admin_override,
         )
         report = await importing.apply_chunk(job)
-        if report is None:
-            report = await importing.applied_report(tx, row["id"], chunk)
+        if report is None:  # applied before (by this client or another): its report
+            report = {**await importing.applied_report(tx, row["id"], chunk), "replayed": True}
         return Reply(200, _report(row, report))
 
     return work

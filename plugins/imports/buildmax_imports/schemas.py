@@ -168,3 +168,7 @@ class ChunkReportOut(Schema):
     counts = fields.Nested(ChunkCountsOut)
     items = fields.List(fields.Nested(AppliedItemOut))
     relinked = fields.List(fields.String())
+    replayed = fields.Boolean(
+        dump_default=False,
+        metadata={"description": "True when the chunk was applied before: its report, again"},
+    )

@@ -8,8 +8,8 @@ source id), what it found (``summary``) and how many of its chunks are
 applied. ``import_chunks``
 holds each applied chunk's report. ``import_mappings`` is the stable
 mapping of a space's source records to their tasks: the task, the digest
-of the record as last applied and the task's revision after it (a task
-whose revision moved since was changed here).
+of the record as last applied, what of it was applied and the task's
+revision after it (a task whose revision moved since was changed here).
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ mappings = sa.Table(
     sa.Column("task_id", sa.Text, nullable=False),
     sa.Column("digest", sa.Text, nullable=False),
     sa.Column("revision", sa.Integer, nullable=False),
+    # What was applied of the record (JSON): its state, and its
+    # prerequisites and links by source id. A later import adds only what
+    # is new since, so what a person took away stays away.
+    sa.Column("applied", sa.Text, nullable=False),
     sa.Column("import_id", Id, sa.ForeignKey("import_imports.id"), nullable=False),
     sa.Column("updated_at", Millis, nullable=False),
     sa.UniqueConstraint("space_id", "system", "source_id", name="import_mappings_source"),

@@ -167,7 +167,8 @@ async def test_chunks_apply_in_order_once_each(desk: Desk) -> None:
     first = await desk.apply(preview, 1, expect=200)
     assert first["counts"]["create"] == 2
     again = await desk.apply(preview, 1, expect=200)
-    assert again == first  # the kept report: applied once
+    assert again == {**first, "replayed": True}  # the kept report: applied once
+    assert first["replayed"] is False
     assert len(await desk.tasks_by_source()) == 2
     await desk.apply(preview, 2, expect=200)
     await desk.apply(preview, 3, expect=200)
@@ -531,8 +532,8 @@ async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
     preview = await desk.preview(theirs)
     checked = importing._check_unmoved
 
-    async def then_edited(job: Any, system: str, items: Any) -> None:
-        await checked(job, system, items)
+    async def then_edited(job: Any, system: str, items: Any) -> Any:
+        known = await checked(job, system, items)
         row = await job.tx.fetch_one(sa.select(tasks).where(tasks.c.source_id == "bd-4"))
         await job.tx.execute(
             task_revisions.insert().values(
@@ -550,6 +551,7 @@ async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
             .where(tasks.c.id == row["id"])
             .values(revision=row["revision"] + 1, title="Mine now")
         )
+        return known
 
     monkeypatch.setattr(importing, "_check_unmoved", then_edited)
     refused = await desk.apply(preview, 1, expect=409, problem="revision-conflict")
@@ -646,3 +648,99 @@ async def test_an_import_without_its_items_is_shown_without_its_file(desk: Desk)
         "chunks_applied": 1,
         "chunks": [{**c, "applied": c["number"] == 1} for c in preview["chunks"]],
     }
+
+
+async def _made_here(desk: Desk, number: int) -> dict[str, Any]:
+    """A task made through the API naming beads record ``bd-<number>``."""
+    return await desk.call(  # type: ignore[no-any-return]
+        "POST",
+        "/tasks",
+        json={
+            "project": "main",
+            "title": f"made here {number}",
+            "source": {"system": "beads", "id": f"bd-{number}"},
+        },
+        expect=201,
+    )
+
+
+async def test_edges_to_a_task_made_here_naming_a_record_are_kept(desk: Desk) -> None:
+    nine = await _made_here(desk, 9)
+    data = export(issue(1, dependencies=[*blocks(9), {"depends_on_id": "bd-9", "type": "related"}]))
+    preview = await desk.preview(data)
+    assert preview["refused"] == []
+    await desk.apply_all(preview)
+    (task,) = [t for t in (await desk.tasks_by_source()).values() if t["source_id"] == "bd-1"]
+    shown = await desk.call("GET", f"/tasks/{task['public_id']}", expect=200)
+    assert shown["links"] == [{"kind": "related", "task": nine["id"]}]
+    waits = await desk.call("GET", f"/tasks/{task['public_id']}/dependencies", expect=200)
+    assert [p["id"] for p in waits["prerequisites"]] == [nine["id"]]
+
+
+async def test_a_held_task_made_here_waits_and_the_rest_is_linked(desk: Desk) -> None:
+    one = await _made_here(desk, 1)
+    await desk.call("POST", f"/tasks/{one['id']}/claim", json={}, expect=201)
+    data = export(issue(1, dependencies=[{"depends_on_id": "bd-2", "type": "related"}]), issue(2))
+    (report,) = await desk.apply_all(await desk.preview(data))
+    entries = {entry["source_id"]: entry for entry in report["items"]}
+    assert "someone holds it" in entries["bd-1"]["notes"][-1]
+    assert entries["bd-2"]["changes"] == ["created"]
+
+
+async def test_a_link_to_a_later_record_is_made_after_a_stop_and_a_new_preview(desk: Desk) -> None:
+    data = export(issue(1, dependencies=[{"depends_on_id": "bd-2", "type": "related"}]), issue(2))
+    await desk.apply(await desk.preview(data, chunk_size=1), 1, expect=200)
+    # Stopped after chunk 1; the same file previewed again, and applied.
+    again = await desk.preview(data, chunk_size=1)
+    assert [item["action"] for item in again["items"]] == ["unchanged", "create"]
+    await desk.apply_all(again)
+    assert (await desk.state())["bd-1"]["links"] == [("related", "bd-2")]
+
+
+async def test_what_a_person_took_away_an_update_does_not_bring_back(desk: Desk) -> None:
+    data = export(
+        issue(1),
+        issue(
+            2,
+            status="in_progress",
+            dependencies=[*blocks(1), {"depends_on_id": "bd-1", "type": "related"}],
+        ),
+    )
+    await desk.apply_all(await desk.preview(data))
+    found = await desk.tasks_by_source()
+    two, one = found["bd-2"]["public_id"], found["bd-1"]["public_id"]
+    # A person frees bd-2: no prerequisite, no link, no hold.
+    await desk.call("DELETE", f"/tasks/{two}/dependencies/{one}", expect=204)
+    await desk.call("PUT", f"/tasks/{two}/links", json={"links": []}, expect=200)
+    (hold,) = await desk.rows(holds, holds.c.lifted_at.is_(None))
+    await desk.call("POST", f"/holds/{hold['public_id']}/lift", json={}, expect=200)
+    # The source renames bd-2 and adds a prerequisite: only that is applied.
+    newer = export(
+        issue(1),
+        issue(3),
+        issue(
+            2,
+            title="Issue 2, renamed",
+            status="in_progress",
+            dependencies=[
+                *blocks(1, 3),
+                {"depends_on_id": "bd-1", "type": "related"},
+                {"depends_on_id": "bd-3", "type": "related"},
+            ],
+        ),
+    )
+    (report,) = await desk.apply_all(await desk.preview(newer))
+    entries = {entry["source_id"]: entry for entry in report["items"]}
+    assert entries["bd-2"]["changes"] == ["revised", "prerequisites", "links"]
+    state = await desk.state()
+    assert state["bd-2"]["title"] == "Issue 2, renamed"
+    assert state["bd-2"]["prerequisites"] == ["bd-3"]
+    assert state["bd-2"]["links"] == [("related", "bd-3")]
+    assert not state["bd-2"]["held"]
+
+
+async def test_the_queue_keeps_no_change_of_an_ended_transaction(desk: Desk) -> None:
+    from buildmax_hookspecs import TaskQueue
+
+    await desk.apply_all(await desk.preview(SMALL, chunk_size=2))
+    assert desk.app.services.get(TaskQueue)._imports == {}

@@ -77,6 +77,7 @@ async def import_record(
     task: tuple[str, int | None] | None,
     prerequisites: Sequence[str],
     links: Sequence[tuple[str, str]],
+    hold: bool = True,
 ) -> ImportedTask:
     """The task of ``record`` made to say what it says (the protocol's
     ``TaskQueue.import_record``); ``task`` is the task and the revision the
@@ -84,7 +85,7 @@ async def import_record(
     data = _body(record, system, project_id, prerequisites, links)
     if task is None:
         return await _create(ch, importer, record, data)
-    return await _update(ch, importer, record, task, data)
+    return await _update(ch, importer, record, task, data, hold)
 
 
 async def _create(
@@ -119,6 +120,7 @@ async def _update(
     record: SourceRecord,
     task: tuple[str, int | None],
     data: dict[str, Any],
+    hold: bool,
 ) -> ImportedTask:
     task_id, expected = task
     changes: list[str] = []
@@ -149,7 +151,7 @@ async def _update(
             changes.append("prerequisites")
         row = await task_or_404(ch.tx, ch.space_pk, task_id, for_update=True)
         held = await _held(ch, row.pk)
-        if record.state == "held" and not held:
+        if record.state == "held" and hold and not held:
             await _hold(ch, importer, record, task_id)
             changes.append("held")
         elif record.state == "ready" and held:

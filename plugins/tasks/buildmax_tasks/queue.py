@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -66,9 +65,7 @@ class SqlTaskQueue:
         self._app = app
         # The change each transaction imports in, by space, actor and
         # override: one per chunk, so its events are published together.
-        self._imports: weakref.WeakKeyDictionary[
-            Transaction, dict[tuple[str, str | None, bool], tuple[Change, Authority]]
-        ] = weakref.WeakKeyDictionary()
+        self._imports: dict[int, dict[tuple[str, str | None, bool], tuple[Change, Authority]]] = {}
 
     async def task(self, conn: Transaction, task_id: str) -> TaskRef | None:
         row = await load_task(conn, task_id)
@@ -312,6 +309,7 @@ class SqlTaskQueue:
         revision: int | None,
         prerequisites: Sequence[str],
         links: Sequence[tuple[str, str]],
+        hold: bool = True,
         admin_override: bool = False,
     ) -> ImportedTask:
         ch, importer = await self._importing(tx, space_id, actor, admin_override)
@@ -324,6 +322,7 @@ class SqlTaskQueue:
             task=None if task_id is None else (task_id, revision),
             prerequisites=prerequisites,
             links=links,
+            hold=hold,
         )
 
     async def relink(
@@ -364,6 +363,14 @@ class SqlTaskQueue:
         now = self._app.clock.now_ms()
         return Change(self._app, tx, actor, space["id"], space["public_id"], now), principal_pk
 
+    def _forget(self, tx_id: int) -> Callable[[], Awaitable[None]]:
+        """What forgets the import change of a transaction that rolled back."""
+
+        async def forget() -> None:
+            self._imports.pop(tx_id, None)
+
+        return forget
+
     async def _importing(
         self, tx: Transaction, space_id: str, actor: Actor, admin_override: bool
     ) -> tuple[Change, Authority]:
@@ -371,7 +378,11 @@ class SqlTaskQueue:
         checked the role), who overrides no one's attempt: the same for
         every record a transaction imports."""
         key = (space_id, actor.principal_id, admin_override)
-        made = self._imports.setdefault(tx, {})
+        if id(tx) not in self._imports:
+            self._imports[id(tx)] = {}
+            tx.after_commit(lambda: self._imports.pop(id(tx), None))
+            tx.after_rollback(self._forget(id(tx)))
+        made = self._imports[id(tx)]
         if key not in made:
             ch, principal_pk = await self._space_change(
                 tx,
