@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from buildmax_hookspecs import Actor, BlobNotFound, BlobStore, Importer, TaskQueue, Transaction
 
 from buildmax.app import BuildMax, blob_store
+from buildmax.conflicts import insert_ignoring_conflict
 from buildmax.database.locks import lock
 from buildmax.ids import new_id
 from buildmax.problems import BlobMissing, NotFound, Problem
@@ -542,22 +543,24 @@ async def _apply_item(
         "import_id": job.row["id"],
         "updated_at": now,
     }
-    updated = await job.tx.fetch_val(
-        sa.update(mappings)
-        .where(
-            mappings.c.space_id == job.space_pk,
-            mappings.c.system == system,
-            mappings.c.source_id == item.record.source_id,
-        )
-        .values(**values)
-        .returning(mappings.c.id)
+    # A record an import applied before has its mapping; one created now,
+    # or made outside an import, gets its first (or, when a restore took
+    # its task away, the one it had is written over).
+    keyed = (
+        mappings.c.space_id == job.space_pk,
+        mappings.c.system == system,
+        mappings.c.source_id == item.record.source_id,
     )
-    if updated is None:  # created now, or made outside an import
-        await job.tx.execute(
-            mappings.insert().values(
-                space_id=job.space_pk, system=system, source_id=item.record.source_id, **values
-            )
+    mapped = before is not None and before.earlier.digest != UNAPPLIED
+    if not mapped:
+        inserted = await job.tx.fetch_val(
+            insert_ignoring_conflict(job.tx.dialect, mappings)
+            .values(space_id=job.space_pk, system=system, source_id=item.record.source_id, **values)
+            .returning(mappings.c.id)
         )
+        mapped = inserted is None
+    if mapped:
+        await job.tx.execute(sa.update(mappings).where(*keyed).values(**values))
     return entry
 
 
