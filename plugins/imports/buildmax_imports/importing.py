@@ -5,16 +5,20 @@ imports left (:func:`earlier_of`), plans (:mod:`.plan`) and keeps the
 file's bytes in the blob store with a row naming the plan's identity and
 what it assumed. Nothing else is written.
 
-A **chunk** is applied in one transaction: the plan is made again from the
-kept bytes and the assumptions (it must have the same identity: the same
-file, server revision and chunk size), every record of the chunk is
-checked against the space as it is now (:class:`~.problems.ImportStale`
-when an earlier import or an edit here moved since the preview), then each
-becomes its task through the tasks plugin (``TaskQueue.import_record``),
-its mapping is written, and the chunk's report is kept with the count of
-applied chunks. A chunk is applied once: asked again it answers its kept
-report, so a client that died mid-request resumes by asking again.
-Chunks go in order, so each record's prerequisites already have tasks.
+A **chunk** is applied in one transaction, one chunk of a space at a time:
+the plan is made again from the kept bytes and the assumptions (it must
+have the same identity: the same file, server revision and chunk size),
+every record of the chunk is checked against the space as it is now
+(:class:`~.problems.ImportStale` when an earlier import or an edit here
+moved since the preview), then each becomes its task through the tasks
+plugin (``TaskQueue.import_record``), asking only for the prerequisites,
+links and hold new since the record was last applied (its mapping keeps
+what was), its mapping is written, and the chunk's report is kept with the
+count of applied chunks. A chunk is applied once: asked again it answers
+its kept report, so a client that died mid-request resumes by asking
+again. Chunks go in order, so each record's prerequisites already have
+tasks; a link to a record later in the file is made once that record has
+its task.
 """
 
 from __future__ import annotations
