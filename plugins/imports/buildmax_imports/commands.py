@@ -111,6 +111,11 @@ def _listed(title: str, entries: Any, shown: Callable[[dict[str, Any]], str]) ->
     return lines
 
 
+def _notes(item: dict[str, Any]) -> str:
+    """A record's item or report entry as a line: its id and its notes."""
+    return f"{item.get('source_id')}: {'; '.join(map(str, item.get('notes') or ()))}"
+
+
 def _details(found: Import) -> str:
     body = found.body
     noted = [
@@ -130,7 +135,7 @@ def _details(found: Import) -> str:
         *_listed(
             "notes",
             noted,
-            lambda i: f"{i.get('source_id')}: {'; '.join(map(str, i.get('notes') or ()))}",
+            _notes,
         ),
     ]
     return "\n".join(lines)
@@ -232,7 +237,7 @@ def apply_command(remote: Remote, imports: ImportsClient, space: str, import_id:
     for line in _listed(
         "not applied",
         notes,
-        lambda i: f"{i.get('source_id')}: {'; '.join(map(str, i.get('notes') or ()))}",
+        _notes,
     ):
         click.echo(line)
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from buildmax_audit.tables import events as audit_events
+from buildmax_hookspecs import TaskQueue
 from buildmax_imports.tables import chunks, imports, mappings
 from buildmax_tasks.tables import dependencies, holds, task_revisions, tasks
 
@@ -561,6 +562,8 @@ async def test_an_edit_landing_after_the_staleness_check_refuses_the_chunk(
     assert state["bd-1"]["title"] == "Issue 1" and state["bd-1"]["revision"] == 1
     assert state["bd-4"]["title"] == "Issue 4"
     assert len(await desk.rows(chunks)) == 1
+    # The tasks plugin forgot the change of the transaction that rolled back.
+    assert desk.app.services.get(TaskQueue)._imports == {}
 
 
 @pytest.mark.parametrize(
@@ -740,7 +743,5 @@ async def test_what_a_person_took_away_an_update_does_not_bring_back(desk: Desk)
 
 
 async def test_the_queue_keeps_no_change_of_an_ended_transaction(desk: Desk) -> None:
-    from buildmax_hookspecs import TaskQueue
-
     await desk.apply_all(await desk.preview(SMALL, chunk_size=2))
     assert desk.app.services.get(TaskQueue)._imports == {}
